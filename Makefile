@@ -1,0 +1,36 @@
+# Two commands: `make demo` (the main job on embedded defaults) and `make test`.
+# Both create .venv if missing and reinstall only when pyproject.toml or constraints.txt changed.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.stamp-install
+
+.PHONY: setup demo test lint typecheck test-vllm bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' -c constraints.txt
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/runroute demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy features models router/policy
+
+# pytest exits 5 when it collects no tests; that is a failure for us too (a suite that tests nothing).
+test: lint typecheck
+	$(PY) -m pytest -m "not vllm"
+
+test-vllm: $(STAMP)
+	bash scripts/test-vllm.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache runroute-report

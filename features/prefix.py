@@ -1,0 +1,60 @@
+"""`RunPrefix`: what the router can see about a run when step k arrives, before generation starts.
+
+Built three ways, always into this one type so that feature extraction has one code path:
+- training: from logged Step rows of whole runs (:func:`features.extract.prefixes_from_steps`),
+- serving: by the sidecar from its run state plus the incoming request,
+- simulation: by the what-if simulator from replayed steps.
+
+Earlier steps are :class:`StepView` (facts known once that step finished). The new request is
+described by the ``new_*`` fields (facts visible in the request body: its prompt size, the tool
+results it carries, whether it asks for tools/JSON).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["StepView", "RunPrefix"]
+
+
+@dataclass(slots=True)
+class StepView:
+    """A finished earlier step of the run."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None = None
+    tool_calls: tuple[str, ...] = ()  # tool names the step produced
+    tool_call_keys: tuple[str, ...] = ()  # hash of (name, args): repeated keys signal a loop
+    tool_results_n: int = 0  # tool results this step consumed
+    tool_result_errors: tuple[bool, ...] = ()
+    tool_result_tokens: tuple[int, ...] = ()
+    tool_pause_s: float | None = None  # gap before this step (since the previous step ended)
+    arrival_s: float | None = None
+    latency_s: float | None = None
+    structured: bool | None = None  # produced a tool call / JSON
+    tier: str | None = None  # "local" | "frontier"
+
+
+@dataclass(slots=True)
+class RunPrefix:
+    """Everything visible when step ``len(steps)`` of run ``run_id`` arrives."""
+
+    run_id: str
+    steps: list[StepView] = field(default_factory=list)
+    run_started_s: float | None = None
+    now_s: float | None = None  # arrival time of the new step (same clock as run_started_s)
+    # the new request
+    new_prompt_tokens: int = 0
+    new_tool_results_n: int = 0
+    new_tool_result_errors: tuple[bool, ...] = ()
+    new_tool_result_tokens: tuple[int, ...] = ()
+    new_tool_pause_s: float | None = None
+    new_n_tools_offered: int = 0
+    new_wants_json: bool = False
+    # context for the cache-reuse predictor: how full the local prefix cache is (0-1), if known
+    local_cache_pressure: float | None = None
+
+    @property
+    def step_index(self) -> int:
+        return len(self.steps)

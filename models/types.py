@@ -1,0 +1,36 @@
+"""Plain prediction types shared by the predictors, the policy layer, the router and the simulator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Predictions"]
+
+
+@dataclass(frozen=True, slots=True)
+class Predictions:
+    """What the bundle predicts for a run at step k, before generation starts.
+
+    - ``p_frontier``: calibrated P(run needs the frontier | prefix at step k), in [0, 1].
+    - ``cache_reuse_tokens``: prompt tokens of the next step that will hit the local prefix cache if
+      the run stays on its local replica.
+    - ``remaining_steps_p50/p90``, ``remaining_tokens_p50/p90``: remaining work quantiles
+      (tokens = prompt + completion tokens of the remaining steps).
+    """
+
+    p_frontier: float
+    cache_reuse_tokens: float = 0.0
+    remaining_steps_p50: float = 1.0
+    remaining_steps_p90: float = 1.0
+    remaining_tokens_p50: float = 0.0
+    remaining_tokens_p90: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "p_frontier": self.p_frontier,
+            "cache_reuse_tokens": self.cache_reuse_tokens,
+            "remaining_steps_p50": self.remaining_steps_p50,
+            "remaining_steps_p90": self.remaining_steps_p90,
+            "remaining_tokens_p50": self.remaining_tokens_p50,
+            "remaining_tokens_p90": self.remaining_tokens_p90,
+        }

@@ -1,0 +1,109 @@
+"""Plain data types of the decision layer: one `Snapshot` in, one `Decision` out.
+
+The policy layer is pure: no I/O, no clock, no FastAPI. The sidecar and the what-if simulator build
+a `Snapshot` for each step and call ``policy.decide(snapshot)``; the policy returns a `Decision`.
+Run-stable policies keep per-run memory only through ``Snapshot.run`` (the pin and switch history
+the caller stores in its run-state store) and say what to store via ``Decision``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from models.types import Predictions
+
+__all__ = ["Tier", "BackendState", "RunState", "Snapshot", "Decision", "Policy", "apply_decision"]
+
+Tier = Literal["local", "frontier"]
+
+
+@dataclass(slots=True)
+class BackendState:
+    """One backend (a local vLLM replica or the frontier API) as the caller sees it now."""
+
+    name: str  # replica id, e.g. "local-0", "frontier"
+    tier: Tier
+    model: str
+    healthy: bool = True
+    max_context: int = 131072
+    running: int = 0  # requests running (vllm:num_requests_running + router in-flight)
+    waiting: int = 0  # queued (vllm:num_requests_waiting)
+    kv_usage: float = 0.0  # 0-1 (vllm:kv_cache_usage_perc)
+    warm_prefix_tokens: int = 0  # tokens of this run's prefix believed cached on this backend
+    # prices in USD per 1M tokens (frontier) / per GPU-hour (local)
+    price_in_per_m: float = 0.0
+    price_cached_in_per_m: float = 0.0
+    price_out_per_m: float = 0.0
+    # latency model terms (seconds), used to price prefill/cold start
+    prefill_s_per_token: float = 0.0
+    ttft_base_s: float = 0.0
+
+
+@dataclass(slots=True)
+class RunState:
+    """Per-run routing memory, owned by the caller's run-state store (in-process or Redis)."""
+
+    run_id: str
+    tier: Tier | None = None  # pinned tier (None before the first decision)
+    replica: str | None = None  # pinned backend name
+    pinned_at_step: int = 0
+    switches: int = 0
+    steps_seen: int = 0
+    last_switch_step: int | None = None
+    admitted: str | None = None  # admission decision at the first step ("admit-local", "spill", ...)
+    priority: str = "interactive"
+    tenant: str | None = None
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Everything a policy may look at for one step of one run."""
+
+    run: RunState
+    step_index: int
+    features: dict[str, float]  # named feature values (features.extract spec)
+    predictions: Predictions
+    backends: list[BackendState]
+    context_tokens: int = 0  # prompt tokens of the new request
+    at_tool_boundary: bool = False  # the new request carries tool results (switch here if at all)
+    last_tool_repeated: bool = False  # newest tool call repeats an earlier identical call
+    last_tool_errored: bool = False  # newest tool result was an error
+    label_needs_frontier: bool | None = None  # only the oracle reads this (evaluation only)
+    requested_model: str | None = None  # a concrete model named by the client bypasses the policy
+
+
+@dataclass(slots=True)
+class Decision:
+    """Where this step goes and why. ``scores`` keeps the numbers behind the choice."""
+
+    tier: Tier
+    backend: str  # BackendState.name
+    model: str
+    reason: str  # short reason code, e.g. "pinned", "escalate-benefit", "no-healthy-local"
+    scores: dict[str, float] = field(default_factory=dict)
+    switched: bool = False  # tier or replica changed from the run's pin
+    shadow: Decision | None = None  # what a shadow policy would have done
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str
+
+    def decide(self, snapshot: Snapshot) -> Decision: ...
+
+
+def apply_decision(run: RunState, decision: Decision, step_index: int) -> RunState:
+    """Update a run's pin after a decision; the one rule shared by the router and the simulator.
+
+    A switch is a change of pinned tier or replica after the first decision; it increments
+    ``switches`` and records ``last_switch_step``. Returns the same (mutated) object.
+    """
+    if run.tier is None:
+        run.tier, run.replica, run.pinned_at_step = decision.tier, decision.backend, step_index
+    elif decision.tier != run.tier or decision.backend != run.replica:
+        run.switches += 1
+        run.last_switch_step = step_index
+        run.tier, run.replica, run.pinned_at_step = decision.tier, decision.backend, step_index
+    run.steps_seen = max(run.steps_seen, step_index + 1)
+    return run

@@ -1,0 +1,3 @@
+"""runroute: workload-prediction routing for agent runs."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from runroute.cli import app
+
+app()
