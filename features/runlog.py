@@ -79,8 +79,13 @@ class RunLog:
         steps = pick("step")
         if len(steps):
             steps = steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
-        return cls(runs=pick("run"), steps=steps, arrivals=pick("arrival"), rates=pick("rate"),
-                   bad_rows=list(bad_rows or []))
+        return cls(
+            runs=pick("run"),
+            steps=steps,
+            arrivals=pick("arrival"),
+            rates=pick("rate"),
+            bad_rows=list(bad_rows or []),
+        )
 
 
 def _empty_frame() -> pd.DataFrame:
@@ -192,7 +197,11 @@ def _read_jsonl(p: Path) -> tuple[pd.DataFrame, list[BadRow], list[int]]:
             try:
                 obj = orjson.loads(s)
             except orjson.JSONDecodeError as e:
-                bad.append(BadRow(str(p), i, f"invalid JSON ({e.args[0].split(':')[0]})", s.decode("utf-8", "replace")))
+                bad.append(
+                    BadRow(
+                        str(p), i, f"invalid JSON ({e.args[0].split(':')[0]})", s.decode("utf-8", "replace")
+                    )
+                )
                 continue
             if not isinstance(obj, dict):
                 bad.append(BadRow(str(p), i, "a record must be a JSON object", obj))
@@ -205,9 +214,7 @@ def _read_jsonl(p: Path) -> tuple[pd.DataFrame, list[BadRow], list[int]]:
     unknown = sorted(set(df.columns) - set(COLUMNS))
     if unknown:
         # unknown fields make the row invalid (extra="forbid"), reported per row below
-        df["__unknown__"] = [
-            ",".join(k for k in unknown if k in r) for r in rows
-        ]
+        df["__unknown__"] = [",".join(k for k in unknown if k in r) for r in rows]
         df = df.drop(columns=unknown)
     for c in COLUMNS:
         if c not in df.columns:
@@ -273,8 +280,15 @@ def _validate(df: pd.DataFrame) -> dict[int, str]:
     required(is_step, ["run_id", "step", "prompt_tokens", "completion_tokens"])
     required(is_arr, ["source", "arrival_s"])
     required(is_rate, ["source", "start_s", "duration_s", "rate"])
-    for c in ("step", "prompt_tokens", "cached_tokens", "prefix_reuse_tokens", "completion_tokens",
-              "tool_results_n", "n_steps"):
+    for c in (
+        "step",
+        "prompt_tokens",
+        "cached_tokens",
+        "prefix_reuse_tokens",
+        "completion_tokens",
+        "tool_results_n",
+        "n_steps",
+    ):
         v = _num(df[c])
         bad_type = (~_isnull(df[c])) & v.isna().to_numpy()
         flag(bad_type, f"'{c}' is not a number")
@@ -286,10 +300,16 @@ def _validate(df: pd.DataFrame) -> dict[int, str]:
     flag(is_rate & (_num(df["duration_s"]) <= 0).fillna(False).to_numpy(), "'duration_s' must be > 0")
     pt, ct = _num(df["prompt_tokens"]), _num(df["cached_tokens"])
     flag((ct > pt).fillna(False).to_numpy(), "cached_tokens > prompt_tokens")
-    flag((_num(df["prefix_reuse_tokens"]) > pt).fillna(False).to_numpy(), "prefix_reuse_tokens > prompt_tokens")
+    flag(
+        (_num(df["prefix_reuse_tokens"]) > pt).fillna(False).to_numpy(), "prefix_reuse_tokens > prompt_tokens"
+    )
     out = df["outcome"].astype(object).to_numpy()
-    flag(is_run & ~np.isin(out, ["success", "failure", "unknown", None]) & ~_isnull(df["outcome"]),
-         "outcome must be success, failure or unknown")
+    flag(
+        is_run
+        & ~np.isin(out, np.array(["success", "failure", "unknown"], dtype=object))
+        & ~_isnull(df["outcome"]),
+        "outcome must be success, failure or unknown",
+    )
     tier = df["tier"].astype(object).to_numpy()
     flag(~_isnull(df["tier"]) & ~np.isin(tier, ["local", "frontier"]), "tier must be local or frontier")
     sa, ea = _num(df["started_at"]), _num(df["ended_at"])
@@ -310,7 +330,9 @@ def _raw_row(df: pd.DataFrame, i: int) -> dict[str, Any]:
     return {k: v for k, v in clean.items() if v is not None}
 
 
-def read_records(path: str | os.PathLike[str], *, strict: bool = False, quarantine: bool = True) -> ReadResult:
+def read_records(
+    path: str | os.PathLike[str], *, strict: bool = False, quarantine: bool = True
+) -> ReadResult:
     """Read and validate one run-log file (``.parquet`` or ``.jsonl``).
 
     Raises :class:`RunLogError` for a missing/empty/unreadable file, and
@@ -356,7 +378,8 @@ def read_records(path: str | os.PathLike[str], *, strict: bool = False, quaranti
     if bad and quarantine:
         rejected_path = p.with_name(p.name + ".rejected.jsonl")
         payload = b"".join(
-            orjson.dumps({"file": b.path, "row": b.row, "reason": b.reason, "raw": b.raw}, default=str) + b"\n"
+            orjson.dumps({"file": b.path, "row": b.row, "reason": b.reason, "raw": b.raw}, default=str)
+            + b"\n"
             for b in bad
         )
         _atomic_write(rejected_path, lambda tmp: Path(tmp).write_bytes(payload))
@@ -369,8 +392,12 @@ def read_records(path: str | os.PathLike[str], *, strict: bool = False, quaranti
     return ReadResult(frame=good, bad_rows=bad, rejected_path=rejected_path)
 
 
-def read_runlog(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, strict: bool = False,
-                quarantine: bool = True) -> RunLog:
+def read_runlog(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    strict: bool = False,
+    quarantine: bool = True,
+) -> RunLog:
     """Read one or more files (or directories of ``*.parquet``/``*.jsonl``) into a :class:`RunLog`."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -378,8 +405,13 @@ def read_runlog(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found = sorted(x for x in p.iterdir() if x.suffix in (".parquet", ".jsonl")
-                           and not x.name.endswith(".rejected.jsonl") and not x.name.startswith("."))
+            found = sorted(
+                x
+                for x in p.iterdir()
+                if x.suffix in (".parquet", ".jsonl")
+                and not x.name.endswith(".rejected.jsonl")
+                and not x.name.startswith(".")
+            )
             if not found:
                 raise RunLogError(f"{p}: directory holds no .parquet or .jsonl run logs")
             files.extend(found)
@@ -390,5 +422,9 @@ def read_runlog(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
         res = read_records(f, strict=strict, quarantine=quarantine)
         frames.append(res.frame)
         bad.extend(res.bad_rows)
-    df = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else _empty_frame()
+    df = (
+        pd.concat([f for f in frames if len(f)], ignore_index=True)
+        if any(len(f) for f in frames)
+        else _empty_frame()
+    )
     return RunLog.from_frame(df, bad)

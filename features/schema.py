@@ -90,7 +90,9 @@ class Step(_Base):
     tool_pause_s: NonNegFloat | None = None  # time since the previous step ended
     prompt_tokens: NonNegInt
     cached_tokens: NonNegInt | None = None  # served from a prefix cache (router logs / vLLM usage)
-    prefix_reuse_tokens: NonNegInt | None = None  # upper bound: prompt tokens repeating the run's earlier prefix
+    prefix_reuse_tokens: NonNegInt | None = (
+        None  # upper bound: prompt tokens repeating the run's earlier prefix
+    )
     completion_tokens: NonNegInt
     hash_ids: list[int] | None = None  # prefix block hashes (Mooncake: 512-token blocks)
     tool_calls: list[str] = Field(default_factory=list)  # names of the tool calls this step produced

@@ -40,6 +40,12 @@ _typer_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+@_typer_app.callback()
+def _root() -> None:
+    """runroute: learned, run-stable routing for agent runs (local vLLM replicas + a frontier API)."""
+
+
 for _mod in sorted(m.name for m in pkgutil.iter_modules(_commands.__path__)):
     if not _mod.startswith("_"):
         importlib.import_module(f"runroute.commands.{_mod}").register(_typer_app)
@@ -55,8 +61,8 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 def app() -> None:
     """Console-script entry point: run typer, turn known errors into one-line messages."""
     try:
-        _typer_app(standalone_mode=False)
-    except SystemExit as e:  # typer/click exit codes pass through
+        rc = _typer_app(standalone_mode=False)
+    except SystemExit:  # typer/click exit codes pass through
         raise
     except Exception as e:  # noqa: BLE001 - the one place errors become exit codes
         import click
@@ -73,7 +79,7 @@ def app() -> None:
         code = getattr(e, "exit_code", 2 if isinstance(e, _user_error_types()) else 1)
         print(f"runroute: error: {e}", file=sys.stderr)
         sys.exit(code)
-    sys.exit(0)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 main = app
