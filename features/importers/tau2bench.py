@@ -1,0 +1,199 @@
+"""tau2-bench leaderboard trajectory files -> runs and steps.
+
+Input: one JSON document per submission, ``{timestamp, info, tasks, simulations}``; ``info.agent_info``
+names the agent implementation and ``llm``; ``info.environment_info.domain_name`` the domain; each
+simulation has ``id, task_id, trial, start_time, end_time, termination_reason, reward_info.reward`` and
+``messages`` (role, content, tool_calls ``[{id, name, arguments, requestor}]``, ``turn_idx``, and for
+most agents ``timestamp`` and assistant ``usage.prompt_tokens/completion_tokens``; tool messages carry
+``requestor`` and an ``error`` flag).
+
+Algorithm: load each file once; one run per simulation
+(``run_id = tau2-<domain>-<model>-<submission>-t<task>-r<trial>``, submission = the file name before
+``__``; a repeated run_id is a bad row),
+one step per agent generation, built by :func:`features.importers.taubench.steps_from_messages`:
+
+- The orchestrator's canned greeting (an assistant message at ``turn_idx`` 0 with no usage and no tool
+  calls, before any user message) is context, not a generation: it is not a step.
+- ``prompt_tokens``/``completion_tokens`` from ``usage`` where logged. Where the raw Anthropic usage
+  shows cache reads, prompt = input + cache_read + cache_creation and ``cached_tokens`` = cache_read.
+  Otherwise the tau-bench estimate (chars/4 + per-message overhead over the messages so far, with
+  ``environment_info.policy`` as the system prompt; tool schemas are not in the files, so estimated
+  prompts are a lower bound).
+- Only tool results requested by the agent (``requestor == "assistant"``) count as consumed; the
+  ``error`` flag is used where logged, else the text heuristic.
+- Times: message ``timestamp`` (ISO, naive = UTC) -> epoch seconds. A step arrives at the timestamp of
+  the last message before it; ``latency_s`` = its own timestamp - arrival; ``tool_pause_s`` = arrival -
+  previous step's timestamp. Files without message timestamps (ToolOrchestra) get null times, and their
+  placeholder start/end times are not copied to the run.
+
+Run: outcome = success iff reward == 1, reward = ``reward_info.reward``; model = ``agent_info.llm``
+without a provider prefix (``openai/gpt-oss-120b`` -> ``gpt-oss-120b``); agent = the implementation;
+task_id = ``<domain>/<task_id>`` (pairing joins on it).
+
+``path`` may be one file or a directory of ``*.json`` files.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from features.importers import check_path, load_json_file, report_bad, to_frame
+from features.importers.taubench import Msg, steps_from_messages
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from features.runlog import BadRow
+
+__all__ = ["import_tau2bench"]
+
+
+def _ts(v: Any) -> float | None:
+    if not isinstance(v, str) or not v:
+        return None
+    try:
+        d = datetime.fromisoformat(v)
+    except ValueError:
+        return None
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=timezone.utc)
+    return d.timestamp()
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _to_msg(m: dict[str, Any], seen_user: bool) -> Msg:
+    role = str(m.get("role", ""))
+    content = m.get("content")
+    text = content if isinstance(content, str) else ""
+    calls = [
+        (str(c.get("name", "")), c.get("arguments", {}))
+        for c in (m.get("tool_calls") or [])
+        if isinstance(c, dict)
+    ]
+    msg = Msg(role=role, text=text, tool_calls=calls, time_s=_ts(m.get("timestamp")))
+    if role == "assistant":
+        usage = m.get("usage") if isinstance(m.get("usage"), dict) else None
+        if usage is None and not calls and not seen_user and m.get("turn_idx") == 0:
+            msg.role = "greeting"
+            return msg
+        if usage is not None:
+            msg.prompt_tokens = _int(usage.get("prompt_tokens"))
+            msg.completion_tokens = _int(usage.get("completion_tokens"))
+            raw = m.get("raw_data")
+            ru = raw.get("usage") if isinstance(raw, dict) else None
+            if isinstance(ru, dict) and _int(ru.get("cache_read_input_tokens")) is not None:
+                read = _int(ru.get("cache_read_input_tokens")) or 0
+                created = _int(ru.get("cache_creation_input_tokens")) or 0
+                inp = _int(ru.get("input_tokens"))
+                if inp is not None:
+                    msg.prompt_tokens = inp + read + created
+                    msg.cached_tokens = read
+    elif role == "tool":
+        msg.for_agent = m.get("requestor", "assistant") == "assistant"
+        err = m.get("error")
+        msg.error = err if isinstance(err, bool) else None
+    return msg
+
+
+def _files(p: Path) -> list[Path]:
+    from features.runlog import RunLogError
+
+    if p.is_dir():
+        files = [check_path(x) for x in sorted(p.glob("*.json"))]
+        if not files:
+            raise RunLogError(f"{p}: directory holds no tau2-bench *.json files")
+        return files
+    return [p]
+
+
+def _import_file(
+    p: Path, strict: bool, bad_rows: list[BadRow] | None, records: list[dict[str, Any]], seen: set[str]
+) -> None:
+    from features.runlog import RunLogError
+
+    data = load_json_file(p)
+    if not isinstance(data, dict) or not isinstance(data.get("simulations"), list):
+        raise RunLogError(f"{p}: not a tau2-bench results file (no 'simulations' list)")
+    info: dict[str, Any] = data["info"] if isinstance(data.get("info"), dict) else {}
+    agent_info: dict[str, Any] = info["agent_info"] if isinstance(info.get("agent_info"), dict) else {}
+    env_info: dict[str, Any] = (
+        info["environment_info"] if isinstance(info.get("environment_info"), dict) else {}
+    )
+    llm = agent_info.get("llm")
+    model = str(llm).rsplit("/", 1)[-1] if llm else None
+    agent = agent_info.get("implementation")
+    domain = env_info.get("domain_name") or "unknown"
+    submission = p.stem.split("__", 1)[0]
+    policy = env_info.get("policy") if isinstance(env_info.get("policy"), str) else ""
+    for i, sim in enumerate(data["simulations"], start=1):
+        if not isinstance(sim, dict) or not isinstance(sim.get("messages"), list):
+            report_bad(bad_rows, strict, p, i, "simulation without a 'messages' list")
+            continue
+        rinfo = sim.get("reward_info")
+        reward = rinfo.get("reward") if isinstance(rinfo, dict) else None
+        if not isinstance(reward, (int, float)) or isinstance(reward, bool):
+            report_bad(
+                bad_rows,
+                strict,
+                p,
+                i,
+                "simulation without a numeric reward_info.reward",
+                {"task_id": sim.get("task_id")},
+            )
+            continue
+        task, trial = sim.get("task_id"), sim.get("trial", 0)
+        run_id = f"tau2-{domain}-{model}-{submission}-t{task}-r{trial}"
+        if run_id in seen:
+            report_bad(bad_rows, strict, p, i, f"duplicate simulation (run_id {run_id})", {"task_id": task})
+            continue
+        seen.add(run_id)
+        # the policy is the agent's system prompt (not in the messages); it counts in estimated prompts
+        msgs: list[Msg] = [Msg(role="system", text=policy)] if policy else []
+        seen_user = False
+        for m in sim["messages"]:
+            if isinstance(m, dict):
+                msgs.append(_to_msg(m, seen_user))
+                seen_user = seen_user or m.get("role") == "user"
+        steps = steps_from_messages(msgs, run_id, model)
+        timed = any(m.time_s is not None for m in msgs)
+        start, end = (_ts(sim.get("start_time")), _ts(sim.get("end_time"))) if timed else (None, None)
+        if start is not None and end is not None and end < start:
+            start = end = None
+        success = float(reward) == 1.0
+        records.append(
+            {
+                "record": "run",
+                "run_id": run_id,
+                "source": "tau2bench",
+                "task_id": f"{domain}/{task}",
+                "model": model,
+                "agent": agent,
+                "started_at": start,
+                "ended_at": end,
+                "outcome": "success" if success else "failure",
+                "reward": float(reward),
+                "n_steps": len(steps),
+            }
+        )
+        records.extend(steps)
+
+
+def import_tau2bench(
+    path: str | Path, *, strict: bool = False, bad_rows: list[BadRow] | None = None
+) -> pd.DataFrame:
+    """Import one tau2-bench results file or a directory of them (see module docstring)."""
+    from features.runlog import RunLogError
+
+    p = check_path(path, allow_dir=True)
+    records: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for f in _files(p):
+        _import_file(f, strict, bad_rows, records, seen)
+    if not records and not bad_rows:
+        raise RunLogError(f"{p}: no simulations")
+    return to_frame(records)
