@@ -1,0 +1,475 @@
+"""The aiohttp server shared by the fake backends; each fake supplies its engine model.
+
+Request path of ``POST /v1/chat/completions``: ``precheck`` (auth, rate limit) -> parse and validate
+the body once with orjson -> failure injection (``error_rate``: a 5xx before the first byte) ->
+synthesise the completion -> ``admit`` (wait for a slot in the engine's FIFO queue) -> sleep the
+time to first token -> write the answer (one JSON body, or SSE chunks paced by the per-token decode
+time, then a usage chunk when ``stream_options.include_usage`` is set, then ``data: [DONE]``) ->
+``finish`` (give the slot back, record metrics). ``abort_rate`` cuts the response mid-body (the
+client sees a truncated payload). A client that disconnects cancels the handler (``cancelled`` in
+the stats), as vLLM aborts the request.
+
+Knobs common to every fake (``CommonKnobs``): ``model`` served model name; ``name`` shown in the
+``x-fake-backend`` header; ``zero_latency`` turns every delay off (fast tests); ``delay_ms`` a fixed
+delay before the first byte; ``error_rate`` / ``error_status`` injected failures; ``abort_rate``
+mid-body aborts; ``seed`` for the failure-injection RNG; ``default_tokens`` completion length when the
+request sets no max_tokens; ``max_tokens_cap`` the longest completion; ``tool_call_rate`` chance of a
+tool call under tool_choice "auto"; ``strict_model`` refuse requests naming another model (404, as
+the real servers do); ``max_concurrency`` requests served at once (0 = unlimited), the rest wait FIFO.
+
+Extra endpoints for tests and demos: ``GET /fake/state`` (counters and knobs, JSON) and
+``POST /fake/config`` (JSON object of knob updates, validated; the response is the new knob set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from router.fakes.common import (
+    SSE_DONE,
+    Completion,
+    FakeRequestError,
+    ParsedRequest,
+    TokenMemo,
+    chat_response,
+    error_body,
+    new_id,
+    parse_request,
+    sse,
+    stream_chunks,
+    synthesize,
+    usage_chunk,
+)
+
+__all__ = ["CommonKnobs", "FakeServer", "Ticket", "KnobError"]
+
+_JSON = "application/json"
+
+
+class KnobError(ValueError):
+    """Bad knob name or value, as one line."""
+
+
+class CommonKnobs(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = "fake-model"
+    name: str | None = None
+    zero_latency: bool = False
+    delay_ms: float = Field(0.0, ge=0)
+    error_rate: float = Field(0.0, ge=0, le=1)
+    error_status: int = Field(500, ge=500, le=599)
+    abort_rate: float = Field(0.0, ge=0, le=1)
+    seed: int = 0
+    default_tokens: int = Field(16, ge=1)
+    max_tokens_cap: int = Field(256, ge=1)
+    tool_call_rate: float = Field(1.0, ge=0, le=1)
+    strict_model: bool = True
+    max_concurrency: int = Field(0, ge=0)
+
+
+def validate_knobs(cls: type[BaseModel], values: dict[str, Any]) -> Any:
+    try:
+        return cls.model_validate(values)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "knobs"
+        known = ", ".join(sorted(cls.model_fields))
+        hint = f" (known knobs: {known})" if err["type"] == "extra_forbidden" else ""
+        raise KnobError(f"bad knob {loc!r}: {err['msg']}{hint}") from None
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One admitted request: what the engine decided and when it happened."""
+
+    arrived: float
+    admitted: float = 0.0
+    cached_tokens: int = 0
+    created_tokens: int = 0
+    prompt_tokens: int = 0
+    slot: Any = None  # engine-specific (e.g. a prefix-cache allocation)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Stats:
+    requests: int = 0
+    completed: int = 0
+    streamed: int = 0
+    bad_requests: int = 0
+    errors_injected: int = 0
+    aborts_injected: int = 0
+    rate_limited: int = 0
+    unauthorized: int = 0
+    cancelled: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    models_seen: dict[str, int] = field(default_factory=dict)
+
+
+class FakeServer:
+    """Base of the fakes: HTTP handling, queueing, streaming, failure injection.
+
+    Subclasses set ``kind``, ``knobs_class`` and implement the engine hooks: ``can_admit``,
+    ``on_admit``, ``on_finish``, ``ttft_s``, ``decode_s_per_token``, ``usage``, ``metrics_text``.
+    """
+
+    kind: ClassVar[str] = "fake"
+    knobs_class: ClassVar[type[CommonKnobs]] = CommonKnobs
+    response_extra: ClassVar[dict[str, Any]] = {}
+    usage_null_in_chunks: ClassVar[bool] = False
+    error_types: ClassVar[dict[int, str]] = {}
+
+    def __init__(self, **knobs: Any):
+        self.knobs = validate_knobs(self.knobs_class, knobs)
+        self.stats = Stats()
+        self.running = 0
+        self._waiting: deque[tuple[asyncio.Future[Ticket], Ticket, ParsedRequest, Completion]] = deque()
+        self._rng = random.Random(self.knobs.seed)
+        self._memo = TokenMemo()
+        self._port: int | None = None
+        self._header_value = ""
+        self._refresh_header()
+        self.started_at = time.time()
+
+    # --- knobs ---------------------------------------------------------------------------------
+
+    def _refresh_header(self) -> None:
+        name = self.knobs.name or (f"127.0.0.1:{self._port}" if self._port else "unbound")
+        self._header_value = self.header_name(name)
+
+    def header_name(self, name: str) -> str:
+        return f"{self.kind}-fake/{name}"
+
+    def bind_port(self, port: int) -> None:
+        self._port = port
+        self._refresh_header()
+
+    def update(self, **changes: Any) -> None:
+        """Change knobs at run time (validated as a whole; unknown names refused)."""
+        merged = {**self.knobs.model_dump(), **changes}
+        new = validate_knobs(self.knobs_class, merged)
+        self.on_knobs_change(self.knobs, new)
+        if new.seed != self.knobs.seed:
+            self._rng = random.Random(new.seed)
+        self.knobs = new
+        self._refresh_header()
+        self._drain()
+
+    def on_knobs_change(self, old: Any, new: Any) -> None:  # pragma: no cover - hook
+        return None
+
+    # --- engine hooks (overridden) ------------------------------------------------------------
+
+    def validate(self, req: ParsedRequest, comp: Completion) -> None:
+        return None
+
+    def can_admit(self, ticket: Ticket, req: ParsedRequest, comp: Completion) -> bool:
+        mc = self.knobs.max_concurrency
+        return mc == 0 or self.running < mc
+
+    def on_admit(self, ticket: Ticket, req: ParsedRequest, comp: Completion) -> None:
+        return None
+
+    def on_finish(self, ticket: Ticket, comp: Completion, ok: bool, ttft: float, end: float) -> None:
+        return None
+
+    def ttft_s(self, ticket: Ticket) -> float:
+        return 0.0
+
+    def decode_s_per_token(self, ticket: Ticket) -> float:
+        return 0.0
+
+    def usage(self, ticket: Ticket, comp: Completion) -> dict[str, Any]:
+        n, c = ticket.prompt_tokens, comp.completion_tokens
+        return {"prompt_tokens": n, "total_tokens": n + c, "completion_tokens": c}
+
+    def response_headers(
+        self, ticket: Ticket, comp: Completion, usage: dict[str, Any] | None
+    ) -> dict[str, str]:
+        return {}
+
+    def precheck(self, request: web.Request) -> web.Response | None:
+        return None
+
+    def metrics_text(self) -> str:
+        return ""
+
+    def error_response(
+        self, status: int, message: str, type_: str | None = None, code: Any = None, headers=None
+    ):
+        t = type_ or self.error_types.get(
+            status, "BadRequestError" if status < 500 else "InternalServerError"
+        )
+        return web.Response(
+            status=status,
+            body=error_body(message, t, code if code is not None else status),
+            content_type=_JSON,
+            headers=headers,
+        )
+
+    # --- queue ---------------------------------------------------------------------------------
+
+    async def _admit(self, ticket: Ticket, req: ParsedRequest, comp: Completion) -> None:
+        if not self._waiting and self.can_admit(ticket, req, comp):
+            self._start(ticket, req, comp)
+            return
+        fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
+        entry = (fut, ticket, req, comp)
+        self._waiting.append(entry)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self.stats.cancelled += 1
+            if fut.done() and not fut.cancelled():  # admitted just as we were cancelled
+                self._finish(ticket, comp, False, 0.0)
+            else:
+                try:
+                    self._waiting.remove(entry)
+                except ValueError:
+                    pass
+                self._drain()
+            raise
+
+    def _start(self, ticket: Ticket, req: ParsedRequest, comp: Completion) -> None:
+        self.running += 1
+        ticket.admitted = time.perf_counter()
+        self.on_admit(ticket, req, comp)
+
+    def _finish(self, ticket: Ticket, comp: Completion, ok: bool, ttft: float) -> None:
+        self.running -= 1
+        self.on_finish(ticket, comp, ok, ttft, time.perf_counter())
+        self._drain()
+
+    def _drain(self) -> None:
+        w = self._waiting
+        while w:
+            fut, ticket, req, comp = w[0]
+            if fut.done():
+                w.popleft()
+                continue
+            if not self.can_admit(ticket, req, comp):
+                break
+            w.popleft()
+            self._start(ticket, req, comp)
+            fut.set_result(ticket)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    # --- handlers ------------------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.handle_chat)
+        app.router.add_get("/v1/models", self.handle_models)
+        app.router.add_get("/health", self.handle_health)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/load", self.handle_load)
+        app.router.add_get("/fake/state", self.handle_state)
+        app.router.add_post("/fake/config", self.handle_config)
+        app.on_response_prepare.append(self._add_headers)
+        return app
+
+    async def _add_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["x-fake-backend"] = self._header_value
+
+    def models_card(self) -> dict[str, Any]:
+        return {
+            "id": self.knobs.model,
+            "object": "model",
+            "created": int(self.started_at),
+            "owned_by": self.kind,
+        }
+
+    async def handle_models(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=orjson.dumps({"object": "list", "data": [self.models_card()]}), content_type=_JSON
+        )
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def handle_load(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=orjson.dumps({"server_load": self.running + self.waiting}), content_type=_JSON
+        )
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics_text(), content_type="text/plain", charset="utf-8")
+
+    async def handle_state(self, request: web.Request) -> web.Response:
+        from dataclasses import asdict
+
+        state = {
+            "kind": self.kind,
+            "header": self._header_value,
+            "running": self.running,
+            "waiting": self.waiting,
+            "stats": asdict(self.stats),
+            "knobs": self.knobs.model_dump(),
+            **self.extra_state(),
+        }
+        return web.Response(body=orjson.dumps(state), content_type=_JSON)
+
+    def extra_state(self) -> dict[str, Any]:
+        return {}
+
+    async def handle_config(self, request: web.Request) -> web.Response:
+        try:
+            changes = orjson.loads(await request.read())
+            if not isinstance(changes, dict):
+                raise KnobError("body must be a JSON object of knob updates")
+            self.update(**changes)
+        except (KnobError, orjson.JSONDecodeError) as e:
+            return self.error_response(400, str(e))
+        return web.Response(body=orjson.dumps(self.knobs.model_dump()), content_type=_JSON)
+
+    async def handle_chat(self, request: web.Request) -> web.StreamResponse:
+        st = self.stats
+        st.requests += 1
+        arrived = time.perf_counter()
+        refused = self.precheck(request)
+        if refused is not None:
+            return refused
+        k = self.knobs
+        try:
+            req = parse_request(await request.read(), self._memo)
+            if req.model is not None:
+                st.models_seen[req.model] = st.models_seen.get(req.model, 0) + 1
+                if k.strict_model and req.model != k.model:
+                    raise FakeRequestError(
+                        404, f"The model `{req.model}` does not exist.", "NotFoundError", "model_not_found"
+                    )
+            comp = synthesize(
+                req,
+                default_tokens=k.default_tokens,
+                max_tokens_cap=k.max_tokens_cap,
+                tool_call_rate=k.tool_call_rate,
+            )
+            self.validate(req, comp)
+        except FakeRequestError as e:
+            st.bad_requests += 1
+            return self.error_response(e.status, e.message, e.type, e.code)
+        lat = not k.zero_latency
+        if lat and k.delay_ms > 0:
+            await asyncio.sleep(k.delay_ms / 1000.0)
+        if k.error_rate and self._rng.random() < k.error_rate:
+            st.errors_injected += 1
+            return self.error_response(k.error_status, "injected failure (fake backend error_rate)")
+        abort = bool(k.abort_rate) and self._rng.random() < k.abort_rate
+        ticket = Ticket(arrived=arrived, prompt_tokens=len(req.tokens))
+        await self._admit(ticket, req, comp)
+        ok = False
+        ttft = 0.0
+        try:
+            if lat:
+                t = self.ttft_s(ticket)
+                if t > 0:
+                    await asyncio.sleep(t)
+            if req.stream:
+                resp, ttft = await self._stream(request, ticket, req, comp, abort)
+            else:
+                resp, ttft = await self._unary(request, ticket, req, comp, abort)
+            ok = not abort
+            return resp
+        except (asyncio.CancelledError, ConnectionError):  # client went away mid-answer
+            st.cancelled += 1
+            raise
+        finally:
+            self._finish(ticket, comp, ok, ttft)
+            if ok:
+                st.completed += 1
+                st.prompt_tokens += ticket.prompt_tokens
+                st.cached_tokens += ticket.cached_tokens
+                st.completion_tokens += comp.completion_tokens
+
+    def _ids(self, comp: Completion) -> tuple[str, str]:
+        return new_id(), (new_id("chatcmpl-tool-") if comp.tool_name else "")
+
+    async def _unary(
+        self, request: web.Request, ticket: Ticket, req: ParsedRequest, comp: Completion, abort: bool
+    ) -> tuple[web.StreamResponse, float]:
+        ttft = time.perf_counter() - ticket.arrived
+        if not self.knobs.zero_latency:
+            d = self.decode_s_per_token(ticket) * max(0, comp.completion_tokens - 1)
+            if d > 0:
+                await asyncio.sleep(d)
+        rid, call_id = self._ids(comp)
+        usage = self.usage(ticket, comp)
+        body = chat_response(
+            comp, rid=rid, model=self.knobs.model, usage=usage, call_id=call_id, extra=self.response_extra
+        )
+        headers = self.response_headers(ticket, comp, usage)
+        if not abort:
+            return web.Response(body=body, content_type=_JSON, headers=headers), ttft
+        self.stats.aborts_injected += 1
+        resp = web.StreamResponse(headers=headers)
+        resp.content_type = _JSON
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        await resp.write(body[: len(body) // 2])
+        _cut(request)
+        return resp, ttft
+
+    async def _stream(
+        self, request: web.Request, ticket: Ticket, req: ParsedRequest, comp: Completion, abort: bool
+    ) -> tuple[web.StreamResponse, float]:
+        self.stats.streamed += 1
+        rid, call_id = self._ids(comp)
+        resp = web.StreamResponse(headers=self.response_headers(ticket, comp, None))
+        resp.content_type = "text/event-stream"
+        resp.headers["Cache-Control"] = "no-cache"
+        await resp.prepare(request)
+        per_tok = 0.0 if self.knobs.zero_latency else self.decode_s_per_token(ticket)
+        model = self.knobs.model
+        chunks = list(
+            stream_chunks(
+                comp,
+                rid=rid,
+                model=model,
+                call_id=call_id,
+                usage_null=self.usage_null_in_chunks and req.include_usage,
+                extra=self.response_extra,
+            )
+        )
+        cut_at = len(chunks) // 2 if abort else -1
+        t_first = time.perf_counter()
+        ttft = t_first - ticket.arrived
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for i, (done, ch) in enumerate(chunks):
+            if i == cut_at:
+                self.stats.aborts_injected += 1
+                _cut(request)
+                return resp, ttft
+            if per_tok > 0 and done > 1:
+                wait = t0 + (done - 1) * per_tok - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            await resp.write(sse(ch))
+        tail = b""
+        if req.include_usage:
+            tail = sse(usage_chunk(rid, model, self.usage(ticket, comp), self.response_extra))
+        await resp.write(tail + SSE_DONE)
+        await resp.write_eof()
+        return resp, ttft
+
+
+def _cut(request: web.Request) -> None:
+    """Drop the connection mid-body (failure injection)."""
+    transport = request.transport
+    if transport is not None:
+        transport.close()
