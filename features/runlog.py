@@ -110,12 +110,15 @@ def _to_table(df: pd.DataFrame) -> pa.Table:
         if c not in df.columns:
             df[c] = None
     df = df[list(COLUMNS)]
+    # nested columns: a missing value may have become float NaN when records of different kinds
+    # were mixed (pandas fills absent keys with NaN); Arrow wants None there
+    for f in ARROW_SCHEMA:
+        if pa.types.is_list(f.type) or pa.types.is_map(f.type):
+            df[f.name] = [
+                None if (v is None or (isinstance(v, float) and np.isnan(v))) else v for v in df[f.name]
+            ]
     # predictions: dict -> list of (k, v) for the Arrow map type
-    if "predictions" in df:
-        df["predictions"] = [
-            None if (p is None or (isinstance(p, float) and np.isnan(p))) else list(dict(p).items())
-            for p in df["predictions"]
-        ]
+    df["predictions"] = [None if p is None else list(dict(p).items()) for p in df["predictions"]]
     return pa.Table.from_pandas(df, schema=ARROW_SCHEMA, preserve_index=False)
 
 

@@ -32,3 +32,12 @@ def test_run_refuses_end_before_start_and_carries_version():
 def test_prompt_text_is_off_by_default():
     s = Step(run_id="r", step=0, prompt_tokens=5, completion_tokens=1)
     assert s.prompt_text is None
+
+
+def test_mixed_runs_and_steps_round_trip_through_parquet_with_all_null_nested(tmp_path):
+    from features.runlog import read_records, write_records
+
+    recs = [Run(run_id="r", source="x"), Step(run_id="r", step=0, prompt_tokens=5, completion_tokens=1)]
+    out = write_records(recs, tmp_path / "log.parquet")
+    res = read_records(out, strict=True)
+    assert len(res.frame) == 2 and not res.bad_rows
