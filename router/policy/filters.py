@@ -1,0 +1,192 @@
+"""Filter -> score -> pick: the backend-placement helpers every policy shares.
+
+Algorithm (pure, allocation-light; runs on every step of every run):
+
+1. **Filter** the snapshot's backends to the wanted tier, ``healthy`` and ``max_context >=
+   context_tokens`` (:func:`candidates`).
+2. **Keep the pin**: if the run is already pinned to a backend of that tier and it passed the filter,
+   keep it (the run's prefix cache lives there). Policies without run affinity pass ``sticky=False``.
+3. **Score** each candidate with normalised terms in [0, 1] (:func:`load_score`)::
+
+       score = w_warm * warm - w_queue * queue - w_running * running - w_kv * kv
+
+   - ``warm``    = min(1, warm_prefix_tokens / context_tokens)  (this run's prefix already cached)
+   - ``queue``   = waiting / (waiting + queue_half)              (saturating, 0.5 at ``queue_half``)
+   - ``running`` = running / (running + running_half)
+   - ``kv``      = kv_usage clipped to [0, 1]
+4. **Pick** the highest score; exact ties are broken by a rendezvous hash of (run id [+ salt],
+   backend name), so different runs spread over equal replicas, the same run always lands on the
+   same one, and removing a replica only moves the runs that were on it.
+5. **Fall back** when the wanted tier has no candidate: the other tier (reason ``no-healthy-local`` /
+   ``no-healthy-frontier``); then any healthy backend ignoring context fit, the largest context
+   first (``context-too-long``: the upstream will answer with its own error); then, with nothing
+   healthy, the pinned or first backend (``no-healthy-backend``: the caller answers 503). A pinned
+   replica that dropped out of the filter while its tier is kept yields ``failover``.
+
+Knobs (:class:`ScoreWeights`, built from the policy config's ``scoring`` block): ``warm``, ``queue``,
+``running``, ``kv`` (term weights, >= 0), ``queue_half``, ``running_half`` (the counts at which the
+saturating load terms reach 0.5).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from router.policy.types import BackendState, Decision, Snapshot, Tier
+
+__all__ = [
+    "ScoreWeights",
+    "DEFAULT_WEIGHTS",
+    "stable_hash",
+    "candidates",
+    "load_score",
+    "pick",
+    "place",
+    "place_requested",
+    "make_decision",
+    "other_tier",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreWeights:
+    """Weights of the normalised replica-scoring terms (see the module docstring)."""
+
+    warm: float = 1.0
+    queue: float = 1.0
+    running: float = 0.5
+    kv: float = 0.5
+    queue_half: float = 4.0
+    running_half: float = 8.0
+
+
+DEFAULT_WEIGHTS = ScoreWeights()
+
+
+def stable_hash(key: str) -> int:
+    """A process-independent 32-bit hash (``hash()`` of str is salted per process)."""
+    return zlib.crc32(key.encode("utf-8"))
+
+
+def other_tier(tier: Tier) -> Tier:
+    return "frontier" if tier == "local" else "local"
+
+
+def candidates(backends: list[BackendState], tier: Tier, context_tokens: int) -> list[BackendState]:
+    """Backends of ``tier`` that are healthy and whose context fits ``context_tokens``."""
+    return [b for b in backends if b.tier == tier and b.healthy and b.max_context >= context_tokens]
+
+
+def load_score(b: BackendState, context_tokens: int, w: ScoreWeights) -> float:
+    """Weighted sum of the normalised terms; higher is better."""
+    if context_tokens > 0:
+        warm = b.warm_prefix_tokens / context_tokens
+        if warm > 1.0:
+            warm = 1.0
+    else:
+        warm = 1.0 if b.warm_prefix_tokens > 0 else 0.0
+    queue = b.waiting / (b.waiting + w.queue_half) if b.waiting > 0 else 0.0
+    running = b.running / (b.running + w.running_half) if b.running > 0 else 0.0
+    kv = min(max(b.kv_usage, 0.0), 1.0)
+    return w.warm * warm - w.queue * queue - w.running * running - w.kv * kv
+
+
+def pick(cands: list[BackendState], key: str, context_tokens: int, w: ScoreWeights) -> BackendState:
+    """The best-scoring candidate; ties broken by rendezvous hash of (``key``, backend name)."""
+    if len(cands) == 1:
+        return cands[0]
+    best = cands[0]
+    best_score = load_score(best, context_tokens, w)
+    best_h = stable_hash(f"{key}/{best.name}")
+    for b in cands[1:]:
+        s = load_score(b, context_tokens, w)
+        if s > best_score:
+            best, best_score, best_h = b, s, stable_hash(f"{key}/{b.name}")
+        elif s == best_score:
+            h = stable_hash(f"{key}/{b.name}")
+            if h > best_h or (h == best_h and b.name < best.name):
+                best, best_h = b, h
+    return best
+
+
+def place(
+    snap: Snapshot, tier: Tier, w: ScoreWeights, *, sticky: bool = True, salt: str = ""
+) -> tuple[BackendState | None, str | None]:
+    """Choose a backend of ``tier`` for this step (filter, keep pin, score, pick, fall back).
+
+    Returns ``(backend, fallback_reason)``; the reason is None when the wanted tier was served
+    normally, else one of ``failover``, ``no-healthy-local``, ``no-healthy-frontier``,
+    ``context-too-long``, ``no-healthy-backend``. The backend is None only for an empty list.
+    """
+    run = snap.run
+    ctx = snap.context_tokens
+    backends = snap.backends
+    cands = candidates(backends, tier, ctx)
+    key = run.run_id + salt
+    if cands:
+        if run.tier == tier and run.replica is not None:
+            for b in cands:
+                if b.name == run.replica:
+                    if sticky:
+                        return b, None
+                    break
+            else:
+                # the pinned replica is gone or unhealthy: the tier is kept, the replica moves
+                return pick(cands, key, ctx, w), "failover"
+        return pick(cands, key, ctx, w), None
+    alt = other_tier(tier)
+    alt_cands = candidates(backends, alt, ctx)
+    if alt_cands:
+        if run.tier == alt and run.replica is not None:
+            for b in alt_cands:
+                if b.name == run.replica:
+                    return b, f"no-healthy-{tier}"
+        return pick(alt_cands, key, ctx, w), f"no-healthy-{tier}"
+    healthy = [b for b in backends if b.healthy]
+    if healthy:
+        return max(healthy, key=lambda b: (b.max_context, b.tier == tier)), "context-too-long"
+    if not backends:
+        return None, "no-healthy-backend"
+    for b in backends:
+        if b.name == run.replica:
+            return b, "no-healthy-backend"
+    return backends[0], "no-healthy-backend"
+
+
+def place_requested(snap: Snapshot, w: ScoreWeights) -> BackendState | None:
+    """A healthy backend serving ``snap.requested_model`` (the pin kept), or None.
+
+    None (nobody healthy serves that model) lets the policy decide as if no model had been named;
+    the caller sees ``Decision.model`` differ from the requested one.
+    """
+    model = snap.requested_model
+    healthy = [b for b in snap.backends if b.model == model and b.healthy]
+    if not healthy:
+        return None
+    for b in healthy:
+        if b.name == snap.run.replica:
+            return b
+    return pick(healthy, snap.run.run_id, snap.context_tokens, w)
+
+
+def make_decision(
+    snap: Snapshot,
+    backend: BackendState | None,
+    reason: str,
+    scores: dict[str, float] | None = None,
+    tier: Tier = "local",
+) -> Decision:
+    """Wrap a placement into a :class:`Decision`; ``switched`` compares with the run's pin."""
+    if backend is None:  # no backends at all: name nothing, the caller answers 503
+        return Decision(tier=tier, backend="", model="", reason="no-healthy-backend", scores=scores or {})
+    run = snap.run
+    switched = run.tier is not None and (backend.tier != run.tier or backend.name != run.replica)
+    return Decision(
+        tier=backend.tier,
+        backend=backend.name,
+        model=backend.model,
+        reason=reason,
+        scores=scores if scores is not None else {},
+        switched=switched,
+    )
