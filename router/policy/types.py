@@ -8,6 +8,7 @@ the caller stores in its run-state store) and say what to store via ``Decision``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -62,7 +63,7 @@ class Snapshot:
 
     run: RunState
     step_index: int
-    features: dict[str, float]  # named feature values (features.extract spec)
+    features: Mapping[str, float]  # named feature values (features.extract spec); may be lazy
     predictions: Predictions
     backends: list[BackendState]
     context_tokens: int = 0  # prompt tokens of the new request

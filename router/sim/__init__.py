@@ -1,0 +1,13 @@
+"""The what-if simulator: closed-loop replay of logged agent runs through the router's own policies.
+
+Modules: :mod:`~router.sim.engine` (the discrete-event loop), :mod:`~router.sim.node` (a simulated
+vLLM replica: continuous batching, chunked prefill, block-hash prefix cache, scale-to-zero),
+:mod:`~router.sim.frontier` (latency, prices, rate limit, provider prompt cache),
+:mod:`~router.sim.profiles` / :mod:`~router.sim.fit_profiles` (step-time coefficients fitted to
+measured GPU tables), :mod:`~router.sim.arrivals` (run-start processes),
+:mod:`~router.sim.whatif` (workload, simulator, scorecard, grid and answers),
+:mod:`~router.sim.report` (table, JSON, plots) and :mod:`~router.sim.calibrate` (matching a fake vLLM).
+The CLI is ``runroute whatif``. Nothing heavy is imported here.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,128 @@
+"""Calibration helpers: match the simulated node to a fake vLLM's latency constants, compare figures.
+
+The fake vLLM (``router.fakes.vllm``) serves each request as: TTFT = ``base_ms + prefill_ms_per_token x
+uncached tokens``, then ``decode_ms_per_token x (1 + batch_slowdown x (running - 1))`` per further
+output token; prefix cache in blocks of ``block_size`` with ``capacity_blocks``, at most
+``max_concurrency`` running requests. The simulated node prices an iteration as
+``a + b*prefill + c*quad + d*ctx + e*batch``. They agree exactly for a request alone when
+
+    a = base_ms / 1000 = decode_ms_per_token / 1000,  b = prefill_ms_per_token / 1000,  c = d = e = 0
+
+(:func:`profile_from_fake`; :func:`fake_knobs_for_profile` goes the other way). With
+``batch_slowdown = 0`` concurrent decodes also agree (each batch iteration costs ``a`` for everyone, as
+each fake request sleeps ``a`` per token). They differ where iteration-level batching matters: in the
+simulator a long prefill stalls the decodes sharing its iteration, the fake has no such coupling, so
+calibration runs use light load. If ``base_ms != decode_ms_per_token`` the profile takes
+``a = decode_ms_per_token`` and the TTFT is off by their difference (reported by
+:func:`profile_from_fake` as ``ttft_offset_s``).
+
+:func:`step_figures` computes p50/p95 step latency and the cross-turn cache hit rate from measured or
+simulated steps; :func:`percent_errors` compares two such dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from router.sim.profiles import NodeProfile
+
+__all__ = ["profile_from_fake", "fake_knobs_for_profile", "sim_kv_for_fake", "step_figures", "percent_errors"]
+
+_FAKE_DEFAULTS = {
+    "base_ms": 10.0,
+    "prefill_ms_per_token": 0.04,
+    "decode_ms_per_token": 3.0,
+    "batch_slowdown": 0.0,
+    "block_size": 32,
+    "capacity_blocks": 8192,
+    "max_concurrency": 64,
+    "max_model_len": 32768,
+}
+
+
+def _knobs(knobs: Mapping[str, Any] | Any) -> dict[str, Any]:
+    d = dict(_FAKE_DEFAULTS)
+    src = knobs.model_dump() if hasattr(knobs, "model_dump") else dict(knobs)
+    d.update({k: v for k, v in src.items() if k in _FAKE_DEFAULTS})
+    return d
+
+
+def profile_from_fake(knobs: Mapping[str, Any] | Any) -> tuple[NodeProfile, dict[str, float]]:
+    """The node profile matching a fake vLLM's knobs, plus notes (``ttft_offset_s``, ``batch_slowdown``)."""
+    k = _knobs(knobs)
+    a = k["decode_ms_per_token"] / 1000.0
+    prof = NodeProfile(
+        name="fake-vllm",
+        a=a,
+        b=k["prefill_ms_per_token"] / 1000.0,
+        c=0.0,
+        d=0.0,
+        e=0.0,
+        kv_bytes_per_token=1,
+        max_context=int(k["max_model_len"]),
+        token_budget=int(k["max_model_len"]),
+        max_num_seqs=max(1, int(k["max_concurrency"])),
+        provenance={"method": "router.sim.calibrate.profile_from_fake", "knobs": k},
+    )
+    notes = {
+        "ttft_offset_s": (k["base_ms"] - k["decode_ms_per_token"]) / 1000.0,
+        "batch_slowdown": float(k["batch_slowdown"]),
+    }
+    return prof, notes
+
+
+def sim_kv_for_fake(knobs: Mapping[str, Any] | Any) -> dict[str, float | int]:
+    """``SimConfig`` fields giving the simulated node the fake's cache: block size and capacity."""
+    k = _knobs(knobs)
+    bs = int(k["block_size"])
+    # profile_from_fake sets kv_bytes_per_token = 1, so GB = tokens / 1e9
+    return {"block_tokens": bs, "kv_cache_gb": int(k["capacity_blocks"]) * bs / 1e9}
+
+
+def fake_knobs_for_profile(
+    profile: NodeProfile, block_size: int = 32, capacity_blocks: int = 8192
+) -> dict[str, Any]:
+    """Fake vLLM knobs reproducing ``profile`` (exact only for c = d = 0; e becomes batch_slowdown)."""
+    if profile.c or profile.d:
+        raise ValueError("the fake vLLM has no quadratic-prefill or decode-context term: use c = d = 0")
+    per_tok = profile.a + profile.e
+    return {
+        "base_ms": 1000 * (profile.a + profile.e),
+        "prefill_ms_per_token": 1000 * profile.b,
+        "decode_ms_per_token": 1000 * per_tok,
+        "batch_slowdown": profile.e / per_tok if per_tok else 0.0,
+        "block_size": block_size,
+        "capacity_blocks": capacity_blocks,
+        "max_concurrency": profile.max_num_seqs,
+    }
+
+
+def step_figures(
+    latency_s: Sequence[float],
+    prompt_tokens: Sequence[int],
+    cached_tokens: Sequence[int],
+    step_index: Sequence[int],
+) -> dict[str, float]:
+    """p50/p95 step latency and cache hit rate (cached / prompt tokens over steps with index >= 1)."""
+    lat = np.asarray(latency_s, float)
+    p = np.asarray(prompt_tokens, float)
+    c = np.asarray(cached_tokens, float)
+    k = np.asarray(step_index)
+    m = k >= 1
+    return {
+        "step_latency_s_p50": float(np.percentile(lat, 50)),
+        "step_latency_s_p95": float(np.percentile(lat, 95)),
+        "cache_hit_rate": float(c[m].sum() / p[m].sum()) if p[m].sum() else float("nan"),
+    }
+
+
+def percent_errors(measured: Mapping[str, float], simulated: Mapping[str, float]) -> dict[str, float]:
+    """100 * (simulated - measured) / measured per shared key."""
+    return {
+        k: 100.0 * (simulated[k] - measured[k]) / measured[k] if measured[k] else float("nan")
+        for k in measured
+        if k in simulated
+    }

@@ -1,0 +1,419 @@
+"""A simulated local vLLM replica: continuous batching, chunked prefill, a block-hash prefix cache.
+
+Algorithm (one replica):
+
+- **Iterations.** An idle replica starts an iteration when a request arrives (after any other
+  arrivals of the same instant, so they batch). Each iteration takes every decoding request (1 token each), then prefill chunks of
+  the admitted requests still prefilling, then admits waiting requests first-come-first-served, while
+  the chunked-prefill ``token_budget`` and ``max_num_seqs`` allow and the KV cache has room. Its time is
+  the profile's ``a + b*sum(l) + c*sum(l*(s+l)) + d*sum(ctx) + e*batch`` (``l`` a prefill chunk, ``s``
+  the tokens of that request already in KV, ``ctx`` = prompt + generated tokens of a decoding request).
+  The iteration that completes a request's prefill also emits its first token (TTFT).
+- **Fast-forward.** While the batch is decode-only, its composition cannot change until a request
+  finishes or a new one arrives, and iteration j takes ``A + d*n*j`` (``A = a + e*n + d*sum ctx``).
+  The replica therefore schedules one event for the ``k`` iterations up to the next completion:
+  ``T(k) = k*A + d*n*k*(k-1)/2``. An arrival in between shortens it to the iteration boundary at or
+  after the arrival (a stale event is ignored through a generation counter). Results are identical
+  to stepping every iteration; the event count per request is ~(prefill chunks + 2).
+- **KV cache and prefix cache.** KV capacity is counted in blocks of ``block_tokens``. A request
+  reserves blocks for prompt + output at admission (no preemption; it waits while they do not fit).
+  Its hashed blocks (``chain``: block-hash ids over its full blocks) are looked up as a prefix chain:
+  the leading blocks already present are hits (``cached`` tokens: whole blocks of at most prompt - 1
+  tokens, as in vLLM, which always computes the last prompt token) and are
+  referenced, not re-allocated. When a request finishes, its hashed blocks stay cached unreferenced in
+  an LRU list (tail blocks first, so a prefix outlives its suffix) and are evicted only when an
+  admission needs room; unhashed (private) blocks are freed at once.
+- **Scale-to-zero.** With ``scale_to_zero`` a replica starts off; a request for an off replica starts a
+  wake (uniform ``wake_s``; a cold start) and waits for it; an idle reaper turns the replica off after
+  ``idle_reap_s`` without work (its cache is lost). GPU time is billed while waking or on.
+
+Knobs (constructor): ``profile`` (coefficients and limits), ``kv_capacity_blocks``, ``block_tokens``,
+``scale_to_zero``, ``wake_s`` (low, high seconds), ``idle_reap_s`` (None = never), ``fast_forward``
+(False steps every decode iteration as its own event: the reference the fast path is tested against).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+
+from router.sim.engine import EventLoop
+from router.sim.profiles import NodeProfile
+
+__all__ = ["Request", "Replica"]
+
+
+class Request:
+    """One step sent to a local replica. ``key`` is the caller's handle (returned in the callback)."""
+
+    __slots__ = (
+        "key",
+        "prompt",
+        "gen_target",
+        "chain",
+        "n_lookup",
+        "n_blocks",
+        "arrival",
+        "cached",
+        "prefilled",
+        "decoded",
+        "first_token_t",
+        "end_t",
+        "n_private",
+        "n_hashed",
+        "chunk",
+    )
+
+    def __init__(
+        self,
+        key: Any,
+        prompt: int,
+        completion: int,
+        chain: tuple[int, ...] | list[int],
+        n_lookup: int,
+        arrival: float,
+        block_tokens: int,
+    ):
+        self.key = key
+        self.prompt = prompt if prompt > 0 else 1
+        self.gen_target = completion if completion > 0 else 1
+        self.chain = chain  # hashed (cacheable) block ids, leading blocks first
+        self.n_lookup = n_lookup  # leading chain blocks that lie inside the prompt
+        self.n_blocks = -(-(prompt + self.gen_target) // block_tokens)
+        self.arrival = arrival
+        self.cached = 0
+        self.prefilled = 0
+        self.decoded = 0
+        self.first_token_t = -1.0
+        self.end_t = -1.0
+        self.n_private = 0
+        self.n_hashed = 0
+        self.chunk = 0  # prefill tokens scheduled in the iteration in flight
+
+
+class Replica:
+    """One simulated vLLM replica driven by an :class:`~router.sim.engine.EventLoop`."""
+
+    def __init__(
+        self,
+        name: str,
+        profile: NodeProfile,
+        loop: EventLoop,
+        kv_capacity_blocks: int,
+        block_tokens: int,
+        on_done: Callable[[Request], None],
+        *,
+        scale_to_zero: bool = False,
+        wake_s: tuple[float, float] = (267.0, 282.0),
+        idle_reap_s: float | None = 1800.0,
+        fast_forward: bool = True,
+    ):
+        if kv_capacity_blocks < 2:
+            raise ValueError(f"{name}: KV capacity of {kv_capacity_blocks} block(s) is too small")
+        self.name = name
+        self.p = profile
+        self.loop = loop
+        self.capacity = kv_capacity_blocks
+        self.block_tokens = block_tokens
+        self.on_done = on_done
+        self.scale_to_zero = scale_to_zero
+        self.wake_s = wake_s
+        self.idle_reap_s = idle_reap_s if scale_to_zero else None
+        self.fast_forward = fast_forward
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.cache: dict[int, int] = {}  # block id -> reference count
+        self.lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, oldest first
+        self.used = 0  # blocks occupied (cached + private)
+        self.busy = False
+        self.gen = 0
+        # decode-only epoch in flight: start time, iterations, A, d*n
+        self._ep: tuple[float, int, float, float] | None = None
+        self.state = "off" if scale_to_zero else "on"
+        self.on_since = 0.0
+        self.billed_s = 0.0
+        self.cold_starts = 0
+        self.wake_until = 0.0
+        self._reap_gen = 0
+        self.iterations = 0
+        self._releases = 0  # KV releases so far (a failed admission is retried only after one)
+
+    # ------------------------------------------------------------------ observation (router's view)
+    def lookup(self, chain: tuple[int, ...] | list[int], n_lookup: int) -> int:
+        """Leading blocks of ``chain[:n_lookup]`` present in the prefix cache (no side effects)."""
+        cache = self.cache
+        n = 0
+        for i in range(n_lookup):
+            if chain[i] not in cache:
+                break
+            n += 1
+        return n
+
+    def kv_usage(self) -> float:
+        return (self.used - len(self.lru)) / self.capacity
+
+    def wake_remaining(self, t: float) -> float:
+        if self.state == "on":
+            return 0.0
+        if self.state == "waking":
+            return max(0.0, self.wake_until - t)
+        return (self.wake_s[0] + self.wake_s[1]) / 2
+
+    def fits(self, prompt: int) -> bool:
+        return -(-prompt // self.block_tokens) + 1 <= self.capacity
+
+    # ------------------------------------------------------------------ arrivals
+    def submit(self, req: Request) -> bool:
+        """Queue a request; False if its prompt can never fit this replica's KV cache."""
+        if not self.fits(req.prompt):
+            return False
+        t = self.loop.now
+        self.waiting.append(req)
+        self._reap_gen += 1
+        if self.state == "off":
+            self.state = "waking"
+            self.cold_starts += 1
+            self.on_since = t
+            lo, hi = self.wake_s
+            self.wake_until = t + self.loop.rng.uniform(lo, hi)
+            self.loop.schedule(self.wake_until, self._woken, None)
+            return True
+        if self.state == "waking":
+            return True
+        if not self.busy:
+            # start at this instant but after every other arrival of the same instant (they batch)
+            self.busy = True
+            self.gen += 1
+            self.loop.schedule(t, self._kick, self.gen)
+        elif self._ep is not None:
+            self._shorten(t)
+        return True
+
+    def _kick(self, gen: int) -> None:
+        if gen == self.gen:
+            self._start(self.loop.now)
+
+    def _woken(self, _: Any) -> None:
+        self.state = "on"
+        if not self.busy:
+            self._start(self.loop.now)
+
+    def _shorten(self, t: float) -> None:
+        t0, k, a_term, dn = self._ep  # type: ignore[misc]
+        x = t - t0
+        if dn > 0:
+            q = dn / 2
+            bq = a_term - q
+            k1 = math.ceil((-bq + math.sqrt(bq * bq + 4 * q * x)) / (2 * q))
+        else:
+            k1 = math.ceil(x / a_term)
+        k1 = max(1, k1)
+
+        def tk(j: int) -> float:
+            return j * a_term + dn * j * (j - 1) / 2
+
+        while k1 > 1 and tk(k1 - 1) >= x:
+            k1 -= 1
+        while tk(k1) < x:
+            k1 += 1
+        if k1 < k:
+            self.gen += 1
+            self._ep = (t0, k1, a_term, dn)
+            self.loop.schedule(t0 + tk(k1), self._end_epoch, self.gen)
+
+    # ------------------------------------------------------------------ KV cache
+    def _try_admit(self, req: Request) -> bool:
+        # Only a release can make room, so a request that failed since the last release fails again.
+        if req.n_private == -self._releases - 1:
+            return False
+        cache, lru, chain = self.cache, self.lru, req.chain
+        n_blocks = req.n_blocks if req.n_blocks < self.capacity else self.capacity
+        n_hashed = len(chain) if len(chain) < n_blocks else n_blocks
+        hit = -1
+        present_free = 0  # present blocks we would pull out of the LRU list
+        n_new = 0
+        get = cache.get
+        for i in range(n_hashed):
+            rc = get(chain[i])
+            if rc is None:
+                n_new += 1
+                if hit < 0:
+                    hit = i
+            elif rc == 0:
+                present_free += 1
+        if hit < 0:
+            hit = n_hashed
+        lim = (
+            req.n_lookup
+            if req.n_lookup < (req.prompt - 1) // self.block_tokens
+            else (req.prompt - 1) // self.block_tokens
+        )
+        if hit > lim:  # as vLLM: at least the last prompt token is computed, hits are whole blocks
+            hit = lim
+        n_private = n_blocks - n_hashed
+        need = n_new + n_private
+        free = self.capacity - self.used
+        if need > free + len(lru) - present_free:
+            req.n_private = -self._releases - 1  # remember the failure (reset on success below)
+            return False
+        for i in range(n_hashed):
+            b = chain[i]
+            rc = get(b)
+            if rc is not None:
+                if rc == 0:
+                    del lru[b]
+                cache[b] = rc + 1
+        evict = need - free
+        while evict > 0:
+            b, _ = lru.popitem(last=False)
+            del cache[b]
+            self.used -= 1
+            evict -= 1
+        if n_new:
+            for i in range(n_hashed):
+                b = chain[i]
+                if b not in cache:
+                    cache[b] = 1
+        self.used += need
+        req.n_private = n_private
+        req.n_hashed = n_hashed
+        req.cached = hit * self.block_tokens
+        req.prefilled = req.cached
+        return True
+
+    def _release(self, req: Request) -> None:
+        self._releases += 1
+        cache, lru, chain = self.cache, self.lru, req.chain
+        for i in range(req.n_hashed - 1, -1, -1):
+            b = chain[i]
+            rc = cache[b] - 1
+            cache[b] = rc
+            if rc == 0:
+                lru[b] = None
+        self.used -= req.n_private
+
+    # ------------------------------------------------------------------ iterations
+    def _start(self, t: float) -> None:
+        p = self.p
+        budget = p.token_budget
+        running = self.running
+        n_dec = 0
+        ctx = 0
+        n_chunks = 0
+        pt = 0
+        quad = 0
+        for r in running:
+            if r.prefilled >= r.prompt:
+                n_dec += 1
+                ctx += r.prompt + r.decoded
+        budget -= n_dec
+        if n_dec < len(running):
+            for r in running:
+                if budget <= 0:
+                    break
+                rem = r.prompt - r.prefilled
+                if rem > 0:
+                    ln = rem if rem < budget else budget
+                    r.chunk = ln
+                    n_chunks += 1
+                    pt += ln
+                    quad += ln * (r.prefilled + ln)
+                    budget -= ln
+        waiting = self.waiting
+        while waiting and budget > 0 and len(running) < p.max_num_seqs:
+            r = waiting[0]
+            if not self._try_admit(r):
+                break
+            waiting.popleft()
+            running.append(r)
+            rem = r.prompt - r.prefilled
+            ln = rem if rem < budget else budget
+            r.chunk = ln
+            n_chunks += 1
+            pt += ln
+            quad += ln * (r.prefilled + ln)
+            budget -= ln
+        if not n_chunks and not n_dec:
+            self.busy = False
+            self._ep = None
+            if self.idle_reap_s is not None and self.state == "on":
+                self.loop.schedule(t + self.idle_reap_s, self._reap, self._reap_gen)
+            return
+        self.busy = True
+        self.gen += 1
+        if n_chunks or n_dec < len(running):  # prefill work (or prefills starved of budget: step one)
+            dt = p.a + p.b * pt + p.c * quad + p.d * ctx + p.e * (n_dec + n_chunks)
+            self._ep = None
+            self.loop.schedule(t + dt, self._end_chunk, self.gen)
+            return
+        k = min([r.gen_target - r.decoded for r in running]) if self.fast_forward else 1
+        a_term = p.a + p.e * n_dec + p.d * ctx
+        dn = p.d * n_dec
+        self._ep = (t, k, a_term, dn)
+        self.loop.schedule(t + k * a_term + dn * k * (k - 1) / 2, self._end_epoch, self.gen)
+
+    def _end_chunk(self, gen: int) -> None:
+        if gen != self.gen:  # pragma: no cover - chunk iterations are never shortened
+            return
+        self.iterations += 1
+        t = self.loop.now
+        done: list[Request] = []
+        for r in self.running:
+            ln = r.chunk
+            if ln:
+                r.chunk = 0
+                r.prefilled += ln
+                if r.prefilled >= r.prompt:
+                    r.decoded = 1
+                    r.first_token_t = t
+                    if r.decoded >= r.gen_target:
+                        done.append(r)
+            elif r.prefilled >= r.prompt:
+                r.decoded += 1
+                if r.decoded >= r.gen_target:
+                    done.append(r)
+        self._finish(done, t)
+
+    def _end_epoch(self, gen: int) -> None:
+        if gen != self.gen:
+            return
+        t = self.loop.now
+        _, k, _, _ = self._ep  # type: ignore[misc]
+        self.iterations += k
+        done = []
+        for r in self.running:
+            r.decoded += k
+            if r.decoded >= r.gen_target:
+                done.append(r)
+        self._ep = None
+        self._finish(done, t)
+
+    def _finish(self, done: list[Request], t: float) -> None:
+        if done:
+            for r in done:
+                r.end_t = t
+                self._release(r)
+            self.running = [r for r in self.running if r.end_t < 0]
+        self._start(t)
+        for r in done:
+            self.on_done(r)
+
+    # ------------------------------------------------------------------ scale-to-zero
+    def _reap(self, gen: int) -> None:
+        if gen != self._reap_gen or self.busy or self.waiting or self.state != "on":
+            return
+        t = self.loop.now
+        self.billed_s += t - self.on_since
+        self.state = "off"
+        self._releases += 1
+        self.cache.clear()
+        self.lru.clear()
+        self.used = 0
+
+    def finalize(self, t_end: float) -> None:
+        """Close the billing period at ``t_end`` (call once at the end of a simulation)."""
+        if self.state != "off":
+            self.billed_s += max(0.0, t_end - self.on_since)
+            self.on_since = t_end
