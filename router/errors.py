@@ -1,0 +1,74 @@
+"""OpenAI-style error responses of the sidecar: ``{"error": {"message", "type", "code"}}``.
+
+Every error the proxy returns goes through :func:`error_response` with one of the codes below, so
+clients (and tests) can rely on status + ``code``:
+
+=====  ==========================  ===========================================================
+400    ``invalid_json``            the body is not JSON
+401    ``invalid_api_key``         client bearer keys are configured and the request has none
+                                   or a wrong one
+404    ``run_not_found``           ``/v1/runs/{id}`` for a run the router does not know
+404    ``model_not_found``         the body names a model that is neither ``auto`` nor a tier's
+409    ``bundle_refused``          ``/admin/reload`` loaded a bad bundle; the old one keeps serving
+413    ``body_too_large``          the body exceeds ``server.max_body_bytes``
+422    ``body_not_object``         the JSON is not an object
+422    ``invalid_messages``        ``messages`` missing, empty, or not a list of objects
+422    ``invalid_model``           ``model`` is not a string
+422    ``invalid_stream``          ``stream`` is not a boolean
+422    ``invalid_outcome``         ``/v1/runs/{id}/end``: outcome not success/failure/unknown
+422    ``invalid_reward``          ``/v1/runs/{id}/end``: reward not a number
+502    ``upstream_unreachable``    connect error to the chosen upstream (after any fallback)
+502    ``upstream_error``          the upstream answered 5xx before the first byte
+503    ``no_healthy_backend``      no backend the policy may use is healthy
+503    ``bundle_not_loaded``       no bundle serving, or ``/admin/reload`` with no bundle source
+504    ``upstream_timeout``        no response headers within ``timeouts.first_byte_s``
+=====  ==========================  ===========================================================
+
+Mid-stream failures cannot change the status any more; the stream ends with one SSE event
+``data: {"error": {..., "code": "upstream_stream_error"}}``. A client that disconnects mid-stream
+gets nothing; its step is logged with status 499 and code ``client_cancelled``.
+"""
+
+from __future__ import annotations
+
+import orjson
+from starlette.responses import Response
+
+__all__ = ["ProxyError", "error_body", "error_response", "ERROR_TYPES"]
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "client_cancelled",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class ProxyError(Exception):
+    """Raised inside the sidecar; turned into an OpenAI-style error response."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+
+def error_body(status: int, code: str, message: str) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": message, "type": ERROR_TYPES.get(status, "api_error"), "code": code}}
+    )
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        error_body(status, code, message), status_code=status, media_type="application/json", headers=headers
+    )

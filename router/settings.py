@@ -1,0 +1,301 @@
+"""Settings of the routing sidecar (``runroute serve``), one pydantic model per component.
+
+Sources, lowest priority first: the embedded defaults below, the YAML file given to
+:meth:`RouterSettings.load` (``runroute serve --config runroute.yaml``), then environment variables
+``RUNROUTE_<FIELD>`` with ``__`` between nested fields (``RUNROUTE_FRONTIER__MODEL=gpt-4.1``,
+``RUNROUTE_SERVER__PORT=9000``). Environment variables win over the file, so one file can serve
+several deployments.
+
+Knobs (see ``runroute.example.yaml`` for a documented file):
+
+- ``local``: the local tier: ``urls`` (one vLLM server root per replica, e.g. ``http://10.0.0.5:8000``;
+  a trailing ``/v1`` is accepted), ``model`` (the served model name sent upstream), ``names`` (replica
+  ids, default ``local-0..``), ``max_context``.
+- ``frontier``: the frontier tier: ``url`` (OpenAI-compatible base, ``/v1`` optional), ``model``,
+  ``api_key_env`` (the *name* of the env var holding the key; the key itself never appears in
+  config or logs). A frontier tier whose key variable is unset or empty is refused at load time
+  unless ``allow_no_key: true`` (fakes on loopback only).
+- ``policy``: the decision layer's config, a discriminated union on ``kind`` (``learned``,
+  ``always-local``, ``always-frontier``, ``per-step-threshold``, ``session-sticky``,
+  ``stall-escalation``), validated by :mod:`router.policy.config`.
+- ``bundle``: where the learned model bundle comes from: ``path`` (a bundle directory/file) or
+  ``mlflow_uri`` (e.g. ``models:/runroute@champion``) with ``mlflow_tracking_uri``; ``watch_s`` polls
+  the path's mtime for hot reload (0 turns the watcher off).
+- ``slo``: per-step targets, used for the SLO-attainment metric: ``ttft_s``, ``step_latency_s``;
+  ``short_step_tokens`` splits short vs long steps in the latency histograms.
+- ``timeouts``: ``connect_s`` (TCP connect to an upstream), ``first_byte_s`` (until response headers
+  / the first byte), ``total_s`` (whole upstream request).
+- ``fallback``: ``enabled`` (retry once on the other tier on connect error / 5xx before the first
+  byte), ``on_requested_model`` (also for requests that named a concrete model).
+- ``server``: ``host``, ``port``, ``max_body_bytes`` (413 above), ``api_keys`` (client bearer keys;
+  empty = no auth), ``api_keys_env`` (name of an env var with comma-separated keys),
+  ``run_history_steps`` / ``run_history_runs`` (bounded in-memory history behind ``/v1/runs``).
+- ``runlog``: ``dir``, ``log_prompts`` (false: no prompt text is ever written), ``flush_s`` (fsync
+  period, at most 1 s), ``queue_max``, ``rotate_bytes``.
+- ``scrape``: ``interval_s`` (each local replica's ``/metrics``; 0 turns scraping off),
+  ``timeout_s``, ``unhealthy_after`` (consecutive failed scrapes before a replica is unhealthy).
+- ``store``: run-state store: ``kind`` (``memory`` | ``redis``), ``redis_url``, ``ttl_s``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = [
+    "LocalTier",
+    "FrontierTier",
+    "BundleSource",
+    "SLOSettings",
+    "Timeouts",
+    "FallbackSettings",
+    "ServerSettings",
+    "RunLogSettings",
+    "ScrapeSettings",
+    "StoreSettings",
+    "RouterSettings",
+    "SettingsError",
+]
+
+
+class SettingsError(ValueError):
+    """The configuration cannot be used; the message is one line meant for a person."""
+
+
+def _root(url: str) -> str:
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LocalTier(_Strict):
+    urls: list[str] = Field(min_length=1)
+    model: str = "local-model"
+    names: list[str] | None = None
+    max_context: int = Field(default=32768, gt=0)
+    api_key_env: str | None = None  # optional key for a vLLM started with --api-key
+    prefill_s_per_token: float = Field(default=0.0001, ge=0)
+    ttft_base_s: float = Field(default=0.02, ge=0)
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        return [_root(u) for u in v]
+
+    @model_validator(mode="after")
+    def _names(self) -> LocalTier:
+        if self.names is None:
+            self.names = [f"local-{i}" for i in range(len(self.urls))]
+        if len(self.names) != len(self.urls) or len(set(self.names)) != len(self.names):
+            raise ValueError("local.names must be unique and one per url")
+        return self
+
+
+class FrontierTier(_Strict):
+    url: str
+    model: str = "frontier-model"
+    name: str = "frontier"
+    api_key_env: str | None = "OPENAI_API_KEY"
+    allow_no_key: bool = False  # only for loopback fakes
+    max_context: int = Field(default=131072, gt=0)
+    price_in_per_m: float = Field(default=2.0, ge=0)
+    price_cached_in_per_m: float = Field(default=0.5, ge=0)
+    price_out_per_m: float = Field(default=8.0, ge=0)
+    ttft_base_s: float = Field(default=0.4, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _root(v)
+
+    @model_validator(mode="after")
+    def _key(self) -> FrontierTier:
+        if not self.allow_no_key:
+            if not self.api_key_env:
+                raise ValueError("frontier.api_key_env must name the env var holding the API key")
+            if not os.environ.get(self.api_key_env):
+                raise ValueError(
+                    f"frontier tier configured but env var {self.api_key_env} is unset or empty "
+                    "(set it, or allow_no_key: true for a loopback fake)"
+                )
+        return self
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class BundleSource(_Strict):
+    path: Path | None = None
+    mlflow_uri: str | None = None
+    mlflow_tracking_uri: str | None = None
+    watch_s: float = Field(default=2.0, ge=0)
+
+    @model_validator(mode="after")
+    def _one(self) -> BundleSource:
+        if self.path is not None and self.mlflow_uri is not None:
+            raise ValueError("bundle: give either path or mlflow_uri, not both")
+        return self
+
+
+class SLOSettings(_Strict):
+    ttft_s: float = Field(default=1.0, gt=0)
+    step_latency_s: float = Field(default=10.0, gt=0)
+    short_step_tokens: int = Field(default=64, ge=0)
+
+
+class Timeouts(_Strict):
+    connect_s: float = Field(default=2.0, gt=0)
+    first_byte_s: float = Field(default=60.0, gt=0)
+    total_s: float = Field(default=600.0, gt=0)
+
+
+class FallbackSettings(_Strict):
+    enabled: bool = True
+    on_requested_model: bool = False
+
+
+class ServerSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    api_keys: list[str] = Field(default_factory=list)
+    api_keys_env: str | None = None
+    run_history_steps: int = Field(default=1000, gt=0)
+    run_history_runs: int = Field(default=10000, gt=0)
+
+    def client_keys(self) -> frozenset[str]:
+        keys = set(self.api_keys)
+        if self.api_keys_env and os.environ.get(self.api_keys_env):
+            keys.update(k.strip() for k in os.environ[self.api_keys_env].split(",") if k.strip())
+        return frozenset(keys)
+
+
+class RunLogSettings(_Strict):
+    dir: Path = Path("runroute-logs")
+    log_prompts: bool = False
+    flush_s: float = Field(default=0.5, gt=0, le=1.0)
+    queue_max: int = Field(default=10000, gt=0)
+    rotate_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    parquet: bool = True  # roll JSONL into Parquet on rotation/shutdown
+
+
+class ScrapeSettings(_Strict):
+    interval_s: float = Field(default=1.0, ge=0)
+    timeout_s: float = Field(default=1.0, gt=0)
+    unhealthy_after: int = Field(default=3, ge=1)
+
+
+class StoreSettings(_Strict):
+    kind: Literal["memory", "redis"] = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    ttl_s: float = Field(default=3600.0, gt=0)
+
+
+def _validate_policy(v: Any) -> Any:
+    """Validate through router.policy.config's discriminated union (the one registry of policies)."""
+    from router.policy.config import parse_policy_config
+
+    return parse_policy_config(v)
+
+
+class RouterSettings(BaseSettings):
+    """All settings of one sidecar process. Build with :meth:`load` (file + env) or directly."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RUNROUTE_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    local: LocalTier | None = None
+    frontier: FrontierTier | None = None
+    policy: Any = Field(default_factory=lambda: {"kind": "learned"})
+    bundle: BundleSource = Field(default_factory=BundleSource)
+    slo: SLOSettings = Field(default_factory=SLOSettings)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    fallback: FallbackSettings = Field(default_factory=FallbackSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    runlog: RunLogSettings = Field(default_factory=RunLogSettings)
+    scrape: ScrapeSettings = Field(default_factory=ScrapeSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy(cls, v: Any) -> Any:
+        return _validate_policy(v)
+
+    @model_validator(mode="after")
+    def _tiers(self) -> RouterSettings:
+        if self.local is None and self.frontier is None:
+            raise ValueError("configure at least one tier (local and/or frontier)")
+        if self.policy_kind == "learned" and self.bundle.path is None and self.bundle.mlflow_uri is None:
+            raise ValueError("policy kind 'learned' needs bundle.path or bundle.mlflow_uri")
+        return self
+
+    @property
+    def policy_kind(self) -> str:
+        return str(self.policy.kind)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # env first = env wins over the values passed in (the YAML file)
+        return (env_settings, init_settings)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> RouterSettings:
+        """Read a YAML file (optional), apply ``overrides`` then RUNROUTE_* env; one-line errors."""
+        data: dict[str, Any] = {}
+        if path is not None:
+            p = Path(path)
+            if not p.is_file():
+                raise SettingsError(f"config file not found: {p}")
+            try:
+                loaded = yaml.safe_load(p.read_text()) or {}
+            except yaml.YAMLError as e:
+                raise SettingsError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+            if not isinstance(loaded, dict):
+                raise SettingsError(f"{p}: top level must be a mapping")
+            data = loaded
+        data = _merge(data, overrides)
+        try:
+            return cls(**data)
+        except Exception as e:  # pydantic.ValidationError -> one line
+            raise SettingsError(_one_line(e, path)) from None
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _one_line(e: Exception, path: object) -> str:
+    from pydantic import ValidationError
+
+    where = f"{path}: " if path else ""
+    if isinstance(e, ValidationError):
+        errs = e.errors()
+        parts = []
+        for err in errs[:3]:
+            loc = ".".join(str(x) for x in err.get("loc", ())) or "config"
+            msg = str(err.get("msg", "")).removeprefix("Value error, ")
+            parts.append(f"{loc}: {msg}")
+        more = f" (+{len(errs) - 3} more)" if len(errs) > 3 else ""
+        return f"{where}invalid config: " + "; ".join(parts) + more
+    return f"{where}invalid config: {e}"

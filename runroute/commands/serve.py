@@ -1,0 +1,153 @@
+"""`runroute serve`: the routing sidecar (OpenAI-compatible) on one uvicorn worker.
+
+With ``--config FILE`` it serves exactly what the file (plus RUNROUTE_* env overrides) says.
+With no config it starts on embedded defaults so a newcomer can try it at once:
+
+- two fake vLLM replicas and a fake frontier (``router.fakes``) as child processes on free
+  loopback ports (stopped when the server stops);
+- the learned policy with the bundle in ``./runroute-bundle``, trained from the shipped ``data/``
+  run logs at first start when absent (progress printed; MLflow off);
+- run logs under ``./runroute-logs``.
+
+It prints where everything is, then serves with uvloop + httptools, one worker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from runroute.cli import CliError
+
+__all__ = ["register", "DEFAULT_BUNDLE", "DEFAULT_LOGS"]
+
+DEFAULT_BUNDLE = Path("runroute-bundle")
+DEFAULT_LOGS = Path("runroute-logs")
+_DATA = Path(__file__).resolve().parents[2] / "data"
+_TRAIN_FILES = (
+    "tau2bench_airline.parquet",
+    "taubench_airline.parquet",
+    "swebench_pro.parquet",
+    "mooncake_20min.parquet",
+)
+
+
+def _train_default_bundle(out: Path) -> None:
+    from training.train import TrainConfig, run_training
+
+    runs = [_DATA / f for f in _TRAIN_FILES if (_DATA / f).exists()]
+    if not runs:
+        raise CliError(f"no bundle at {out} and no shipped run logs in {_DATA} to train one")
+    typer.echo(f"runroute: no bundle at {out}: training one from {len(runs)} shipped run logs (once)...")
+    cfg = TrainConfig.model_validate(
+        {"runs": runs, "out": out, "mlflow": False, "evaluate": False, "n_estimators": 100, "n_jobs": 1}
+    )
+    run_training(cfg, progress=lambda msg: typer.echo(f"  train: {msg}"))
+    typer.echo(f"runroute: bundle written to {out}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve(
+        config: Path | None = typer.Option(
+            None, "--config", "-c", help="runroute.yaml (default: embedded demo)"
+        ),
+        host: str | None = typer.Option(None, "--host", help="bind address (default from config: 127.0.0.1)"),
+        port: int | None = typer.Option(None, "--port", help="port (default from config: 8080)"),
+    ) -> None:
+        """Serve the routing sidecar: POST /v1/chat/completions with model "auto"."""
+        import contextlib
+        import os
+
+        # One OpenMP thread for LightGBM's one-row predictions: with the default (all cores) each
+        # Booster.predict costs ~25 ms on a busy 2-core machine instead of ~25 us (measured).
+        # Must be set before lightgbm is imported.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+        from router.settings import RouterSettings, SettingsError
+
+        server: dict[str, object] = {}
+        if host is not None:
+            server["host"] = host
+        if port is not None:
+            server["port"] = port
+        with contextlib.ExitStack() as stack:
+            try:
+                if config is not None:
+                    settings = RouterSettings.load(config, **({"server": server} if server else {}))
+                else:
+                    settings = _demo_settings(stack, server)
+            except SettingsError as e:
+                raise CliError(str(e)) from None
+            _run(settings, config)
+
+
+def _demo_settings(stack, server: dict[str, object]):
+    from router.fakes.launch import start_fake_process
+    from router.settings import RouterSettings
+
+    if not DEFAULT_BUNDLE.exists():
+        _train_default_bundle(DEFAULT_BUNDLE)
+    typer.echo("runroute: starting demo backends (fake vLLM x2, fake frontier) ...")
+    v0 = stack.enter_context(start_fake_process("vllm", model="local-model", name="fake-vllm-0"))
+    v1 = stack.enter_context(start_fake_process("vllm", model="local-model", name="fake-vllm-1"))
+    fr = stack.enter_context(start_fake_process("frontier", model="frontier-model", name="fake-frontier"))
+    return RouterSettings.load(
+        None,
+        local={"urls": [v0.url, v1.url], "model": "local-model"},
+        frontier={"url": fr.url, "model": "frontier-model", "allow_no_key": True},
+        policy={"kind": "learned"},
+        bundle={"path": str(DEFAULT_BUNDLE)},
+        runlog={"dir": str(DEFAULT_LOGS)},
+        server=server,
+    )
+
+
+def _run(settings, config: Path | None) -> None:
+    import uvicorn
+
+    from router.app import create_app
+
+    s = settings
+    if s.bundle.path is not None or s.bundle.mlflow_uri is not None:
+        # fail fast with one line (the app loads it again in its lifespan, where errors are tracebacks)
+        from router.bundle_watch import load_bundle
+
+        try:
+            load_bundle(s.bundle.path, s.bundle.mlflow_uri, s.bundle.mlflow_tracking_uri)
+        except (ValueError, OSError) as e:  # BundleError is a ValueError
+            raise CliError(f"cannot load bundle {s.bundle.path or s.bundle.mlflow_uri}: {e}") from None
+    app = create_app(s)
+    url = f"http://{s.server.host}:{s.server.port}"
+    lines = [
+        f"runroute serve ({'config ' + str(config) if config else 'embedded demo defaults'})",
+        f'  OpenAI base URL : {url}/v1   (model "auto"; send X-Run-Id per agent run)',
+    ]
+    if s.local is not None:
+        for name, u in zip(s.local.names or [], s.local.urls, strict=True):
+            lines.append(f"  local {name:<9} : {u}  model {s.local.model}")
+    if s.frontier is not None:
+        lines.append(f"  frontier        : {s.frontier.url}  model {s.frontier.model}")
+    lines += [
+        f"  policy          : {s.policy_kind}"
+        + (
+            f"  bundle {s.bundle.path or s.bundle.mlflow_uri}"
+            if (s.bundle.path or s.bundle.mlflow_uri)
+            else ""
+        ),
+        f"  run logs        : {Path(s.runlog.dir).resolve()}",
+        f"  metrics         : {url}/metrics   runs: {url}/v1/runs/<run_id>   ready: {url}/ready",
+    ]
+    typer.echo("\n".join(lines), err=False)
+    uvicorn.run(
+        app,
+        host=s.server.host,
+        port=s.server.port,
+        loop="uvloop",
+        http="httptools",
+        workers=1,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
