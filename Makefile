@@ -33,4 +33,4 @@ test-vllm: $(STAMP)
 	bash scripts/test-vllm.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache runroute-report
+	rm -rf $(VENV) .venv-vllm .runroute .pytest_cache .ruff_cache .mypy_cache runroute-report
