@@ -1,0 +1,121 @@
+"""`runroute bench`: every routing policy on any run logs with a given bundle -> scorecard JSON (+ plots)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runroute.cli import CliError
+
+
+def _floats(s: str, what: str) -> list[float]:
+    try:
+        vals = [float(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"{what}: expected comma-separated numbers, got {s!r}") from None
+    if not vals:
+        raise CliError(f"{what}: expected one or more comma-separated numbers")
+    return vals
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench(
+        runs: Annotated[list[str], typer.Option("--runs", help="run-log file(s); repeat or comma-separate")],
+        bundle: Annotated[Path, typer.Option("--bundle", help="model bundle directory")],
+        json_out: Annotated[Path, typer.Option("--json", help="write the scorecard JSON here")],
+        more_runs: Annotated[
+            list[str] | None, typer.Argument(help="more run-log files (`--runs A B`)")
+        ] = None,
+        plot: Annotated[Path | None, typer.Option("--plot", help="write the cost-quality PNG here")] = None,
+        report_dir: Annotated[
+            Path | None, typer.Option("--report-dir", help="also write report.md + all plots here")
+        ] = None,
+        replicas: Annotated[int, typer.Option("--replicas", help="simulated local replicas")] = 2,
+        kv_cache_gb: Annotated[float, typer.Option("--kv-cache-gb", help="KV cache per replica (GB)")] = 16.0,
+        arrival_rate: Annotated[float, typer.Option("--arrival-rate", help="run starts per second")] = 0.1,
+        no_admission: Annotated[bool, typer.Option("--no-admission", help="no admission control")] = False,
+        frontier_price: Annotated[
+            str | None, typer.Option("--frontier-price", help="USD per 1M tokens: IN,CACHED_IN,OUT")
+        ] = None,
+        gpu_hour_usd: Annotated[
+            float | None, typer.Option("--gpu-hour-usd", help="local GPU-hour price")
+        ] = None,
+        sweep: Annotated[
+            str | None, typer.Option("--sweep", help="p_frontier thresholds to sweep, e.g. 0,0.1,...,1")
+        ] = None,
+        seed: Annotated[int, typer.Option("--seed", help="seed of arrivals and latency draws")] = 0,
+    ) -> None:
+        """Compare always-local, always-frontier, per-step-threshold, session-sticky, stall-escalation,
+        learned and oracle on the given logs (what-if simulator + the outcome model), write the scorecard."""
+        from pydantic import ValidationError
+        from rich.console import Console
+
+        from models.bundle import BundleError
+        from runroute.demo import SimSettings, bench_runs
+        from training.outcome import Prices
+        from training.report import _atomic_write, _jsonable, plot_frontier, print_scorecard, write_report
+
+        files = [Path(f) for item in [*runs, *(more_runs or [])] for f in item.split(",") if f]
+        for f in files:
+            if not f.exists():
+                raise CliError(f"run log not found: {f}")
+        if not bundle.is_dir():
+            raise CliError(f"bundle directory not found: {bundle}")
+        try:
+            pk: dict[str, float] = {}
+            if frontier_price:
+                vals = _floats(frontier_price, "--frontier-price")
+                if len(vals) != 3:
+                    raise CliError("--frontier-price: expected IN,CACHED_IN,OUT")
+                pk = dict(
+                    zip(
+                        ("frontier_in_per_m", "frontier_cached_in_per_m", "frontier_out_per_m"),
+                        vals,
+                        strict=True,
+                    )
+                )
+            if gpu_hour_usd is not None:
+                pk["gpu_hour_usd"] = gpu_hour_usd
+            prices = Prices(**pk)
+            sim = SimSettings(
+                replicas=replicas,
+                kv_cache_gb=kv_cache_gb,
+                arrival_rate=arrival_rate,
+                admission=not no_admission,
+                seed=seed,
+            )
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise CliError(f"bench: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        sw = _floats(sweep, "--sweep") if sweep else None
+        if sw is not None and any(not 0 <= x <= 1 for x in sw):
+            raise CliError("--sweep: thresholds must be in [0, 1]")
+        con = Console(width=None if Console().is_terminal else 160)
+        try:
+            card = bench_runs(
+                files,
+                bundle,
+                prices=prices,
+                sim=sim,
+                sweep_thresholds=sw,
+                progress=lambda m: con.print(f"  [dim]{m}[/dim]"),
+            )
+        except BundleError as e:
+            raise CliError(f"bundle refused: {e}") from None
+        import json
+
+        _atomic_write(json_out, (json.dumps(_jsonable(card), indent=2) + "\n").encode())
+        if report_dir is not None:
+            write_report(card, report_dir)
+        if plot is not None:
+            name, s = next(iter(card["sets"].items()))
+            plot_frontier(_jsonable(s), name, plot)
+        print_scorecard(card, con)
+        con.print(
+            f"wrote {json_out}"
+            + (f", {plot}" if plot else "")
+            + (f", {report_dir}/report.md" if report_dir else "")
+        )

@@ -1,0 +1,509 @@
+"""The outcome model and the quality/cost figures of the scorecard.
+
+Runs with a known weak-model outcome and a known strong-model outcome on the same task (tau2
+airline gpt-oss-120b runs paired with claude-sonnet-4-5, the synthetic generator's runs) let us ask
+what a routing policy would have achieved: the policy's per-step tiers come from the simulator (or
+any replay), and this module turns them into a success and a cost per run.
+
+Outcome model (explicit and simple; :class:`OutcomeModel` variants say how sensitive it is):
+
+1. A run whose steps all stay local gets the **weak** model's logged outcome.
+2. A run first sent to the frontier at step ``k`` (the *escalation step*; ``k = 0`` for a run that
+   starts there) gets the **strong** model's outcome with weight ``w`` and the weak one's with
+   ``1 - w`` (an expected value, no random draw). ``w`` by variant (``kind``):
+
+   - ``escalate-anytime`` (the base model): ``w = 1``: the strong model rescues the run whenever it
+     takes over;
+   - ``must-stay``: ``w = 1`` only if the run stays on the frontier from ``k`` to its last step, else
+     0 (a run handed back to the weak model ends with the weak model's outcome);
+   - ``decay``: ``w = 0.5 ** (k / half_life_steps)``: the later the hand-over, the less of the run is
+     left to fix;
+   - ``before-first-error``: ``w = 1`` only if ``k <=`` the first step whose prompt carries a failed
+     tool result (no error: ``w = 1``); after the first error the damage is assumed done.
+3. A run with a rejected step counts as a failure (nothing was delivered) and costs only what it
+   spent before.
+4. **Cost** (USD) is priced per step from the logged token counts (the weak run's trajectory: the
+   strong model's own trajectory after ``k`` is not observed, so its remaining steps are assumed to
+   be the same size). With ``warm_j = reuse_j`` when step ``j-1`` ran on the same tier as step ``j``
+   (else 0: the new tier prefills the whole context), where ``reuse_j`` is the prompt prefix step
+   ``j`` repeats from step ``j-1`` (``prefix_reuse_tokens``, else the previous prompt + output,
+   capped at the prompt)::
+
+       local    (prompt_j - warm_j) * local_in + completion_j * local_out     (cached prefix free)
+       frontier (prompt_j - warm_j) * frontier_in + warm_j * frontier_cached_in + completion_j * frontier_out
+
+   so an escalation at ``k`` pays the local steps already spent, the frontier prefill of the whole
+   context at ``k``, and the frontier price of the remaining steps (their repeated prefix at the
+   provider's cached-input price). Local prices per token derive from a GPU-hour price and a
+   sustained throughput (:class:`Prices`).
+
+Scorecard figures (:func:`policy_outcomes`, :func:`cost_at_quality`, :func:`aiq`):
+
+- ``success_rate``: mean success over runs with both outcomes known; ``success_se``: its binomial
+  standard error; ``cost_usd``: total over all runs; escalation rate, recall / precision of
+  needs-frontier runs (a run is *flagged* when any of its steps ran on the frontier).
+- **cost at 95% of always-frontier success**: the cheapest point of a policy (of its threshold
+  sweep, for swept policies) whose success is at least ``0.95 x`` always-frontier's; None if no
+  point reaches it.
+- **AIQ** (average improvement in quality, after RouterBench): the area under the policy's
+  non-decreasing concave cost-quality hull on a *normalised cost axis* ``x = (cost - c_local) /
+  (c_frontier - c_local)`` (0 = always-local's cost, 1 = always-frontier's), over ``x in [0, 1]``.
+  The hull is built from the policy's points plus the always-local point, i.e. what can be reached
+  by randomly mixing the policy's operating points with always-local per run; the curve is flat
+  beyond the policy's most expensive useful point. Always-local scores its success rate;
+  always-frontier scores the mean of the two endpoints (the random-mixing line); a policy above
+  that line routes better than chance.
+
+Knobs: :class:`Prices` (every price, one object), the outcome variant, ``quality_target`` (0.95).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+__all__ = [
+    "Prices",
+    "EscalateAnytime",
+    "MustStay",
+    "Decay",
+    "BeforeFirstError",
+    "OutcomeModel",
+    "DEFAULT_VARIANTS",
+    "parse_variant",
+    "RunRecord",
+    "records_from_frames",
+    "run_costs",
+    "run_success",
+    "policy_outcomes",
+    "cost_at_quality",
+    "aiq",
+    "hull_curve",
+    "LOCAL",
+    "FRONTIER",
+    "REJECTED",
+]
+
+LOCAL, FRONTIER, REJECTED = 0, 1, -1
+
+
+class Prices(BaseModel):
+    """Every price the scorecard uses, in one place. Defaults are assumptions, not quotes.
+
+    - Frontier: USD per 1M tokens, list prices of a Claude-Sonnet-class API (input $3, cached input
+      read $0.30, output $15), the strong model the tau2 weak runs are paired against.
+    - Local: ``gpu_hour_usd`` (on-demand A100-80GB class GPU at a GPU cloud, ~$1.5/h) spread over a
+      sustained batched throughput of one GPU serving an 8B model with vLLM
+      (``local_prefill_tokens_per_s`` of uncached prompt, ``local_decode_tokens_per_s`` of output);
+      cached local prefix tokens are free.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    frontier_in_per_m: float = Field(default=3.0, ge=0, description="frontier input, USD per 1M tokens")
+    frontier_cached_in_per_m: float = Field(
+        default=0.30, ge=0, description="frontier cached input, USD per 1M"
+    )
+    frontier_out_per_m: float = Field(default=15.0, ge=0, description="frontier output, USD per 1M tokens")
+    gpu_hour_usd: float = Field(default=1.50, ge=0, description="local GPU price, USD per GPU-hour")
+    local_prefill_tokens_per_s: float = Field(
+        default=10000.0, gt=0, description="sustained uncached prompt tokens/s per GPU"
+    )
+    local_decode_tokens_per_s: float = Field(
+        default=2000.0, gt=0, description="sustained output tokens/s per GPU"
+    )
+
+    @property
+    def local_in_per_m(self) -> float:
+        return self.gpu_hour_usd / (self.local_prefill_tokens_per_s * 3600.0) * 1e6
+
+    @property
+    def local_out_per_m(self) -> float:
+        return self.gpu_hour_usd / (self.local_decode_tokens_per_s * 3600.0) * 1e6
+
+    def table(self) -> dict[str, float]:
+        """All prices in USD per 1M tokens (local ones derived) plus the GPU-hour price."""
+        return {
+            "frontier_in_per_m": self.frontier_in_per_m,
+            "frontier_cached_in_per_m": self.frontier_cached_in_per_m,
+            "frontier_out_per_m": self.frontier_out_per_m,
+            "gpu_hour_usd": self.gpu_hour_usd,
+            "local_prefill_tokens_per_s": self.local_prefill_tokens_per_s,
+            "local_decode_tokens_per_s": self.local_decode_tokens_per_s,
+            "local_in_per_m": round(self.local_in_per_m, 6),
+            "local_out_per_m": round(self.local_out_per_m, 6),
+        }
+
+
+# ------------------------------------------------------------------------------------ variants
+
+
+class _Variant(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def weight(self, k: int, tiers: np.ndarray, rec: RunRecord) -> float:  # pragma: no cover
+        raise NotImplementedError
+
+    def describe(self) -> str:  # pragma: no cover
+        raise NotImplementedError
+
+
+class EscalateAnytime(_Variant):
+    kind: Literal["escalate-anytime"] = "escalate-anytime"
+
+    def weight(self, k: int, tiers: np.ndarray, rec: RunRecord) -> float:
+        return 1.0
+
+    def describe(self) -> str:
+        return "escalated at any step k: strong model's outcome"
+
+
+class MustStay(_Variant):
+    kind: Literal["must-stay"] = "must-stay"
+
+    def weight(self, k: int, tiers: np.ndarray, rec: RunRecord) -> float:
+        return 1.0 if bool(np.all(tiers[k:] == FRONTIER)) else 0.0
+
+    def describe(self) -> str:
+        return "strong outcome only if the run stays on the frontier from k to the end"
+
+
+class Decay(_Variant):
+    kind: Literal["decay"] = "decay"
+    half_life_steps: float = Field(
+        default=4.0, gt=0, description="steps after which a rescue is half as likely"
+    )
+
+    def weight(self, k: int, tiers: np.ndarray, rec: RunRecord) -> float:
+        return float(0.5 ** (k / self.half_life_steps))
+
+    def describe(self) -> str:
+        return f"strong outcome with probability 0.5^(k/{self.half_life_steps:g})"
+
+
+class BeforeFirstError(_Variant):
+    kind: Literal["before-first-error"] = "before-first-error"
+
+    def weight(self, k: int, tiers: np.ndarray, rec: RunRecord) -> float:
+        return 1.0 if rec.first_error_step is None or k <= rec.first_error_step else 0.0
+
+    def describe(self) -> str:
+        return "strong outcome only if escalated no later than the first failed tool result"
+
+
+OutcomeModel = Annotated[EscalateAnytime | MustStay | Decay | BeforeFirstError, Field(discriminator="kind")]
+_VARIANT_ADAPTER: TypeAdapter[Any] = TypeAdapter(OutcomeModel)
+
+DEFAULT_VARIANTS: tuple[str, ...] = ("escalate-anytime", "must-stay", "decay", "before-first-error")
+
+
+def parse_variant(v: Any) -> Any:
+    """A variant object from a kind string, a dict with ``kind``, or a variant object."""
+    if isinstance(v, _Variant):
+        return v
+    if isinstance(v, str):
+        v = {"kind": v}
+    return _VARIANT_ADAPTER.validate_python(v)
+
+
+# ------------------------------------------------------------------------------------ runs
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the outcome model needs of one logged run (token counts per step, both outcomes)."""
+
+    run_id: str
+    prompt: np.ndarray  # int64 per step
+    completion: np.ndarray  # int64 per step
+    reuse: np.ndarray  # prompt tokens repeating step j-1's prompt+output (0 at step 0)
+    weak_success: bool | None = None
+    strong_success: bool | None = None
+    needs_frontier: bool | None = None
+    first_error_step: int | None = None
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def quality_known(self) -> bool:
+        return self.weak_success is not None and self.strong_success is not None
+
+    @classmethod
+    def make(
+        cls,
+        run_id: str,
+        prompt: Sequence[int],
+        completion: Sequence[int],
+        reuse: Sequence[int] | None = None,
+        **kw: Any,
+    ) -> RunRecord:
+        p = np.asarray(prompt, dtype=np.int64)
+        c = np.asarray(completion, dtype=np.int64)
+        if p.shape != c.shape or p.ndim != 1:
+            raise ValueError(f"run {run_id}: prompt and completion must be 1-d and the same length")
+        if (p < 0).any() or (c < 0).any():
+            raise ValueError(f"run {run_id}: negative token counts")
+        if reuse is None:
+            r = np.zeros_like(p)
+            if len(p) > 1:
+                r[1:] = np.minimum(p[:-1] + c[:-1], p[1:])
+        else:
+            r = np.minimum(np.asarray(reuse, dtype=np.int64), p)
+            if len(r):
+                r[0] = 0
+        return cls(run_id=run_id, prompt=p, completion=c, reuse=r, **kw)
+
+
+def _outcome(v: Any) -> bool | None:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    s = str(v)
+    if s == "success":
+        return True
+    if s == "failure":
+        return False
+    return None
+
+
+def records_from_frames(runs: Any, steps: Any) -> dict[str, RunRecord]:
+    """RunRecords for every run with steps (``runs``/``steps``: run-log frames, ``RunLog.runs/.steps``).
+
+    weak outcome = ``outcome``; strong outcome = ``strong_outcome`` (None where not paired);
+    ``first_error_step`` = first step whose ``tool_result_errors`` holds a True.
+    """
+    import pandas as pd
+
+    if steps is None or len(steps) == 0:
+        return {}
+    st = steps.sort_values(["run_id", "step"], kind="stable")
+    meta: dict[str, dict[str, Any]] = {}
+    if runs is not None and len(runs):
+        cols = {
+            c: runs[c].tolist() if c in runs.columns else [None] * len(runs)
+            for c in ("outcome", "strong_outcome", "needs_frontier")
+        }
+        for i, rid in enumerate(runs["run_id"].tolist()):
+            nf = cols["needs_frontier"][i]
+            meta[rid] = {
+                "weak_success": _outcome(cols["outcome"][i]),
+                "strong_success": _outcome(cols["strong_outcome"][i]),
+                "needs_frontier": None
+                if nf is None or nf is pd.NA or (isinstance(nf, float) and math.isnan(nf))
+                else bool(nf),
+            }
+    out: dict[str, RunRecord] = {}
+    reuse_col = "prefix_reuse_tokens" if "prefix_reuse_tokens" in st.columns else None
+    err_col = "tool_result_errors" if "tool_result_errors" in st.columns else None
+    for rid, g in st.groupby("run_id", sort=False):
+        p = g["prompt_tokens"].to_numpy(dtype=np.int64)
+        c = g["completion_tokens"].to_numpy(dtype=np.int64)
+        reuse = None
+        if reuse_col is not None:
+            r = pd.to_numeric(g[reuse_col], errors="coerce").to_numpy(dtype=float)
+            if not np.isnan(r[1:]).any():
+                reuse = np.nan_to_num(r).astype(np.int64)
+        first_err = None
+        if err_col is not None:
+            for j, errs in enumerate(g[err_col].tolist()):
+                if errs is not None and not (isinstance(errs, float)) and any(bool(e) for e in errs):
+                    first_err = j
+                    break
+        m = meta.get(str(rid), {})
+        out[str(rid)] = RunRecord.make(str(rid), p, c, reuse, first_error_step=first_err, **m)
+    return out
+
+
+# ------------------------------------------------------------------------------------ arithmetic
+
+
+def run_costs(rec: RunRecord, tiers: np.ndarray, prices: Prices) -> tuple[float, float, float]:
+    """(total, local, frontier) USD of one run served on ``tiers`` (LOCAL / FRONTIER / REJECTED per step)."""
+    t = np.asarray(tiers)
+    if t.shape != rec.prompt.shape:
+        raise ValueError(f"run {rec.run_id}: {len(t)} tiers for {rec.n_steps} steps")
+    same = np.zeros(len(t), dtype=bool)
+    if len(t) > 1:
+        same[1:] = t[1:] == t[:-1]
+    warm = np.where(same, rec.reuse, 0)
+    cold = rec.prompt - warm
+    loc = t == LOCAL
+    fr = t == FRONTIER
+    local = float(
+        (cold[loc].sum() * prices.local_in_per_m + rec.completion[loc].sum() * prices.local_out_per_m) / 1e6
+    )
+    frontier = float(
+        (
+            cold[fr].sum() * prices.frontier_in_per_m
+            + warm[fr].sum() * prices.frontier_cached_in_per_m
+            + rec.completion[fr].sum() * prices.frontier_out_per_m
+        )
+        / 1e6
+    )
+    return local + frontier, local, frontier
+
+
+def escalation_step(tiers: np.ndarray) -> int | None:
+    idx = np.flatnonzero(np.asarray(tiers) == FRONTIER)
+    return int(idx[0]) if idx.size else None
+
+
+def run_success(rec: RunRecord, tiers: np.ndarray, variant: Any = None) -> float | None:
+    """Expected success (0-1) of one run under the outcome model; None without both outcomes."""
+    if not rec.quality_known:
+        return None
+    t = np.asarray(tiers)
+    if (t == REJECTED).any():
+        return 0.0
+    v = parse_variant(variant if variant is not None else "escalate-anytime")
+    k = escalation_step(t)
+    weak = 1.0 if rec.weak_success else 0.0
+    if k is None:
+        return weak
+    strong = 1.0 if rec.strong_success else 0.0
+    w = v.weight(k, t, rec)
+    return w * strong + (1.0 - w) * weak
+
+
+def _div(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def policy_outcomes(
+    records: Mapping[str, RunRecord],
+    tiers: Mapping[str, np.ndarray],
+    prices: Prices,
+    variants: Iterable[Any] = DEFAULT_VARIANTS,
+) -> dict[str, Any]:
+    """Success and cost figures of one policy's tiers over ``records`` (every run must have tiers).
+
+    The first variant is the headline (``success_rate``); all appear under ``success_by_variant``.
+    """
+    vs = [parse_variant(v) for v in variants]
+    if not vs:
+        raise ValueError("at least one outcome variant is needed")
+    missing = [r for r in records if r not in tiers]
+    if missing:
+        raise ValueError(f"{len(missing)} run(s) have no tiers (first: {missing[0]})")
+    succ: dict[str, list[float]] = {v.kind: [] for v in vs}
+    cost = local = frontier = 0.0
+    escalated = served = frontier_steps = steps = tier_switches = 0
+    tp = fp = fn = 0
+    esc_steps: list[int] = []
+    for rid, rec in records.items():
+        t = np.asarray(tiers[rid])
+        c, lc, fc = run_costs(rec, t, prices)
+        cost, local, frontier = cost + c, local + lc, frontier + fc
+        rejected = bool((t == REJECTED).any())
+        k = escalation_step(t)
+        if not rejected:
+            served += 1
+            escalated += k is not None
+        if k is not None:
+            esc_steps.append(k)
+        steps += len(t)
+        frontier_steps += int((t == FRONTIER).sum())
+        srv = t[t != REJECTED]
+        tier_switches += int((srv[1:] != srv[:-1]).sum()) if len(srv) > 1 else 0
+        if rec.needs_frontier is not None:
+            flagged = k is not None
+            tp += flagged and rec.needs_frontier
+            fp += flagged and not rec.needs_frontier
+            fn += (not flagged) and rec.needs_frontier
+        for v in vs:
+            s = run_success(rec, t, v)
+            if s is not None:
+                succ[v.kind].append(s)
+    n = len(records)
+    head = succ[vs[0].kind]
+    rate = float(np.mean(head)) if head else None
+    se = math.sqrt(rate * (1 - rate) / len(head)) if head and rate is not None else None
+    return {
+        "runs": n,
+        "quality_runs": len(head),
+        "success_rate": rate,
+        "success_se": se,
+        "success_by_variant": {k: (float(np.mean(v)) if v else None) for k, v in succ.items()},
+        "cost_usd": cost,
+        "local_cost_usd": local,
+        "frontier_cost_usd": frontier,
+        "cost_per_run_usd": _div(cost, n),
+        "cost_per_success_usd": _div(cost, float(np.sum(head))) if head else None,
+        "escalation_rate": _div(escalated, served),
+        "frontier_step_share": _div(frontier_steps, steps),
+        "escalation_step_median": float(np.median(esc_steps)) if esc_steps else None,
+        "tier_switches_per_run": _div(tier_switches, n),
+        "needs_frontier_recall": _div(tp, tp + fn),
+        "needs_frontier_precision": _div(tp, tp + fp),
+        "needs_frontier_runs": tp + fn,
+    }
+
+
+# ------------------------------------------------------------------------------------ curves
+
+
+def cost_at_quality(points: Iterable[tuple[float, float]], target: float | None) -> float | None:
+    """Cheapest cost among (cost, quality) points with quality >= target (None if none, or no target)."""
+    if target is None:
+        return None
+    ok = [c for c, q in points if q is not None and q >= target - 1e-12]
+    return min(ok) if ok else None
+
+
+def _normalise(points: Iterable[tuple[float, float]], c_lo: float, c_hi: float) -> list[tuple[float, float]]:
+    span = c_hi - c_lo
+    return [((c - c_lo) / span, q) for c, q in points if q is not None]
+
+
+def hull_curve(
+    points: Iterable[tuple[float, float]],
+    anchor: tuple[float, float],
+    c_lo: float,
+    c_hi: float,
+    grid: int = 1001,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The non-decreasing concave hull R(x) on x in [0, 1] (normalised cost), or None if c_hi <= c_lo.
+
+    R(x) = the best quality reachable with normalised cost <= x by mixing at most two points
+    (a budget-constrained mixture's optimum uses at most two), ``anchor`` (always-local) included.
+    """
+    if not c_hi > c_lo:
+        return None
+    pts = _normalise([anchor, *points], c_lo, c_hi)
+    xs = np.array([p[0] for p in pts], dtype=float)
+    qs = np.array([p[1] for p in pts], dtype=float)
+    x = np.linspace(0.0, 1.0, grid)
+    best = np.full(grid, np.nan)
+    # single points
+    for xi, qi in zip(xs, qs, strict=True):
+        m = x >= xi - 1e-12
+        best[m] = np.fmax(best[m], qi)
+    # pairs (i cheaper than j): the mixing line between them, for x in [x_i, x_j]
+    for i in range(len(xs)):
+        for j in range(len(xs)):
+            if xs[j] <= xs[i] + 1e-12 or qs[j] <= qs[i]:
+                continue
+            m = (x >= xs[i]) & (x <= xs[j])
+            line = qs[i] + (qs[j] - qs[i]) * (x[m] - xs[i]) / (xs[j] - xs[i])
+            best[m] = np.fmax(best[m], line)
+    best = np.fmax.accumulate(np.where(np.isnan(best), -np.inf, best))
+    best[np.isinf(best)] = np.nan
+    return x, best
+
+
+def aiq(
+    points: Iterable[tuple[float, float]], anchor: tuple[float, float], c_lo: float, c_hi: float
+) -> float | None:
+    """Area under :func:`hull_curve` over x in [0, 1] (undefined stretches count 0); None if c_hi <= c_lo."""
+    h = hull_curve(points, anchor, c_lo, c_hi)
+    if h is None:
+        return None
+    x, r = h
+    y = np.nan_to_num(r, nan=0.0)
+    return float(np.sum((y[1:] + y[:-1]) * np.diff(x)) / 2.0)
