@@ -50,6 +50,12 @@ for _mod in sorted(m.name for m in pkgutil.iter_modules(_commands.__path__)):
     if not _mod.startswith("_"):
         importlib.import_module(f"runroute.commands.{_mod}").register(_typer_app)
 
+# `runroute --help` lists each subcommand with one line: the first sentence of its help.
+for _ci in _typer_app.registered_commands:
+    if _ci.short_help is None:
+        _doc = " ".join((_ci.help or (_ci.callback.__doc__ if _ci.callback else "") or "").split())
+        _ci.short_help = _doc.split(". ")[0].rstrip(".")
+
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
     from features.runlog import RunLogError
