@@ -20,16 +20,9 @@ import sys
 import typer
 
 import runroute.commands as _commands
+from runroute.errors import CliError
 
 __all__ = ["app", "main", "CliError"]
-
-
-class CliError(Exception):
-    """A failure to report as one line; ``exit_code`` defaults to 2 (bad input)."""
-
-    def __init__(self, message: str, exit_code: int = 2):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 _typer_app = typer.Typer(

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from runroute.cli import CliError
+from runroute.errors import CliError
 
 
 def register(app: typer.Typer) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from runroute.cli import CliError
+from runroute.errors import CliError
 
 
 def register(app: typer.Typer) -> None:

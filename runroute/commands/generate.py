@@ -19,7 +19,7 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
     import dataclasses
 
     from features.generate import GeneratorParams
-    from runroute.cli import CliError
+    from runroute.errors import CliError
 
     types = {f.name: type(getattr(GeneratorParams(), f.name)) for f in dataclasses.fields(GeneratorParams)}
     out: dict[str, Any] = {}
@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
 
         from features.generate import generate, summary_stats
         from features.runlog import write_frame
-        from runroute.cli import CliError
+        from runroute.errors import CliError
 
         if runs < 1:
             raise CliError(f"--runs must be >= 1, got {runs}")

@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
         from features.importers import import_source
         from features.importers.summary import print_summary
         from features.runlog import BadRow, RunLogError, write_frame
-        from runroute.cli import CliError
+        from runroute.errors import CliError
 
         if source not in SOURCE_NAMES:
             raise CliError(f"unknown source '{source}' (expected one of: {', '.join(SOURCE_NAMES)})")

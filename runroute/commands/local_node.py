@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
         """Start vLLM's OpenAI server (prefix caching, cached-token usage, hermes tools), wait for /health,
         run until SIGINT/SIGTERM, then stop it cleanly."""
         from router.localnode import LocalNode, LocalNodeConfig, LocalNodeError, build_env, run_foreground
-        from runroute.cli import CliError
+        from runroute.errors import CliError
 
         cfg = LocalNodeConfig(
             model=str(model),

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         import sys
 
         from router.localnode import project_root
-        from runroute.cli import CliError
+        from runroute.errors import CliError
 
         if python is None and _has_model_libs():
             from router.testmodel import build_test_model

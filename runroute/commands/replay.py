@@ -19,7 +19,7 @@ import typer
 
 def _policy_configs(spec: str, config_file: Path | None) -> list[Any]:
     from router.policy.config import POLICY_KINDS
-    from runroute.cli import CliError
+    from runroute.errors import CliError
 
     defined: dict[str, dict[str, Any]] = {}
     if config_file is not None:
@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
         from models.predictor import ConstantPredictor
         from router.policy.config import PolicyConfigError, build_policy
         from router.replay import default_backends, replay
-        from runroute.cli import CliError
+        from runroute.errors import CliError
 
         predictor: Any
         loaded = None

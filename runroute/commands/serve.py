@@ -18,7 +18,7 @@ from pathlib import Path
 
 import typer
 
-from runroute.cli import CliError
+from runroute.errors import CliError
 
 __all__ = ["register", "DEFAULT_BUNDLE", "DEFAULT_LOGS"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from runroute.cli import CliError
+from runroute.errors import CliError
 
 
 def _floats(s: str, what: str, n: int | None = None) -> list[float]:
