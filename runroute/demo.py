@@ -706,7 +706,7 @@ def run_demo(cfg: DemoConfig, console: Any = None) -> dict[str, Any]:
         stage("import")
         files = sorted(cfg.data_dir.glob("*.parquet"))
         if not files:
-            from runroute.cli import CliError
+            from runroute.errors import CliError
 
             raise CliError(f"no shipped samples in {cfg.data_dir} (data/*.parquet)")
         log = read_runlog([str(f) for f in files])
