@@ -1,0 +1,398 @@
+"""Feature extraction: one pure function from a :class:`~features.prefix.RunPrefix` to a float vector.
+
+Algorithm: :func:`extract` walks the run's earlier steps once (O(k) for step k) and fills a float64
+vector whose layout is :data:`FEATURE_NAMES`. The same function serves training (prefixes rebuilt
+from logged Step rows by :func:`iter_prefixes` / :func:`iter_frame_prefixes`), the router (prefixes
+built from its run state and the incoming request) and the simulator, so the three never diverge.
+Unknown values (no timestamps, no cache counters, no cache-pressure signal) are ``NaN``; LightGBM
+treats NaN as "missing" and learns a direction for it.
+
+Feature spec ``fs-1`` (bump :data:`FEATURE_SPEC_VERSION` whenever the layout or meaning changes, so
+that bundles trained on another layout are refused at load time):
+
+- size: ``step_index`` (k = number of earlier steps), ``ctx_tokens`` (the new prompt's tokens),
+  ``ctx_growth_last`` (new prompt - previous prompt), ``ctx_growth_mean`` ((new - first) / k),
+  ``tokens_so_far`` (prompt + completion tokens of the earlier steps).
+- time: ``time_since_start_s`` (now - run start), ``tool_pause_s`` (the pause before this request),
+  ``tool_pause_mean_s`` (mean of the earlier steps' pauses).
+- tool mix: ``n_tool_calls``, ``tool_calls_last`` and, per bucket b of :data:`N_TOOL_BUCKETS`,
+  ``tool_bucket_count_b`` / ``tool_bucket_share_b``; a tool name goes to bucket
+  ``crc32(name) % N_TOOL_BUCKETS`` (a stable hash: Python's ``hash()`` is salted per process), so
+  unseen tool names still land somewhere.
+- trouble: ``tool_errors`` (errored tool results so far, the new request's included),
+  ``tool_error_streak`` (consecutive errored results ending at the newest), ``new_tool_errors``,
+  ``repeated_tool_calls`` (calls whose ``tool_call_key`` was already produced earlier in the run),
+  ``max_key_repeats`` (most repeats of one key), ``last_call_repeated`` (0/1: the last step repeated
+  an earlier call: a looping signal).
+- output: ``out_tokens_last``, ``out_tokens_mean``, ``out_tokens_max``, ``structured_share``
+  (share of earlier steps that produced a tool call / JSON; a step with unknown ``structured``
+  counts as structured when it produced tool calls).
+- serving history: ``cache_hit_ratio`` (cached / prompt tokens over earlier steps with a logged
+  ``cached_tokens``; NaN if none), ``tier_switches`` (changes of tier between consecutive earlier
+  steps with a known tier), ``frontier_step_share``.
+- the new request: ``new_tool_results_n``, ``new_tool_result_tokens``, ``new_n_tools_offered``,
+  ``new_wants_json``, ``local_cache_pressure`` (share of the local prefix cache turned over since
+  this run's previous step, 0-1; NaN when the caller does not know it).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from features.prefix import RunPrefix, StepView
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+__all__ = [
+    "FEATURE_SPEC_VERSION",
+    "FEATURE_NAMES",
+    "N_FEATURES",
+    "N_TOOL_BUCKETS",
+    "tool_bucket",
+    "extract",
+    "extract_dict",
+    "iter_prefixes",
+    "iter_frame_prefixes",
+    "step_views",
+]
+
+FEATURE_SPEC_VERSION = "fs-1"
+N_TOOL_BUCKETS = 8
+
+_HEAD: tuple[str, ...] = (
+    "step_index",
+    "ctx_tokens",
+    "ctx_growth_last",
+    "ctx_growth_mean",
+    "tokens_so_far",
+    "time_since_start_s",
+    "tool_pause_s",
+    "tool_pause_mean_s",
+    "n_tool_calls",
+    "tool_calls_last",
+)
+_TAIL: tuple[str, ...] = (
+    "tool_errors",
+    "tool_error_streak",
+    "new_tool_errors",
+    "repeated_tool_calls",
+    "max_key_repeats",
+    "last_call_repeated",
+    "out_tokens_last",
+    "out_tokens_mean",
+    "out_tokens_max",
+    "structured_share",
+    "cache_hit_ratio",
+    "tier_switches",
+    "frontier_step_share",
+    "new_tool_results_n",
+    "new_tool_result_tokens",
+    "new_n_tools_offered",
+    "new_wants_json",
+    "local_cache_pressure",
+)
+FEATURE_NAMES: tuple[str, ...] = (
+    _HEAD
+    + tuple(f"tool_bucket_count_{b}" for b in range(N_TOOL_BUCKETS))
+    + tuple(f"tool_bucket_share_{b}" for b in range(N_TOOL_BUCKETS))
+    + _TAIL
+)
+N_FEATURES = len(FEATURE_NAMES)
+_BUCKET0 = len(_HEAD)
+_SHARE0 = _BUCKET0 + N_TOOL_BUCKETS
+_T = _SHARE0 + N_TOOL_BUCKETS  # first index of _TAIL
+_NAN = math.nan
+
+
+def tool_bucket(name: str) -> int:
+    """Stable bucket of a tool name: ``crc32(utf-8 name) % N_TOOL_BUCKETS``."""
+    return zlib.crc32(name.encode("utf-8")) % N_TOOL_BUCKETS
+
+
+def extract(prefix: RunPrefix, out: np.ndarray | None = None) -> np.ndarray:
+    """Feature vector (float64, layout :data:`FEATURE_NAMES`) of ``prefix``.
+
+    ``out``: an optional pre-allocated float64 array of length :data:`N_FEATURES` to fill (the
+    serving fast path reuses one buffer); it is returned.
+    """
+    x = np.empty(N_FEATURES, dtype=np.float64) if out is None else out
+    steps = prefix.steps
+    k = len(steps)
+    newp = prefix.new_prompt_tokens
+
+    n_calls = 0
+    buckets = [0] * N_TOOL_BUCKETS
+    seen: dict[str, int] = {}
+    repeated = 0
+    max_rep = 0
+    last_repeated = 0
+    errors = 0
+    streak = 0
+    out_sum = 0
+    out_max = 0
+    structured = 0
+    cached_sum = 0
+    cached_prompt = 0
+    has_cache = False
+    switches = 0
+    frontier = 0
+    prev_tier: str | None = None
+    pause_sum = 0.0
+    pause_n = 0
+    tokens = 0
+
+    for s in steps:
+        tokens += s.prompt_tokens + s.completion_tokens
+        c = s.completion_tokens
+        out_sum += c
+        if c > out_max:
+            out_max = c
+        calls = s.tool_calls
+        if calls:
+            n_calls += len(calls)
+            for name in calls:
+                buckets[zlib.crc32(name.encode("utf-8")) % N_TOOL_BUCKETS] += 1
+        step_rep = 0
+        for key in s.tool_call_keys:
+            n = seen.get(key, 0)
+            if n:
+                repeated += 1
+                step_rep = 1
+                if n > max_rep:
+                    max_rep = n
+            seen[key] = n + 1
+        last_repeated = step_rep
+        for e in s.tool_result_errors:
+            if e:
+                errors += 1
+                streak += 1
+            else:
+                streak = 0
+        st = s.structured
+        if st or (st is None and calls):
+            structured += 1
+        if s.cached_tokens is not None:
+            has_cache = True
+            cached_sum += s.cached_tokens
+            cached_prompt += s.prompt_tokens
+        t = s.tier
+        if t is not None:
+            if prev_tier is not None and t != prev_tier:
+                switches += 1
+            prev_tier = t
+            if t == "frontier":
+                frontier += 1
+        if s.tool_pause_s is not None:
+            pause_sum += s.tool_pause_s
+            pause_n += 1
+
+    new_err = 0
+    for e in prefix.new_tool_result_errors:
+        if e:
+            new_err += 1
+            streak += 1
+        else:
+            streak = 0
+
+    x[0] = k
+    x[1] = newp
+    if k:
+        last = steps[-1]
+        x[2] = newp - last.prompt_tokens
+        x[3] = (newp - steps[0].prompt_tokens) / k
+    else:
+        last = None
+        x[2] = 0.0
+        x[3] = 0.0
+    x[4] = tokens
+    if prefix.now_s is not None and prefix.run_started_s is not None:
+        x[5] = prefix.now_s - prefix.run_started_s
+    else:
+        x[5] = _NAN
+    x[6] = _NAN if prefix.new_tool_pause_s is None else prefix.new_tool_pause_s
+    x[7] = pause_sum / pause_n if pause_n else _NAN
+    x[8] = n_calls
+    x[9] = len(last.tool_calls) if last is not None else 0
+    for b in range(N_TOOL_BUCKETS):
+        x[_BUCKET0 + b] = buckets[b]
+        x[_SHARE0 + b] = buckets[b] / n_calls if n_calls else 0.0
+    i = _T
+    x[i] = errors + new_err
+    x[i + 1] = streak
+    x[i + 2] = new_err
+    x[i + 3] = repeated
+    x[i + 4] = max_rep
+    x[i + 5] = last_repeated
+    x[i + 6] = last.completion_tokens if last is not None else 0
+    x[i + 7] = out_sum / k if k else 0.0
+    x[i + 8] = out_max
+    x[i + 9] = structured / k if k else 0.0
+    x[i + 10] = cached_sum / cached_prompt if has_cache and cached_prompt else _NAN
+    x[i + 11] = switches
+    x[i + 12] = frontier / k if k else 0.0
+    x[i + 13] = prefix.new_tool_results_n
+    x[i + 14] = sum(prefix.new_tool_result_tokens)
+    x[i + 15] = prefix.new_n_tools_offered
+    x[i + 16] = 1.0 if prefix.new_wants_json else 0.0
+    x[i + 17] = _NAN if prefix.local_cache_pressure is None else prefix.local_cache_pressure
+    return x
+
+
+def extract_dict(prefix: RunPrefix) -> dict[str, float]:
+    """:func:`extract` as ``{feature name: value}`` (for logs, snapshots and debugging)."""
+    return dict(zip(FEATURE_NAMES, extract(prefix).tolist(), strict=True))
+
+
+# ----------------------------------------------------------------------------- logged rows -> prefixes
+
+
+def _opt(v: Any) -> Any:
+    """None for None / NaN / pd.NA, else the value (pandas is not imported here)."""
+    if v is None:
+        return None
+    if isinstance(v, float) and v != v:
+        return None
+    if type(v).__name__ == "NAType":
+        return None
+    return v
+
+
+def _opt_int(v: Any) -> int | None:
+    v = _opt(v)
+    return None if v is None else int(v)
+
+
+def _opt_float(v: Any) -> float | None:
+    v = _opt(v)
+    return None if v is None else float(v)
+
+
+def _tup(v: Any, conv: type = str) -> tuple[Any, ...]:
+    """A list cell (list, numpy array from Arrow, None) as a tuple of ``conv`` values."""
+    if v is None:
+        return ()
+    if isinstance(v, np.ndarray):
+        v = v.tolist()  # numpy scalars -> Python int/bool/str in one C loop
+    elif isinstance(v, float):  # NaN from a missing cell
+        return ()
+    if not v:
+        return ()
+    if all(type(e) is conv for e in v):
+        return tuple(v)
+    return tuple(conv(e) for e in v)
+
+
+_STEP_COLUMNS = (
+    "run_id",
+    "step",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "tool_calls",
+    "tool_call_keys",
+    "tool_results_n",
+    "tool_result_errors",
+    "tool_result_tokens",
+    "tool_pause_s",
+    "arrival_s",
+    "latency_s",
+    "structured",
+    "tier",
+)
+
+
+def _columns(steps: pd.DataFrame) -> dict[str, list[Any]]:
+    n = len(steps)
+    return {c: (steps[c].tolist() if c in steps.columns else [None] * n) for c in _STEP_COLUMNS}
+
+
+def step_views(cols: dict[str, list[Any]], i: int) -> StepView:
+    """The :class:`StepView` of logged row ``i`` (column lists as built from a steps frame)."""
+    st = _opt(cols["structured"][i])
+    return StepView(
+        prompt_tokens=int(cols["prompt_tokens"][i]),
+        completion_tokens=int(cols["completion_tokens"][i]),
+        cached_tokens=_opt_int(cols["cached_tokens"][i]),
+        tool_calls=_tup(cols["tool_calls"][i]),
+        tool_call_keys=_tup(cols["tool_call_keys"][i]),
+        tool_results_n=_opt_int(cols["tool_results_n"][i]) or 0,
+        tool_result_errors=_tup(cols["tool_result_errors"][i], bool),
+        tool_result_tokens=_tup(cols["tool_result_tokens"][i], int),
+        tool_pause_s=_opt_float(cols["tool_pause_s"][i]),
+        arrival_s=_opt_float(cols["arrival_s"][i]),
+        latency_s=_opt_float(cols["latency_s"][i]),
+        structured=None if st is None else bool(st),
+        tier=_opt(cols["tier"][i]),
+    )
+
+
+def _run_prefixes(
+    cols: dict[str, list[Any]], lo: int, hi: int, run_started_s: float | None
+) -> Iterator[RunPrefix]:
+    run_id = str(cols["run_id"][lo])
+    views = [step_views(cols, i) for i in range(lo, hi)]
+    started = run_started_s if run_started_s is not None else views[0].arrival_s
+    for j, v in enumerate(views):
+        yield RunPrefix(
+            run_id=run_id,
+            steps=views[:j],
+            run_started_s=started,
+            now_s=v.arrival_s,
+            new_prompt_tokens=v.prompt_tokens,
+            new_tool_results_n=v.tool_results_n,
+            new_tool_result_errors=v.tool_result_errors,
+            new_tool_result_tokens=v.tool_result_tokens,
+            new_tool_pause_s=v.tool_pause_s,
+            new_n_tools_offered=0,  # not in the run log (request bodies are not stored)
+            new_wants_json=False,
+            local_cache_pressure=None,
+        )
+
+
+def iter_prefixes(run_steps: pd.DataFrame, run_started_s: float | None = None) -> Iterator[RunPrefix]:
+    """One :class:`RunPrefix` per logged step k of ONE run (rows sorted by ``step`` here).
+
+    Prefix k holds steps < k as :class:`StepView` and takes its ``new_*`` fields from step k's own
+    row. ``run_started_s`` defaults to the first step's ``arrival_s`` (what the router sees: the
+    run starts when its first request arrives). Fields the run log does not store
+    (``new_n_tools_offered``, ``new_wants_json``, ``local_cache_pressure``) keep their defaults;
+    callers that know them (the dataset builder's cache replay) set them on the yielded prefix.
+    """
+    if len(run_steps) == 0:
+        return
+    ids = run_steps["run_id"].unique()
+    if len(ids) != 1:
+        raise ValueError(f"iter_prefixes expects the steps of one run, got {len(ids)} run_ids")
+    ordered = run_steps.sort_values("step", kind="stable")
+    yield from _run_prefixes(_columns(ordered), 0, len(ordered), run_started_s)
+
+
+def iter_frame_prefixes(
+    steps: pd.DataFrame, run_started: dict[str, float] | None = None
+) -> Iterator[tuple[int, RunPrefix]]:
+    """``(row position, prefix)`` for every step of every run in a steps frame sorted by (run_id, step).
+
+    The same code as :func:`iter_prefixes`, without a pandas group-by per run (fast on millions of
+    rows). ``run_started``: optional run start time per run_id (else each run's first arrival).
+    """
+    n = len(steps)
+    if n == 0:
+        return
+    cols = _columns(steps)
+    rid = cols["run_id"]
+    lo = 0
+    while lo < n:
+        hi = lo + 1
+        r = rid[lo]
+        while hi < n and rid[hi] == r:
+            hi += 1
+        start = run_started.get(str(r)) if run_started else None
+        for j, p in enumerate(_run_prefixes(cols, lo, hi, start)):
+            yield lo + j, p
+        lo = hi

@@ -1,0 +1,117 @@
+"""`runroute train`: train the predictors on run logs, write a bundle and a report, log to MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from runroute.errors import CliError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train(
+        runs: list[Path] = typer.Option(
+            ..., "--runs", help="run-log files/directories (.parquet/.jsonl); repeat"
+        ),
+        out: Path = typer.Option(..., "-o", "--out", help="bundle directory to write"),
+        report_json: Path | None = typer.Option(None, "--report-json", help="write the report here"),
+        pairs: list[str] = typer.Option([], "--pairs", help="WEAK=STRONG model pairing for labels; repeat"),
+        promote_if_better: bool = typer.Option(
+            False, "--promote-if-better", help="move the 'champion' alias only if the new bundle beats it"
+        ),
+        target_frontier_share: float = typer.Option(
+            0.3, "--target-frontier-share", help="share of runs sent to the frontier"
+        ),
+        holdout_share: float = typer.Option(
+            0.2, "--holdout-share", help="share of tasks held out (stable hash)"
+        ),
+        folds: int = typer.Option(5, "--folds", help="grouped CV folds"),
+        no_eval: bool = typer.Option(False, "--no-eval", help="skip the cross-validated evaluation"),
+        cache_capacity_blocks: int = typer.Option(
+            8192, "--cache-capacity-blocks", help="LRU replay capacity"
+        ),
+        n_estimators: int = typer.Option(200, "--n-estimators", help="trees of the regressors"),
+        no_mlflow: bool = typer.Option(False, "--no-mlflow", help="do not log to MLflow"),
+        tracking_uri: str | None = typer.Option(
+            None,
+            "--tracking-uri",
+            help="MLflow URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)",
+        ),
+        experiment: str = typer.Option("runroute-train", "--experiment"),
+        registered_model: str = typer.Option("runroute-bundle", "--registered-model"),
+        seed: int = typer.Option(0, "--seed"),
+    ) -> None:
+        """Per-step datasets from whole runs, grouped CV against baselines, calibrated thresholds,
+        a verified bundle (joblib + manifest) and MLflow tracking with a 'champion' alias."""
+        from pydantic import ValidationError
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        from training.train import TrainConfig, run_training
+
+        try:
+            cfg = TrainConfig(
+                runs=runs,
+                pairs=pairs,
+                out=out,
+                report_json=report_json,
+                target_frontier_share=target_frontier_share,
+                holdout_share=holdout_share,
+                n_folds=folds,
+                evaluate=not no_eval,
+                cache_capacity_blocks=cache_capacity_blocks,
+                n_estimators=n_estimators,
+                mlflow=not no_mlflow,
+                tracking_uri=tracking_uri,
+                experiment=experiment,
+                registered_model=registered_model,
+                promote_if_better=promote_if_better,
+                random_state=seed,
+            )
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise CliError(f"--{'-'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+        console = Console(stderr=True)
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as prog:
+            task = prog.add_task("training", total=None)
+
+            def say(msg: str) -> None:
+                prog.update(task, description=msg)
+                console.log(msg)
+
+            try:
+                res = run_training(cfg, progress=say)
+            except ValueError as e:
+                raise CliError(str(e)) from None
+        r = res.report
+        esc = r.get("escalation", {})
+        lines = [
+            f"bundle {res.bundle.version} -> {res.bundle_dir}",
+            f"runs {r['n_runs']}  steps {r['n_steps']}  spec {r['feature_spec_version']}",
+        ]
+        if "auc" in esc:
+            base = esc.get("baselines", {})
+            lines.append(
+                "escalation  AUC {:.3f}  Brier {:.4f}  ECE {:.3f}  | ".format(
+                    esc["auc"], esc["brier"], esc["ece"]
+                )
+                + "  ".join(f"{b}: AUC {v['auc']:.3f} Brier {v['brier']:.4f}" for b, v in base.items())
+            )
+        if "cache_reuse" in r:
+            lines.append(f"cache reuse MAE {r['cache_reuse']['mae_tokens']:.0f} tokens")
+        if "remaining_steps" in r:
+            lines.append(f"remaining steps pinball p50 {r['remaining_steps']['pinball_p50']:.3f}")
+        th = r["thresholds"]
+        lines.append(f"thresholds up {th['p_frontier_up']:.3f} down {th['p_frontier_down']:.3f}")
+        if "mlflow" in r:
+            mf = r["mlflow"]
+            lines.append(f"mlflow {mf['model_uri']}  champion v{mf['champion']} ({mf['promotion_reason']})")
+        typer.echo("\n".join(lines))

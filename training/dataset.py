@@ -1,0 +1,231 @@
+"""Per-step training datasets from whole logged runs.
+
+Algorithm: every logged step k of every run becomes one row: the features of the prefix the router
+saw when step k arrived (:func:`features.extract.iter_frame_prefixes` + :func:`features.extract.extract`,
+the serving code path) and labels known only once the run ended:
+
+- ``y_frontier`` (escalation): the run's ``needs_frontier`` label (tau2 weak-vs-strong pairing,
+  tau-bench failures as written by the importers, router logs). With ``outcome_fallback`` a run of a
+  source that has *no* ``needs_frontier`` labels at all falls back to its outcome (failure = 1,
+  success = 0); unlabelled runs (e.g. the strong model's own tau2 runs) are NaN and left out of the
+  escalation model.
+- ``y_rem_steps`` = n_steps - k (the arriving step included, so >= 1) and ``y_rem_tokens`` = prompt +
+  completion tokens of steps k..end.
+- ``y_cache``: prompt tokens of step k that hit the local prefix cache. Where the log has
+  ``cached_tokens`` (router logs, provider usage) that value; else, for steps with ``hash_ids``
+  (Mooncake, synthetic), an LRU prefix-cache replay: all steps of a source with block hashes are
+  replayed in arrival order through one LRU cache of ``cache_capacity_blocks`` blocks; a step hits
+  the leading run of its blocks still cached (``* block_tokens``, capped at its prompt), then touches
+  all its blocks (evicting the least recently used beyond capacity). The replay also gives the
+  feature ``local_cache_pressure`` = blocks newly inserted into the cache since this run's previous
+  step / capacity, clipped to [0, 1] (NaN on a run's first step): with the tool pause, it decides
+  whether the run's blocks survived. Otherwise NaN.
+- ``group``: the CV group, the run's ``task_id`` (steps of one task never straddle folds, whatever
+  run or source they come from), else its ``run_id``.
+
+Router logs close the loop: when a logged step carries a feature vector of the current spec, its
+request-only fields (``new_n_tools_offered``, ``new_wants_json``, ``local_cache_pressure``), which
+the run log does not otherwise store, are taken from it.
+
+Knobs: ``cache_capacity_blocks``, ``block_tokens``, ``outcome_fallback``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES, extract, iter_frame_prefixes
+from features.runlog import RunLog
+
+__all__ = ["Dataset", "build_dataset", "lru_replay"]
+
+_F = {n: i for i, n in enumerate(FEATURE_NAMES)}
+
+
+@dataclass
+class Dataset:
+    """Feature rows ``X`` (n, len(FEATURE_NAMES)) and ``meta`` (one row each: run_id, group, source,
+    step, y_frontier, y_cache, y_rem_steps, y_rem_tokens)."""
+
+    X: np.ndarray
+    meta: pd.DataFrame
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    @property
+    def n_runs(self) -> int:
+        return int(self.meta["run_id"].nunique())
+
+    def subset(self, mask: np.ndarray) -> Dataset:
+        return Dataset(self.X[mask], self.meta[mask].reset_index(drop=True))
+
+    def sha256(self) -> str:
+        """Hash of the features, labels and groups (the bundle's ``training_data_sha256``)."""
+        h = hashlib.sha256()
+        h.update(FEATURE_SPEC_VERSION.encode())
+        h.update(np.ascontiguousarray(self.X).tobytes())
+        for c in ("y_frontier", "y_cache", "y_rem_steps", "y_rem_tokens"):
+            h.update(self.meta[c].to_numpy(dtype=np.float64).tobytes())
+        h.update("\0".join(self.meta["group"].astype(str)).encode())
+        return h.hexdigest()
+
+
+def lru_replay(
+    hash_lists: list[Any],
+    run_ids: list[Any],
+    prompt_tokens: np.ndarray,
+    capacity_blocks: int,
+    block_tokens: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Replay steps (already in arrival order) through one LRU block cache.
+
+    Returns (cached tokens per step, cache pressure per step: blocks inserted since the run's
+    previous step / capacity, clipped to [0, 1], NaN on a run's first step)."""
+    if capacity_blocks < 1:
+        raise ValueError(f"cache capacity must be >= 1 block, got {capacity_blocks}")
+    cache: OrderedDict[int, None] = OrderedDict()
+    inserted = 0
+    last_seen: dict[Any, int] = {}
+    hits = np.zeros(len(hash_lists), dtype=np.float64)
+    pressure = np.full(len(hash_lists), np.nan)
+    for i, blocks in enumerate(hash_lists):
+        rid = run_ids[i]
+        prev = last_seen.get(rid)
+        if prev is not None:
+            pressure[i] = min(1.0, (inserted - prev) / capacity_blocks)
+        lead = 0
+        leading = True
+        for b in blocks:
+            b = int(b)
+            if b in cache:
+                cache.move_to_end(b)
+                if leading:
+                    lead += 1
+            else:
+                leading = False
+                cache[b] = None
+                inserted += 1
+                if len(cache) > capacity_blocks:
+                    cache.popitem(last=False)
+        last_seen[rid] = inserted
+        hits[i] = min(lead * block_tokens, int(prompt_tokens[i]))
+    return hits, pressure
+
+
+def _frontier_labels(runs: pd.DataFrame, outcome_fallback: bool) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if runs.empty:
+        return out
+    nf = runs["needs_frontier"]
+    labelled_sources = set(runs.loc[nf.notna(), "source"].astype(str))
+    for rid, src, lab, outcome in zip(
+        runs["run_id"], runs["source"].astype(str), nf, runs["outcome"], strict=True
+    ):
+        if lab is not None and not (isinstance(lab, float) and np.isnan(lab)) and lab is not pd.NA:
+            out[str(rid)] = 1.0 if bool(lab) else 0.0
+        elif outcome_fallback and src not in labelled_sources and outcome in ("success", "failure"):
+            out[str(rid)] = 1.0 if outcome == "failure" else 0.0
+    return out
+
+
+def build_dataset(
+    log: RunLog,
+    *,
+    cache_capacity_blocks: int = 8192,
+    block_tokens: int = 512,
+    outcome_fallback: bool = True,
+) -> Dataset:
+    """Rows and labels from a :class:`~features.runlog.RunLog`; see the module docstring."""
+    steps = log.steps
+    if steps.empty:
+        raise ValueError("the run logs hold no step records: nothing to train on")
+    steps = steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    n = len(steps)
+    runs = log.runs.drop_duplicates("run_id")
+    run_ids = steps["run_id"].astype(str).to_numpy()
+    run_src = dict(zip(runs["run_id"].astype(str), runs["source"].astype(str), strict=True))
+    run_task = {
+        str(r): (None if t is None or (isinstance(t, float) and np.isnan(t)) else str(t))
+        for r, t in zip(runs["run_id"], runs["task_id"], strict=True)
+    }
+
+    # remaining work (steps sorted by run, then step)
+    pos = steps.groupby("run_id", sort=False).cumcount().to_numpy()
+    size = steps.groupby("run_id", sort=False)["step"].transform("size").to_numpy()
+    tok = steps["prompt_tokens"].to_numpy(dtype=np.float64) + steps["completion_tokens"].to_numpy(
+        dtype=np.float64
+    )
+    rem_tok = pd.Series(tok[::-1]).groupby(run_ids[::-1], sort=False).cumsum().to_numpy()[::-1]
+
+    # cache labels and pressure
+    y_cache = np.full(n, np.nan)
+    pressure = np.full(n, np.nan)
+    cached = pd.to_numeric(steps["cached_tokens"], errors="coerce").to_numpy(dtype=np.float64)
+    has_cached = ~np.isnan(cached)
+    y_cache[has_cached] = cached[has_cached]
+    hl = steps["hash_ids"] if "hash_ids" in steps.columns else pd.Series([None] * n)
+    has_hash = hl.notna().to_numpy() & ~has_cached
+    if has_hash.any():
+        src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
+        arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
+        prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
+        hash_vals = hl.tolist()
+        for s in sorted(set(src[has_hash])):
+            idx = np.flatnonzero(has_hash & (src == s))
+            order = idx[np.lexsort((pos[idx], np.nan_to_num(arrival[idx], nan=np.inf)))]
+            hits, pr = lru_replay(
+                [hash_vals[i] for i in order],
+                [run_ids[i] for i in order],
+                prompt[order],
+                cache_capacity_blocks,
+                block_tokens,
+            )
+            y_cache[order] = hits
+            pressure[order] = pr
+
+    # request-only fields from router-logged feature vectors of this spec
+    logged = np.zeros(n, dtype=bool)
+    logged_x: list[Any] = [None] * n
+    if "features" in steps.columns and "feature_spec_version" in steps.columns:
+        spec = steps["feature_spec_version"].to_numpy(dtype=object)
+        feats = steps["features"].tolist()
+        for j in np.flatnonzero(spec == FEATURE_SPEC_VERSION).tolist():
+            f = feats[j]
+            if f is not None and len(f) == N_FEATURES:
+                logged[j] = True
+                logged_x[j] = f
+
+    X = np.empty((n, N_FEATURES), dtype=np.float64)
+    i_tools, i_json, i_press = _F["new_n_tools_offered"], _F["new_wants_json"], _F["local_cache_pressure"]
+    for i, prefix in iter_frame_prefixes(steps):
+        if logged[i]:
+            f = logged_x[i]
+            prefix.new_n_tools_offered = int(f[i_tools])
+            prefix.new_wants_json = bool(f[i_json])
+            lp = float(f[i_press])
+            prefix.local_cache_pressure = None if np.isnan(lp) else lp
+        elif not np.isnan(pressure[i]):
+            prefix.local_cache_pressure = float(pressure[i])
+        extract(prefix, out=X[i])
+
+    labels = _frontier_labels(runs, outcome_fallback)
+    meta = pd.DataFrame(
+        {
+            "run_id": run_ids,
+            "group": [run_task.get(r) or r for r in run_ids],
+            "source": [run_src.get(r, "") for r in run_ids],
+            "step": pos,
+            "y_frontier": np.array([labels.get(r, np.nan) for r in run_ids], dtype=np.float64),
+            "y_cache": y_cache,
+            "y_rem_steps": (size - pos).astype(np.float64),
+            "y_rem_tokens": rem_tok,
+        }
+    )
+    return Dataset(X=X, meta=meta)

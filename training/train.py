@@ -1,0 +1,484 @@
+"""The training job: run logs -> per-step dataset -> grouped CV evaluation -> ModelBundle -> MLflow.
+
+Algorithm (:func:`run_training`):
+
+1. Read the run logs (validated; bad rows are reported, never silently dropped) and apply
+   weak-vs-strong pairings (``pairs``: ``"WEAK=STRONG"`` model names,
+   :func:`features.importers.pairing.label_weak_runs`).
+2. Build the per-step dataset (:func:`training.dataset.build_dataset`: features through the serving
+   code path, labels from the runs' ends).
+3. Hold out ``holdout_share`` of the CV groups (tasks, else runs), chosen by a stable hash of the
+   group id (crc32), so that the same data always gives the same held-out split: the split
+   ``--promote-if-better`` compares the new model and the current champion on.
+4. On the rest: grouped ``n_folds`` cross-validation of the three predictors against their
+   baselines (:mod:`training.evaluate`), overall and at ``eval_steps``.
+5. Fit the final estimators on the rest; thresholds for ``target_frontier_share`` from the
+   escalation model's out-of-fold calibrated probabilities (:func:`training.calibration.choose_thresholds`).
+6. Score the bundle on the held-out groups, save it (joblib + manifest with the data hash and the
+   metrics), write the report, and (``mlflow``) log and register it (:mod:`training.mlflow_log`).
+
+Every knob is a field of :class:`TrainConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION
+from models.bundle import ModelBundle
+from models.cache_reuse import CacheReuseRegressor
+from models.escalation import EscalationClassifier
+from models.remaining import RemainingWorkRegressor, pinball_loss
+from training.dataset import Dataset, build_dataset
+from training.evaluate import (
+    assign_folds,
+    binary_metrics,
+    cache_cv,
+    escalation_cv,
+    escalation_report,
+    mae_report,
+    pinball_report,
+    remaining_cv,
+)
+
+__all__ = [
+    "TrainConfig",
+    "TrainResult",
+    "run_training",
+    "train_on_log",
+    "load_runs",
+    "holdout_mask",
+    "bundle_scores",
+]
+
+Progress = Callable[[str], None]
+
+
+class TrainConfig(BaseModel):
+    """Knobs of the training job (CLI flags map 1:1 onto these fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    runs: list[Path] = Field(min_length=1, description="run-log files or directories")
+    pairs: list[str] = Field(default_factory=list, description='"WEAK=STRONG" model pairings')
+    out: Path = Field(description="bundle directory to write")
+    report_json: Path | None = None
+    target_frontier_share: float = Field(default=0.3, ge=0.0, le=1.0)
+    threshold_band: float = Field(default=0.1, ge=0.0, le=1.0)
+    n_folds: int = Field(default=5, ge=2)
+    holdout_share: float = Field(default=0.2, ge=0.0, lt=1.0)
+    eval_steps: tuple[int, ...] = (1, 3, 5)
+    evaluate: bool = True
+    cache_capacity_blocks: int = Field(default=8192, ge=1)
+    block_tokens: int = Field(default=512, ge=1)
+    # LightGBM for the regressors (cache reuse; remaining work unless overridden below)
+    n_estimators: int = Field(default=200, ge=1)
+    learning_rate: float = Field(default=0.05, gt=0.0)
+    num_leaves: int = Field(default=31, ge=2)
+    min_child_samples: int = Field(default=20, ge=1)
+    max_bin: int = Field(default=255, ge=2)
+    # remaining-work quantile models: smaller leaves than the cache model (chosen on the grouped CV
+    # of the shipped data among 3 settings: 31/20 lost to the per-step quantile baseline)
+    remaining_num_leaves: int = Field(default=7, ge=2)
+    remaining_min_child_samples: int = Field(default=50, ge=1)
+    # LightGBM for the escalation classifier: deliberately regularised (tiny trees, row/column
+    # subsampling): its labels are per run and the real labelled data is a few hundred runs.
+    escalation_n_estimators: int = Field(default=100, ge=1)
+    escalation_num_leaves: int = Field(default=4, ge=2)
+    escalation_min_child_samples: int = Field(default=50, ge=1)
+    escalation_subsample: float = Field(default=0.8, gt=0.0, le=1.0)
+    escalation_colsample_bytree: float = Field(default=0.5, gt=0.0, le=1.0)
+    calibration: str = "isotonic"
+    calibration_cv: int = Field(default=5, ge=0)
+    calibration_max_rows: int | None = Field(
+        default=200_000, ge=2, description="rows for the OOF calibration"
+    )
+    random_state: int = 0
+    # LightGBM threads per fit. 1 by default: on a busy 2-core machine OpenMP threads spin-wait for
+    # each other (measured 300k rows: 1 thread 5.2 s, 2 threads 12.9 s); use processes instead.
+    n_jobs: int = Field(default=1, ge=1)
+    # processes for the independent final fits (escalation, cache reuse, remaining steps/tokens)
+    # when the data has at least large_data_rows rows (below that, start-up costs more than it saves)
+    parallel_fits: int = Field(default=2, ge=1)
+    # at or above large_data_rows training rows: max_bin <= 63, calibration_cv <= 3, row bagging
+    # (large_data_subsample), regressors with at most large_data_n_estimators trees at a learning rate
+    # of at least large_data_learning_rate: keeps 1M steps within ~2 minutes on 2 cores
+    large_data_rows: int = Field(default=200_000, ge=1)
+    large_data_subsample: float = Field(default=0.5, gt=0.0, le=1.0)
+    large_data_n_estimators: int = Field(default=100, ge=1)
+    large_data_learning_rate: float = Field(default=0.1, gt=0.0)
+    subsample: float = Field(default=1.0, gt=0.0, le=1.0)
+    mlflow: bool = True
+    tracking_uri: str | None = None
+    experiment: str = "runroute-train"
+    registered_model: str = "runroute-bundle"
+    promote_if_better: bool = False
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if p.count("=") != 1 or not all(p.split("=")):
+                raise ValueError(f"pairing {p!r} must look like WEAK_MODEL=STRONG_MODEL")
+        return v
+
+    @field_validator("calibration")
+    @classmethod
+    def _cal(cls, v: str) -> str:
+        if v not in ("isotonic", "sigmoid", "none"):
+            raise ValueError("calibration must be isotonic, sigmoid or none")
+        return v
+
+    def estimator_params(self) -> dict[str, Any]:
+        return dict(
+            n_estimators=self.n_estimators,
+            learning_rate=self.learning_rate,
+            num_leaves=self.num_leaves,
+            min_child_samples=self.min_child_samples,
+            max_bin=self.max_bin,
+            subsample=self.subsample,
+            random_state=self.random_state,
+            n_jobs=self.n_jobs,
+        )
+
+    def make_escalation(self) -> EscalationClassifier:
+        params = self.estimator_params()
+        params.update(
+            n_estimators=self.escalation_n_estimators,
+            num_leaves=self.escalation_num_leaves,
+            min_child_samples=self.escalation_min_child_samples,
+            subsample=min(self.escalation_subsample, self.subsample),
+            colsample_bytree=self.escalation_colsample_bytree,
+        )
+        return EscalationClassifier(
+            calibration=self.calibration,
+            cv=self.calibration_cv,
+            calibration_max_rows=self.calibration_max_rows,
+            **params,
+        )
+
+    def make_cache(self) -> CacheReuseRegressor:
+        return CacheReuseRegressor(prompt_col=FEATURE_NAMES.index("ctx_tokens"), **self.estimator_params())
+
+    def make_remaining(self) -> RemainingWorkRegressor:
+        params = self.estimator_params()
+        params.update(
+            num_leaves=self.remaining_num_leaves, min_child_samples=self.remaining_min_child_samples
+        )
+        return RemainingWorkRegressor(quantiles=(0.5, 0.9), **params)
+
+
+@dataclass
+class TrainResult:
+    bundle: ModelBundle
+    bundle_dir: Path
+    report: dict[str, Any]
+    dataset: Dataset
+    holdout: Dataset
+    oof: dict[str, Any] = field(default_factory=dict)
+    mlflow: dict[str, Any] = field(default_factory=dict)
+
+
+def load_runs(paths: list[Path], pairs: list[str]) -> Any:
+    """Read run logs and apply the ``WEAK=STRONG`` pairings."""
+    from features.runlog import read_runlog
+
+    log = read_runlog([str(p) for p in paths])
+    for p in pairs:
+        from features.importers.pairing import label_weak_runs
+
+        weak, strong = p.split("=")
+        log.runs = label_weak_runs(log.runs, weak, strong)
+    return log
+
+
+def holdout_mask(groups: np.ndarray, share: float) -> np.ndarray:
+    """Rows whose group's crc32 falls in the lowest ``share`` of the hash space (stable across runs)."""
+    if share <= 0:
+        return np.zeros(len(groups), dtype=bool)
+    cut = int(share * 10_000)
+    per = {g: zlib.crc32(str(g).encode()) % 10_000 < cut for g in set(groups.tolist())}
+    return np.array([per[g] for g in groups.tolist()], dtype=bool)
+
+
+def bundle_scores(bundle: ModelBundle, ds: Dataset) -> dict[str, Any]:
+    """Held-out scores of a bundle: escalation metrics, cache MAE, remaining-steps pinball."""
+    m = ds.meta
+    out: dict[str, Any] = {"n_steps": len(ds)}
+    lab = m["y_frontier"].notna().to_numpy()
+    if lab.sum() and bundle.escalation is not None:
+        p = bundle.escalation.predict_proba(ds.X[lab])[:, 1]
+        out["escalation"] = binary_metrics(m["y_frontier"].to_numpy()[lab], p)
+    c = m["y_cache"].notna().to_numpy()
+    if c.sum() and bundle.cache_reuse is not None:
+        out["cache_reuse"] = {
+            "mae_tokens": float(
+                np.mean(np.abs(bundle.cache_reuse.predict(ds.X[c]) - m["y_cache"].to_numpy()[c]))
+            )
+        }
+    if len(ds) and bundle.remaining_steps is not None:
+        q = bundle.remaining_steps.predict_quantiles(ds.X)
+        y = m["y_rem_steps"].to_numpy()
+        out["remaining_steps"] = {
+            "pinball_p50": pinball_loss(y, q[:, 0], 0.5),
+            "pinball_p90": pinball_loss(y, q[:, -1], 0.9),
+        }
+    return out
+
+
+def _noop(_: str) -> None:
+    return None
+
+
+def _fit_one(
+    name: str, est: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[str, Any, float, float]:
+    t, c = time.perf_counter(), time.process_time()
+    est.fit(*args, **kwargs)
+    return name, est, round(time.perf_counter() - t, 3), round(time.process_time() - c, 3)
+
+
+def _fit_all(jobs: list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]], processes: int) -> dict[str, Any]:
+    """Fit independent estimators, in ``processes`` worker processes when > 1 (joblib/loky; large
+    arrays are memory-mapped, not copied). Returns {name: fitted, "_seconds": {name: fit seconds}}."""
+    if processes > 1:
+        from joblib import Parallel, delayed
+
+        done = Parallel(n_jobs=processes, backend="loky")(delayed(_fit_one)(*j) for j in jobs)
+    else:
+        done = [_fit_one(*j) for j in jobs]
+    out: dict[str, Any] = {name: est for name, est, _, _ in done}
+    out["_seconds"] = {name: secs for name, _, secs, _ in done}
+    out["_cpu_seconds"] = round(sum(cpu for *_, cpu in done), 3)
+    return out
+
+
+def run_training(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
+    """Run the job described in the module docstring; returns the bundle, report and data."""
+    say = progress or _noop
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(name: str, since: float) -> float:
+        now = time.perf_counter()
+        timings[name] = round(now - since, 3)
+        return now
+
+    say("reading run logs")
+    log = load_runs(cfg.runs, cfg.pairs)
+    return train_on_log(log, cfg, progress, t0=t0)
+
+
+def train_on_log(
+    log: Any, cfg: TrainConfig, progress: Progress | None = None, *, t0: float | None = None
+) -> TrainResult:
+    """:func:`run_training` after reading: train on an in-memory :class:`features.runlog.RunLog`."""
+    say = progress or _noop
+    t0 = time.perf_counter() if t0 is None else t0
+    timings: dict[str, float] = {}
+
+    def lap(name: str, since: float) -> float:
+        now = time.perf_counter()
+        timings[name] = round(now - since, 3)
+        return now
+
+    t = lap("read_s", t0)
+    say(f"building features ({len(log.steps)} steps)")
+    ds = build_dataset(log, cache_capacity_blocks=cfg.cache_capacity_blocks, block_tokens=cfg.block_tokens)
+    t = lap("features_s", t)
+    large = len(ds) >= cfg.large_data_rows
+    if large:
+        cfg = cfg.model_copy(
+            update={
+                "max_bin": min(cfg.max_bin, 63),
+                "calibration_cv": min(cfg.calibration_cv, 3),
+                "subsample": min(cfg.subsample, cfg.large_data_subsample),
+                "n_estimators": min(cfg.n_estimators, cfg.large_data_n_estimators),
+                "learning_rate": max(cfg.learning_rate, cfg.large_data_learning_rate),
+            }
+        )
+    hold = holdout_mask(ds.meta["group"].to_numpy(dtype=object), cfg.holdout_share)
+    train, held = ds.subset(~hold), ds.subset(hold)
+    m = train.meta
+    esc_rows = m["y_frontier"].notna().to_numpy()
+    cache_rows = m["y_cache"].notna().to_numpy()
+    y_esc = m["y_frontier"].to_numpy()[esc_rows].astype(np.int64)
+    if esc_rows.sum() == 0 or len(np.unique(y_esc)) < 2:
+        raise ValueError(
+            "no run carries a needs-frontier label with both outcomes (need Run.needs_frontier, a "
+            "pairing via --pairs WEAK=STRONG, or run outcomes)"
+        )
+    groups = m["group"].to_numpy(dtype=object)
+    report: dict[str, Any] = {
+        "feature_spec_version": FEATURE_SPEC_VERSION,
+        "n_runs": ds.n_runs,
+        "n_steps": len(ds),
+        "n_train_steps": len(train),
+        "n_holdout_steps": len(held),
+        "n_escalation_runs": int(ds.meta.loc[ds.meta["y_frontier"].notna(), "run_id"].nunique()),
+        "n_groups": int(ds.meta["group"].nunique()),
+        "sources": {k: int(v) for k, v in ds.meta["source"].value_counts().items()},
+        "data_sha256": ds.sha256(),
+        "config": json.loads(cfg.model_dump_json()),
+    }
+    oof: dict[str, Any] = {}
+    if cfg.evaluate:
+        strat = np.where(m["y_frontier"].isna(), -1, m["y_frontier"].fillna(0)).astype(np.int64)
+        fold = assign_folds(groups, strat, cfg.n_folds, cfg.random_state)
+        report["n_folds"] = int(len(np.unique(fold)))
+        say("cross-validating the escalation model")
+        e = escalation_cv(
+            train.X[esc_rows],
+            y_esc,
+            groups[esc_rows],
+            fold[esc_rows],
+            cfg.make_escalation,
+            on_fold=lambda f: say(f"escalation fold {f + 1} done"),
+        )
+        step = m["step"].to_numpy()[esc_rows]
+        er = escalation_report(y_esc, step, e, cfg.eval_steps)
+        oof["escalation"] = {"y": y_esc, "step": step, "run_id": m["run_id"].to_numpy()[esc_rows], **e}
+        ov = er["overall"]
+        report["escalation"] = {
+            **{k: ov["model"][k] for k in ("auc", "pr_auc", "brier", "ece", "n", "pos_rate")},
+            "baselines": {b: ov[b] for b in ov if b != "model"},
+            "per_step": {str(k): er[f"step_{k}"] for k in cfg.eval_steps},
+            "beats_all_baselines": bool(
+                all(ov["model"]["auc"] > ov[b]["auc"] or np.isnan(ov[b]["auc"]) for b in ov if b != "model")
+                and all(ov["model"]["brier"] < ov[b]["brier"] for b in ov if b != "model")
+            ),
+        }
+        t = lap("cv_escalation_s", t)
+        if cache_rows.sum() >= 2 * cfg.n_folds:
+            say("cross-validating the cache-reuse model")
+            yc = m["y_cache"].to_numpy()[cache_rows]
+            c = cache_cv(train.X[cache_rows], yc, fold[cache_rows], cfg.make_cache)
+            oof["cache"] = c
+            src = m["source"].to_numpy(dtype=object)[cache_rows]
+            cr: dict[str, Any] = {"mae_tokens": mae_report(yc, c)["model"], "n": int(cache_rows.sum())}
+            cr["baselines"] = {k: v for k, v in mae_report(yc, c).items() if k != "model"}
+            cr["by_source"] = {
+                s: {
+                    "n": int((src == s).sum()),
+                    **mae_report(yc[src == s], {k: v[src == s] for k, v in c.items()}),
+                }
+                for s in sorted(set(src.tolist()))
+            }
+            report["cache_reuse"] = cr
+            t = lap("cv_cache_s", t)
+        say("cross-validating the remaining-work models")
+        for name, col in (("remaining_steps", "y_rem_steps"), ("remaining_tokens", "y_rem_tokens")):
+            y = m[col].to_numpy()
+            r = remaining_cv(train.X, y, fold, cfg.make_remaining)
+            pr = pinball_report(y, r, (0.5, 0.9))
+            report[name] = {**pr["model"], "baselines": {k: v for k, v in pr.items() if k != "model"}}
+        t = lap("cv_remaining_s", t)
+
+    say("fitting the final models")
+    jobs: list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]] = [
+        ("escalation", cfg.make_escalation(), (train.X[esc_rows], y_esc), {"groups": groups[esc_rows]}),
+        ("remaining_steps", cfg.make_remaining(), (train.X, m["y_rem_steps"].to_numpy()), {}),
+        ("remaining_tokens", cfg.make_remaining(), (train.X, m["y_rem_tokens"].to_numpy()), {}),
+    ]
+    if cache_rows.sum() >= 2:
+        jobs.append(
+            ("cache", cfg.make_cache(), (train.X[cache_rows], m["y_cache"].to_numpy()[cache_rows]), {})
+        )
+    fitted = _fit_all(jobs, cfg.parallel_fits if large else 1)
+    t = lap("fit_final_s", t)
+    for name, secs in fitted.pop("_seconds").items():
+        timings[f"fit_{name}_s"] = secs
+    timings["fit_cpu_s"] = fitted.pop("_cpu_seconds")  # CPU seconds of the fits, all processes
+    esc, rem_s, rem_t, cache = (
+        fitted["escalation"],
+        fitted["remaining_steps"],
+        fitted["remaining_tokens"],
+        fitted.get("cache"),
+    )
+
+    # thresholds from the final model's own out-of-fold calibrated probabilities
+    raw = esc.oof_raw_
+    ok = ~np.isnan(raw)
+    p_oof = esc.calibrate(raw[ok]) if ok.any() else esc.predict_proba(train.X[esc_rows])[:, 1]
+    sel = ok if ok.any() else np.ones(len(raw), dtype=bool)
+    from training.calibration import choose_thresholds
+
+    th = choose_thresholds(
+        m["run_id"].to_numpy()[esc_rows][sel],
+        m["step"].to_numpy()[esc_rows][sel],
+        p_oof,
+        target_frontier_share=cfg.target_frontier_share,
+        band=cfg.threshold_band,
+    )
+    report["thresholds"] = th
+    bundle = ModelBundle(
+        escalation=esc,
+        cache_reuse=cache,
+        remaining_steps=rem_s,
+        remaining_tokens=rem_t,
+        thresholds={"p_frontier_up": th["p_frontier_up"], "p_frontier_down": th["p_frontier_down"]},
+    )
+    if len(held):
+        report["holdout"] = bundle_scores(bundle, held)
+    if "escalation" not in report:  # evaluate=False: headline from the held-out split, if any
+        report["escalation"] = dict(report.get("holdout", {}).get("escalation", {}))
+    gain = esc.booster_.feature_importance(importance_type="gain")
+    report["feature_importance_gain"] = {
+        n: float(g) for n, g in sorted(zip(FEATURE_NAMES, gain, strict=True), key=lambda x: -x[1]) if g > 0
+    }
+    headline = {
+        "escalation.auc": report["escalation"].get("auc"),
+        "escalation.brier": report["escalation"].get("brier"),
+        "escalation.ece": report["escalation"].get("ece"),
+        "cache_reuse.mae_tokens": report.get("cache_reuse", {}).get("mae_tokens"),
+        "remaining_steps.pinball_p50": report.get("remaining_steps", {}).get("pinball_p50"),
+    }
+    say("saving the bundle")
+    bundle.save(
+        cfg.out,
+        metrics={k: v for k, v in headline.items() if v is not None},
+        training_data_sha256=report["data_sha256"],
+        params={
+            **cfg.estimator_params(),
+            "escalation": cfg.make_escalation().get_params(),
+            "remaining": cfg.make_remaining().get_params(),
+            "calibration": cfg.calibration,
+            "calibration_cv": cfg.calibration_cv,
+            "cache_capacity_blocks": cfg.cache_capacity_blocks,
+            "block_tokens": cfg.block_tokens,
+        },
+    )
+    report["bundle_version"] = bundle.version
+    report["bundle_dir"] = str(cfg.out)
+    t = lap("save_s", t)
+    timings["total_s"] = round(time.perf_counter() - t0, 3)
+    report["timings"] = timings
+    result = TrainResult(
+        bundle=bundle, bundle_dir=Path(cfg.out), report=report, dataset=train, holdout=held, oof=oof
+    )
+    if cfg.mlflow:
+        say("logging to MLflow")
+        from training.mlflow_log import log_training
+
+        result.mlflow = log_training(result, cfg)
+        report["mlflow"] = result.mlflow
+        report["timings"]["mlflow_s"] = round(time.perf_counter() - t, 3)
+    if cfg.report_json is not None:
+        write_report(report, cfg.report_json)
+    return result
+
+
+def write_report(report: dict[str, Any], path: Path) -> None:
+    from models.bundle import _jsonable
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_jsonable(report), indent=2, sort_keys=False, default=str) + "\n")
