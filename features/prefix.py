@@ -1,7 +1,8 @@
 """`RunPrefix`: what the router can see about a run when step k arrives, before generation starts.
 
 Built three ways, always into this one type so that feature extraction has one code path:
-- training: from logged Step rows of whole runs (:func:`features.extract.prefixes_from_steps`),
+- training: from logged Step rows of whole runs (:func:`features.extract.iter_prefixes` /
+  :func:`features.extract.iter_frame_prefixes`),
 - serving: by the sidecar from its run state plus the incoming request,
 - simulation: by the what-if simulator from replayed steps.
 
@@ -52,7 +53,9 @@ class RunPrefix:
     new_tool_pause_s: float | None = None
     new_n_tools_offered: int = 0
     new_wants_json: bool = False
-    # context for the cache-reuse predictor: how full the local prefix cache is (0-1), if known
+    # context for the cache-reuse predictor: prefix-cache turnover on the run's local replica since
+    # the run's previous step = tokens newly written into the cache / cache capacity in tokens,
+    # clipped to [0, 1]; None (NaN feature) when unknown or at a run's first step
     local_cache_pressure: float | None = None
 
     @property
