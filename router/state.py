@@ -6,6 +6,9 @@ Interface (all async, so the Redis implementation never blocks the event loop):
   ``key`` unless that would exceed ``limit``; ``release(key)`` gives one back.
 - ``active(key) -> int``.
 
+``InProcessStore.states()`` (not part of the protocol) lists every live run state; the Redis
+fallback uses it to give pins back to a Redis that lost its data.
+
 ``InProcessStore`` is the embedded default (one router process). The Redis store (several router
 replicas) lives in ``router.state_redis`` and implements the same interface.
 Idle runs expire after ``ttl_s`` seconds without a ``put``.
@@ -75,6 +78,11 @@ class InProcessStore:
 
     async def active(self, key: str) -> int:
         return self._counters.get(key, 0)
+
+    async def states(self) -> list[RunState]:
+        """Every run state not yet expired, oldest activity first (copies)."""
+        self._expire()
+        return [replace(st) for _, st in self._runs.values()]
 
     async def close(self) -> None:
         return None
