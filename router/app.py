@@ -14,8 +14,17 @@ The lifespan opens the upstream sessions, starts the run-log writer (and rolls J
 by crashed processes into Parquet), loads the bundle, starts the /metrics scraper and the bundle
 watcher; on shutdown it stops them, closes the sessions and rolls the run log into Parquet.
 
+Admission (``settings.admission``, on by default when a local tier exists): a
+:class:`router.loadmodel.LiveAdmission` over a :class:`router.loadmodel.LoadModel`, the store and the
+scraper's health; ``admission_budget_hook`` (``tenant -> bool``) replaces the per-tenant spill
+budget built from settings. Its idle sweep starts and stops with the lifespan.
+
 Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``, ``GET /ready``,
-``GET /metrics``, ``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end``, ``POST /admin/reload``.
+``GET /metrics``, ``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end`` (also gives back the
+run's admission slot and leaves an ``ended`` tombstone in the store for ``store.ttl_s``),
+``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for the next 5/15/60 minutes,
+the replica count that holds the SLO at that forecast, expected spill and reject shares),
+``POST /admin/reload``.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from starlette.routing import Route
 from router.bundle_watch import BundleHolder, ConstantServingPredictor
 from router.errors import ProxyError, error_response
 from router.metrics import RouterMetrics
-from router.policy.types import BackendState
+from router.policy.types import BackendState, RunState
 from router.proxy import Backend, Proxy
 from router.runlog_writer import RunLogWriter
 from router.scrape import Scraper
@@ -148,6 +157,7 @@ def create_app(
     upstream: Upstream | None = None,
     store: Any = None,
     bundle: Any = None,
+    admission_budget_hook: Any = None,
 ) -> FastAPI:
     """Build the app; see the module docstring for what is injected and what is built."""
     from router.policy.config import build_policy
@@ -188,7 +198,9 @@ def create_app(
         log_prompts=s.runlog.log_prompts,
         parquet=s.runlog.parquet,
     )
+    admission = _make_admission(s, st, scraper, backends, admission_budget_hook)
     proxy = Proxy(
+        admission=admission,
         settings=s,
         upstream=up,
         store=st,
@@ -212,9 +224,13 @@ def create_app(
             holder.install(ConstantServingPredictor())
         scraper.start()
         holder.start()
+        if admission is not None:
+            admission.start()
         try:
             yield
         finally:
+            if admission is not None:
+                await admission.stop()
             await scraper.stop()
             await holder.stop()
             await up.close()
@@ -230,6 +246,7 @@ def create_app(
     app.state.scraper = scraper
     app.state.store = st
     app.state.settings = s
+    app.state.admission = admission
 
     # also routed normally (so the route table is complete); _RouterApp short-cuts it
     app.router.routes.append(Route("/v1/chat/completions", proxy.chat, methods=["POST"]))
@@ -298,11 +315,23 @@ def create_app(
             metrics.running.labels(name).set(stt.running)
             metrics.waiting.labels(name).set(stt.waiting)
             metrics.kv_usage.labels(name).set(stt.kv_usage)
+        if admission is not None:
+            metrics.set_capacity(await admission.capacity(scraper.stats))
         metrics.runlog_overflow.inc(max(0, writer.overflowed - _overflow_seen[0]))
         _overflow_seen[0] = writer.overflowed
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     _overflow_seen = [0]
+
+    @app.get("/v1/capacity")
+    async def capacity(request: Request) -> Response:
+        if (r := guarded(request)) is not None:
+            return r
+        if admission is None:
+            return error_response(404, "no_local_tier", "capacity figures need a local tier")
+        cap = await admission.capacity(scraper.stats)
+        metrics.set_capacity(cap)
+        return _json(cap)
 
     @app.get("/v1/runs/{run_id}")
     async def get_run(run_id: str, request: Request) -> Response:
@@ -321,6 +350,11 @@ def create_app(
                 "n_steps": len(entries),
                 "pinned": {"tier": state.tier, "replica": state.replica} if state else None,
                 "switches": state.switches if state else None,
+                "admission": (
+                    {"verdict": state.admitted, "priority": state.priority, "tenant": state.tenant}
+                    if state
+                    else None
+                ),
                 "tiers": sorted({e["tier"] for e in entries if e["tier"]}),
                 "replicas": sorted({e["replica"] for e in entries if e["replica"]}),
                 "steps": entries,
@@ -332,7 +366,14 @@ def create_app(
         if (r := guarded(request)) is not None:
             return r
         h = proxy.runs.get(run_id)
+        state = await st.get(run_id)
         if h is None:
+            if state is not None and state.admitted not in (None, "ended"):
+                # a run served by another router replica: give back its slot, leave the tombstone
+                if admission is not None:
+                    await admission.release(run_id, state.admitted)
+                await st.put(RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen))
+                return _json({"run_id": run_id, "ended": True, "n_steps": state.steps_seen})
             return error_response(404, "run_not_found", f"run {run_id!r} is not known to this router")
         raw = await request.body()
         try:
@@ -363,7 +404,13 @@ def create_app(
             }
         )
         h.ended = True
-        await st.delete(run_id)
+        if state is not None and state.admitted != "ended":
+            if admission is not None:
+                await admission.release(run_id, state.admitted)
+            # a tombstone (kept store.ttl_s) tells other routers' idle sweeps the slot is given back
+            await st.put(RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen))
+        else:
+            await st.delete(run_id)
         return _json({"run_id": run_id, "ended": True, "n_steps": len(entries), "outcome": outcome})
 
     @app.post("/admin/reload")
@@ -382,6 +429,54 @@ def create_app(
         return _json({"reloaded": True, "version": serving.version})
 
     return app
+
+
+def _make_admission(
+    s: RouterSettings, store: Any, scraper: Scraper, backends: list[Backend], budget_hook: Any
+) -> Any:
+    """The live admission of this app (None without a local tier); see router.loadmodel."""
+    if s.local is None:
+        return None
+    from router.capacity import ArrivalForecaster
+    from router.loadmodel import LiveAdmission, LoadModel, TenantSpillBudget
+
+    a = s.admission
+    local = [b.name for b in backends if b.tier == "local"]
+    frontier = [b.name for b in backends if b.tier == "frontier"]
+    load = LoadModel(
+        local,
+        tau_s=a.rate_tau_s,
+        prefill_weight=a.derived_prefill_weight(s.local),
+        min_rate_steps=a.min_rate_steps,
+        forecaster=ArrivalForecaster(
+            bucket_s=a.forecast_bucket_s, alpha=a.forecast_alpha, min_history_s=a.forecast_min_history_s
+        ),
+    )
+
+    def healthy() -> tuple[list[str], bool]:
+        stats = scraper.stats
+        return [n for n in local if n not in stats or stats[n].healthy], bool(frontier)
+
+    def waiting() -> float:
+        return float(sum(st.waiting for st in scraper.stats.values() if st.healthy))
+
+    budget = None
+    if budget_hook is None and (a.tenant_spill_limits or a.default_tenant_spill_limit is not None):
+        budget = TenantSpillBudget(a.tenant_spill_limits, a.default_tenant_spill_limit)
+    return LiveAdmission(
+        a.controller_config(s.local),
+        store,
+        load,
+        key=a.counter_key,
+        idle_release_s=a.idle_release_s or s.store.ttl_s,
+        sweep_s=a.sweep_s,
+        budget_hook=budget_hook,
+        tenant_budget=budget,
+        healthy=healthy,
+        waiting=waiting,
+        horizons_s=a.horizons_s,
+        default_run_s=a.default_run_s,
+    )
 
 
 @contextlib.contextmanager

@@ -21,7 +21,12 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from router.policy.admission import AdmissionConfig, LoadSnapshot, predict_short_step_latency
+from router.policy.admission import (
+    AdmissionConfig,
+    LoadSnapshot,
+    admissible_runs,
+    predict_short_step_latency,
+)
 
 __all__ = ["ArrivalForecaster", "CapacityPlan", "recommend_replicas", "capacity_plan"]
 
@@ -138,16 +143,10 @@ def capacity_plan(
     if active <= 0:
         shed = 0.0
     else:
-        # runs the current replicas hold within the headroom
-        held = 0
-        while held < active:
-            load = LoadSnapshot(
-                healthy_replicas=current_replicas, active_local_runs=held, run_token_rate=run_token_rate
-            )
-            if predict_short_step_latency(cfg, load)[0] > cfg.slo_short_step_s * cfg.headroom.get(
-                "interactive", 0.9
-            ):
-                break
-            held += 1
+        # runs the current replicas hold within the interactive headroom (closed form, O(1))
+        load = LoadSnapshot(
+            healthy_replicas=current_replicas, active_local_runs=0, run_token_rate=run_token_rate
+        )
+        held = min(admissible_runs(cfg, load, "interactive"), math.ceil(active))
         shed = max(0.0, 1.0 - held / active)
     return CapacityPlan(horizon_s, rate, active, need, shed)

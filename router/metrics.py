@@ -17,7 +17,16 @@ Exposed at ``GET /metrics``:
   ``runroute_bundle_reloads_total{result}``;
 - ``runroute_inflight{backend}``, ``runroute_backend_healthy{backend}``,
   ``runroute_backend_running/waiting/kv_usage{backend}`` (scraped);
-- ``runroute_runlog_overflow_total`` (steps that went to the writer's overflow list).
+- ``runroute_runlog_overflow_total`` (steps that went to the writer's overflow list);
+- admission and capacity (:mod:`router.loadmodel`): ``runroute_admission_total{verdict,priority,reason}``
+  (first-step verdicts), ``runroute_admission_active_runs`` (the store's shared count),
+  ``runroute_admission_run_token_rate``, ``runroute_admission_utilisation``,
+  ``runroute_admission_predicted_short_step_seconds``, ``runroute_replica_utilisation{backend}``,
+  ``runroute_capacity_forecast_runs_per_second{horizon_s}``,
+  ``runroute_capacity_recommended_replicas{horizon_s}``,
+  ``runroute_capacity_expected_spill_share{horizon_s}``,
+  ``runroute_capacity_expected_reject_share{horizon_s}`` (set from the same figures as
+  ``GET /v1/capacity`` on every scrape).
 """
 
 from __future__ import annotations
@@ -70,6 +79,35 @@ class RouterMetrics:
         self.runlog_overflow = Counter(
             "runroute_runlog_overflow", "Run-log steps spilled to overflow", registry=r
         )
+        self.admission = Counter(
+            "runroute_admission",
+            "First-step admission verdicts",
+            ["verdict", "priority", "reason"],
+            registry=r,
+        )
+        self.adm_active = Gauge("runroute_admission_active_runs", "Active admitted local runs", registry=r)
+        self.adm_rate = Gauge(
+            "runroute_admission_run_token_rate", "Work tokens/s per active local run", registry=r
+        )
+        self.adm_util = Gauge("runroute_admission_utilisation", "Predicted local utilisation", registry=r)
+        self.adm_short = Gauge(
+            "runroute_admission_predicted_short_step_seconds", "Predicted short-step latency", registry=r
+        )
+        self.replica_util = Gauge(
+            "runroute_replica_utilisation", "Served work / replica capacity", ["backend"], registry=r
+        )
+        self.cap_rate = Gauge(
+            "runroute_capacity_forecast_runs_per_second", "Forecast new runs/s", ["horizon_s"], registry=r
+        )
+        self.cap_replicas = Gauge(
+            "runroute_capacity_recommended_replicas", "Replicas holding the SLO", ["horizon_s"], registry=r
+        )
+        self.cap_spill = Gauge(
+            "runroute_capacity_expected_spill_share", "Expected spilled share", ["horizon_s"], registry=r
+        )
+        self.cap_reject = Gauge(
+            "runroute_capacity_expected_reject_share", "Expected rejected share", ["horizon_s"], registry=r
+        )
         self._bundle_version: str | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
@@ -87,6 +125,22 @@ class RouterMetrics:
         self._bundle_version = version
         if version is not None:
             self.bundle_info.labels(version).set(1)
+
+    def set_capacity(self, cap: dict[str, Any]) -> None:
+        """Copy the figures of ``GET /v1/capacity`` (:meth:`router.loadmodel.LiveAdmission.capacity`)."""
+        loc = cap["local"]
+        self.adm_active.set(loc["active_runs"])
+        self.adm_rate.set(loc["run_token_rate"] or loc["run_token_rate_default"])
+        self.adm_util.set(loc["utilisation"])
+        self.adm_short.set(loc["predicted_short_step_s"])
+        for rep in cap["replicas"]:
+            self.replica_util.labels(rep["name"]).set(rep["utilisation"])
+        for f in cap["forecast"]:
+            h = f"{f['horizon_s']:g}"
+            self.cap_rate.labels(h).set(f["runs_per_s"])
+            self.cap_replicas.labels(h).set(f["recommended_replicas"])
+            self.cap_spill.labels(h).set(f["expected_spill_share"])
+            self.cap_reject.labels(h).set(f["expected_reject_share"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -30,6 +30,15 @@ Algorithm per request:
    logged with reason ``fallback-<kind>`` and pinned there; otherwise 502/503/504 (router.errors).
 7. Record: TTFT (streaming), end-to-end latency, usage, tool calls -> the run's history
    (``GET /v1/runs/{id}``), a run-log ``step`` record to the background writer, metrics.
+
+Admission (when a :class:`router.loadmodel.LiveAdmission` is injected; see that module): at a run's
+first step (``RunState.admitted`` unset) whose policy decision is local, the run is admitted
+(``admit-local``: it holds a slot in the store's shared counter until it ends), spilled (all its
+steps go to the frontier, reason ``admission-spill-*`` on the first step and ``admission-spilled``
+after) or rejected: 429 ``run_rejected_overload`` with ``Retry-After``; nothing is stored, so the
+retry is again a first step. Priority from the ``X-Run-Priority`` header, tenant from ``X-Tenant``
+or ``metadata.tenant``. Later steps only read ``run.admitted`` (no extra await); steps of admitted
+runs are never refused for load. The load model is charged per step (sync).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import math
 import re
 import time
 from collections import OrderedDict, deque
@@ -53,6 +63,7 @@ from features.prefix import RunPrefix, StepView
 from models.types import Predictions
 from router.errors import ProxyError, error_body, error_response
 from router.identity import run_id_for
+from router.policy.admission import PRIORITIES
 from router.policy.types import BackendState, Decision, RunState, Tier, apply_decision
 from router.upstream import UpstreamError
 
@@ -170,6 +181,8 @@ class _Step:
     tool_names: dict[int, str] = field(default_factory=dict)
     tool_args: dict[int, str] = field(default_factory=dict)
     structured: bool = False
+    admission: str | None = None  # first-step verdict (x-runroute-admission)
+    load_token: Any = None  # router.loadmodel.StepToken
 
 
 class Proxy:
@@ -186,8 +199,11 @@ class Proxy:
         writer: Any,
         metrics: Any,
         backends: list[Backend],
+        admission: Any = None,
     ):
         self.s = settings
+        self.admission = admission
+        self.load = admission.load if admission is not None else None
         self.upstream = upstream
         self.store = store
         self.holder = holder
@@ -308,6 +324,67 @@ class Proxy:
             new_wants_json=isinstance(rf, dict) and rf.get("type") in ("json_object", "json_schema"),
         )
 
+    def _priority_tenant(self, request: Request, body: dict[str, Any]) -> tuple[str, str | None]:
+        a = self.s.admission
+        raw = request.headers.get(a.priority_header)
+        prio = a.default_priority if raw is None else raw.strip().lower()
+        if prio not in PRIORITIES:
+            prio = "batch"  # unknown classes shed first
+        tenant = request.headers.get(a.tenant_header)
+        if tenant is None:
+            meta = body.get("metadata")
+            t = meta.get("tenant") if isinstance(meta, dict) else None
+            tenant = t if isinstance(t, str) and t else None
+        return prio, tenant
+
+    def _frontier_backend(self) -> Backend | None:
+        cands = self.by_tier.get("frontier") or []
+        return cands[0] if cands else None
+
+    async def _admit(
+        self, request: Request, body: dict[str, Any], run: RunState, decision: Decision, requested: str | None
+    ) -> tuple[Decision, str | None]:
+        """Admission bookkeeping for one step; returns the (possibly overridden) decision and the
+        first-step verdict. Raises the 429 for a rejected new run."""
+        adm = self.admission
+        if run.admitted is None:
+            prio, tenant = self._priority_tenant(request, body)
+            run.priority, run.tenant = prio, tenant
+            if decision.tier != "local":
+                run.admitted = "frontier"  # the policy chose the frontier: no local slot
+                adm.load.run_arrived()
+                return decision, None
+            ad = await adm.first_step(run.run_id, prio, tenant, spill_ok=requested is None)
+            self.m.child(self.m.admission, ad.verdict, prio, ad.reason).inc()
+            if ad.verdict == "admit-local":
+                run.admitted = "admit-local"
+                return decision, ad.verdict
+            if ad.verdict == "spill":
+                fr = self._frontier_backend()
+                if fr is not None:
+                    run.admitted = "spill"
+                    scores = {**decision.scores, **ad.scores}
+                    return Decision("frontier", fr.name, fr.model, f"admission-{ad.reason}", scores), "spill"
+            retry = max(1, math.ceil(ad.retry_after_s or self.s.admission.retry_after_min_s))
+            self.m.child(self.m.requests, "none", "429").inc()
+            raise ProxyError(
+                429,
+                "run_rejected_overload",
+                f"new run refused: the local tier is at capacity ({ad.reason}, predicted short step "
+                f"{ad.predicted_short_step_s:.2f}s vs SLO {self.s.admission.slo_short_step_s:g}s); "
+                f"retry after {retry}s",
+                {
+                    "retry-after": str(retry),
+                    "x-runroute-run-id": run.run_id,
+                    "x-runroute-reason": f"admission-{ad.reason}",
+                    "x-runroute-admission": "reject",
+                },
+            )
+        if run.admitted == "frontier" and decision.tier == "local":
+            await adm.count_late_local(run.run_id, run.priority, run.tenant)
+            run.admitted = "admit-local"
+        return decision, None
+
     # ------------------------------------------------------------------ endpoint
     async def chat(self, request: Request) -> Response:
         t0 = time.perf_counter()
@@ -365,6 +442,8 @@ class Proxy:
         # even with a remote store, see each other's pin
         async with hist.lock:
             run = await self.store.get(run_id) or RunState(run_id=run_id)
+            if run.admitted == "ended":  # the run id was ended before: a new run
+                run = RunState(run_id=run_id, steps_seen=run.steps_seen)
             # the step index: the store's count (shared by router replicas) or this process's, whichever
             # is ahead, claimed synchronously so concurrent steps of one run never share an index
             step = max(run.steps_seen, hist.next_step)
@@ -414,10 +493,38 @@ class Proxy:
                 raise ProxyError(
                     503, "no_healthy_backend", f"no healthy backend available ({decision.reason})"
                 )
+            # admitted runs (the common case) skip this entirely: no await, no lookups
+            if self.admission is not None and run.admitted != "admit-local":
+                if run.admitted == "spill":  # pinned to the frontier for the rest of the run
+                    fr = self._frontier_backend()
+                    if fr is not None:
+                        moved = run.tier is not None and (run.tier != "frontier" or run.replica != fr.name)
+                        decision = Decision(
+                            "frontier", fr.name, fr.model, "admission-spilled", switched=moved
+                        )
+                elif run.admitted is None or decision.tier == "local":
+                    try:
+                        decision, ctx.admission = await self._admit(request, body, run, decision, requested)
+                    except ProxyError:
+                        hist.next_step = step  # nothing stored: the retry is again this run's first step
+                        raise
+                ctx.decision = decision
+                backend = self.backends.get(decision.backend) or backend
             if decision.switched and run.tier is not None:
                 self.m.flaps.inc()
             apply_decision(run, decision, step)
             await self.store.put(run)
+            if self.load is not None:
+                reuse = max(
+                    predictions.cache_reuse_tokens, hist.last_tokens if run.replica == backend.name else 0
+                )
+                ctx.load_token = self.load.step_started(
+                    backend.name if backend.tier == "local" else None,
+                    run_id,
+                    prefix.new_prompt_tokens,
+                    reuse,
+                    predictions,
+                )
         self.m.child(self.m.decisions, decision.tier, decision.reason).inc()
         ctx.backend = backend
         return await self._forward(ctx, requested, request)
@@ -541,6 +648,8 @@ class Proxy:
         }
         if ctx.fallback_from:
             h["x-runroute-fallback-from"] = ctx.fallback_from
+        if ctx.admission:
+            h["x-runroute-admission"] = ctx.admission
         return h
 
     # ------------------------------------------------------------------ response capture
@@ -655,6 +764,10 @@ class Proxy:
             "arrival_s": ctx.arrival_s,
         }
         ctx.hist.entries.append(entry)
+        if ctx.load_token is not None:
+            self.load.step_finished(
+                ctx.load_token, b.name if b.tier == "local" else None, prompt, cached or 0, completion, ok
+            )
         rec = {
             "record": "step",
             "run_id": ctx.run.run_id,

@@ -21,7 +21,8 @@ Algorithm (pure; the caller supplies a :class:`LoadSnapshot`, no clock, no I/O):
        t_short = base_short_step_s / max(1 - rho, eps) + waiting_per_replica * base_short_step_s
 
 3. Compare with the SLO using per-priority headroom (``batch`` sheds first, at a lower load than
-   ``interactive``) and hysteresis per priority class: a class starts shedding when the prediction
+   ``interactive``, and always while ``interactive`` sheds) and hysteresis per priority class
+   (every decision updates every class's flag from the current load): a class starts shedding when the prediction
    exceeds ``slo * headroom``, i.e. when utilisation exceeds the utilisation ``rho*`` at which the
    prediction equals that limit, and keeps shedding until utilisation falls below
    ``rho* - hysteresis``; so load hovering at the threshold does not flap decisions.
@@ -50,6 +51,7 @@ __all__ = [
     "AdmissionDecision",
     "AdmissionController",
     "predict_short_step_latency",
+    "admissible_runs",
     "PRIORITIES",
 ]
 
@@ -117,6 +119,33 @@ def predict_short_step_latency(
     return t, rho
 
 
+def admissible_runs(cfg: AdmissionConfig, load: LoadSnapshot, priority: str = "interactive") -> int:
+    """The most active local runs (incl. a new one) whose predicted short-step latency stays within
+    ``priority``'s limit (``slo * headroom``), capped by ``max_runs_per_replica``.
+
+    The count form of :meth:`AdmissionController.decide`'s entry test, used as the ``limit`` of the
+    run-state store's atomic ``try_admit`` so several router replicas sharing one counter never
+    admit past it together. Returns 0 when no replica is healthy.
+    """
+    if load.healthy_replicas <= 0:
+        return 0
+    head = cfg.headroom.get(priority, cfg.headroom.get("batch", min(cfg.headroom.values())))
+    limit = cfg.slo_short_step_s * head
+    wait = (load.waiting_requests / load.healthy_replicas) * cfg.base_short_step_s
+    n = 0
+    if limit > wait + cfg.base_short_step_s:
+        rate = (
+            load.run_token_rate
+            if load.run_token_rate and load.run_token_rate > 0
+            else cfg.default_run_token_rate
+        )
+        rho_star = 1.0 - cfg.base_short_step_s / (limit - wait)
+        n = int(math.floor(rho_star * load.healthy_replicas * cfg.replica_tokens_per_s / rate + 1e-9))
+    if cfg.max_runs_per_replica is not None:
+        n = min(n, cfg.max_runs_per_replica * load.healthy_replicas)
+    return max(n, 0)
+
+
 class AdmissionController:
     """Stateful only in its hysteresis flags (one per priority class); decide() is pure otherwise.
 
@@ -141,26 +170,46 @@ class AdmissionController:
             return AdmissionDecision("admit-local", "admission-off", t, rho, scores=scores)
         if priority not in self.shedding:
             priority = "batch"  # unknown classes are treated as the most sheddable
-        limit = self._limit(priority)
         replicas = max(load.healthy_replicas, 1)
         wait = (load.waiting_requests / replicas) * cfg.base_short_step_s
-        rho_star = 1.0 - cfg.base_short_step_s / max(limit - wait, 1e-9) if limit > wait else 0.0
         cap_hit = (
             cfg.max_runs_per_replica is not None
             and load.active_local_runs + 1 > cfg.max_runs_per_replica * max(load.healthy_replicas, 0)
         )
-        if self.shedding[priority]:
-            self.shedding[priority] = rho > rho_star - cfg.hysteresis or cap_hit
-        else:
-            self.shedding[priority] = t > limit or cap_hit
+        # every class's hysteresis flag follows the current load (not only the asking class's), so
+        # a flag never goes stale while only other classes arrive
+        for cls in PRIORITIES:
+            limit = self._limit(cls)
+            rho_star = 1.0 - cfg.base_short_step_s / max(limit - wait, 1e-9) if limit > wait else 0.0
+            if self.shedding[cls]:
+                self.shedding[cls] = rho > rho_star - cfg.hysteresis or cap_hit
+            else:
+                self.shedding[cls] = t > limit or cap_hit
         # batch always sheds when interactive does (priority order)
-        if priority == "batch" and self.shedding.get("interactive"):
+        if self.shedding["interactive"]:
             self.shedding["batch"] = True
         if not self.shedding[priority]:
             return AdmissionDecision("admit-local", "admit", t, rho, scores=scores)
-        reason = "max-runs" if cap_hit else "predicted-slo-breach"
+        return self.shed(load, priority, tenant, "max-runs" if cap_hit else "predicted-slo-breach")
+
+    def shed(
+        self,
+        load: LoadSnapshot,
+        priority: str = "interactive",
+        tenant: str | None = None,
+        reason: str = "shed",
+    ) -> AdmissionDecision:
+        """The shedding verdict for a run that cannot be admitted locally: spill, else reject.
+
+        Also used by callers whose atomic budget check (the shared run-state store) refused a run
+        :meth:`decide` admitted (another router took the last slot first).
+        """
+        cfg = self.cfg
+        t, rho = predict_short_step_latency(cfg, load)
+        scores = {"predicted_short_step_s": t, "utilisation": rho}
         if cfg.spill and load.frontier_healthy and (self.budget_hook is None or self.budget_hook(tenant)):
             return AdmissionDecision("spill", f"spill-{reason}", t, rho, scores=scores)
+        limit = self._limit(priority if priority in self.shedding else "batch")
         return AdmissionDecision("reject", f"reject-{reason}", t, rho, self._retry_after(load, limit), scores)
 
     def _retry_after(self, load: LoadSnapshot, limit: float) -> float:
