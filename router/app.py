@@ -147,7 +147,13 @@ def _make_store(s: RouterSettings) -> Any:
     from router.state_redis import FallbackStore, RedisStore
 
     return FallbackStore(
-        RedisStore(s.store.redis_url, ttl_s=s.store.ttl_s), InProcessStore(ttl_s=s.store.ttl_s)
+        RedisStore(
+            s.store.redis_url,
+            key_prefix=s.store.key_prefix,
+            ttl_s=s.store.ttl_s,
+            admit_ttl_s=s.store.admit_ttl_s,
+        ),
+        InProcessStore(ttl_s=s.store.ttl_s),
     )
 
 
@@ -317,6 +323,7 @@ def create_app(
             metrics.kv_usage.labels(name).set(stt.kv_usage)
         if admission is not None:
             metrics.set_capacity(await admission.capacity(scraper.stats))
+        metrics.store_degraded.set(1 if getattr(st, "degraded", False) else 0)
         metrics.runlog_overflow.inc(max(0, writer.overflowed - _overflow_seen[0]))
         _overflow_seen[0] = writer.overflowed
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

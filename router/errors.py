@@ -17,6 +17,8 @@ clients (and tests) can rely on status + ``code``:
 422    ``invalid_stream``          ``stream`` is not a boolean
 422    ``invalid_outcome``         ``/v1/runs/{id}/end``: outcome not success/failure/unknown
 422    ``invalid_reward``          ``/v1/runs/{id}/end``: reward not a number
+429    ``run_rejected_overload``   admission control refused a *new* run under load (``Retry-After``
+                                   set); steps of admitted runs never get it
 502    ``upstream_unreachable``    connect error to the chosen upstream (after any fallback)
 502    ``upstream_error``          the upstream answered 5xx before the first byte
 503    ``no_healthy_backend``      no backend the policy may use is healthy

@@ -68,6 +68,11 @@ class RouterMetrics:
         )
         self.slo_steps = Counter("runroute_slo_steps", "Steps within the step SLO", ["met"], registry=r)
         self.bundle_info = Gauge("runroute_bundle_info", "Serving bundle version", ["version"], registry=r)
+        self.store_degraded = Gauge(
+            "runroute_store_degraded",
+            "1 while the shared run-state store (Redis) is unreachable and local pins serve",
+            registry=r,
+        )
         self.bundle_reloads = Counter("runroute_bundle_reloads", "Bundle reloads", ["result"], registry=r)
         self.inflight = Gauge("runroute_inflight", "Router in-flight requests", ["backend"], registry=r)
         self.healthy = Gauge("runroute_backend_healthy", "Backend healthy", ["backend"], registry=r)

@@ -203,7 +203,11 @@ class ScrapeSettings(_Strict):
 class StoreSettings(_Strict):
     kind: Literal["memory", "redis"] = "memory"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "runroute:"  # several deployments can share one Redis under different prefixes
     ttl_s: float = Field(default=3600.0, gt=0)
+    # admission counters expire this long after their last change, bounding slots leaked by a
+    # router process that died between admit and release (None = never)
+    admit_ttl_s: float | None = Field(default=6 * 3600.0, gt=0)
 
 
 class AdmissionSettings(_Strict):
