@@ -226,9 +226,10 @@ def compare_policies(
     (:func:`training.outcome.policy_outcomes`) and the frontier-relative figures (cost at 95% of
     always-frontier success, AIQ), see :func:`training.report.SCORECARD_DOC`.
     """
-    from router.policy.admission import AdmissionConfig, AdmissionController
+    from router.policy.admission import AdmissionController
     from router.policy.config import build_policy
     from router.sim.arrivals import run_starts
+    from router.sim.calibrate import admission_config_for_profile
     from router.sim.frontier import FrontierConfig
     from router.sim.profiles import load_profile
     from router.sim.whatif import SimConfig, Simulator, Workload, admission_from_controller
@@ -269,7 +270,8 @@ def compare_policies(
         policy = build_policy(cfg, bundle)
         hook = None
         if sim.admission:
-            ctrl = AdmissionController(AdmissionConfig.model_validate({"slo_short_step_s": sim.slo_short_s}))
+            acfg = admission_config_for_profile(base.profile, sim.kv_cache_gb, sim.slo_short_s)
+            ctrl = AdmissionController(acfg)
             hook = admission_from_controller(ctrl)
         res = Simulator(workload, policy, base, starts, predictor=bundle, admission=hook).run()
         res.policy = label

@@ -126,3 +126,46 @@ def percent_errors(measured: Mapping[str, float], simulated: Mapping[str, float]
         for k in measured
         if k in simulated
     }
+
+
+def admission_config_for_profile(
+    profile: NodeProfile,
+    kv_cache_gb: float,
+    slo_short_step_s: float,
+    *,
+    context_tokens: float = 8192.0,
+    uncached_prompt_tokens: float = 512.0,
+    short_output_tokens: float = 64.0,
+    prefill_per_output: float = 4.0,
+    **overrides: Any,
+) -> Any:
+    """Admission knobs derived from a node profile, so the simulator's admission sheds where its node saturates.
+
+    Same units as the simulator's per-run rate (uncached prompt + output tokens served locally):
+
+    - ``base_short_step_s``: an idle replica's short step: one prefill iteration of
+      ``uncached_prompt_tokens`` plus ``short_output_tokens`` decode iterations at batch 1 over
+      ``context_tokens`` of context: ``a + b*u + c*u^2 + n_out * (a + d*C + e)``;
+    - ``replica_tokens_per_s``: throughput at the KV-limited batch ``N = min(max_num_seqs,
+      kv_tokens / C)``: a decode iteration takes ``t_d = a + d*N*C + e*N`` for N output tokens, and
+      each output token brings ``prefill_per_output`` uncached prompt tokens at ``b`` seconds each,
+      so ``(1 + r) / (t_d / N + r * b)`` tokens/s.
+
+    ``overrides`` go straight into :class:`router.policy.admission.AdmissionConfig`.
+    """
+    from router.policy.admission import AdmissionConfig
+
+    p, C, u = profile, float(context_tokens), float(uncached_prompt_tokens)
+    base = p.a + p.b * u + p.c * u * u + short_output_tokens * (p.a + p.d * C + p.e)
+    n = max(1.0, min(float(p.max_num_seqs), p.kv_capacity_tokens(kv_cache_gb) / C))
+    t_decode = p.a + p.d * n * C + p.e * n
+    r = float(prefill_per_output)
+    capacity = (1.0 + r) / (t_decode / n + r * p.b)
+    return AdmissionConfig.model_validate(
+        {
+            "slo_short_step_s": slo_short_step_s,
+            "base_short_step_s": base,
+            "replica_tokens_per_s": capacity,
+            **overrides,
+        }
+    )

@@ -156,15 +156,12 @@ def register(app: typer.Typer) -> None:
         )
         hook_factory = None
         if admission:
-            from router.policy.admission import AdmissionConfig, AdmissionController
+            from router.policy.admission import AdmissionController
+            from router.sim.calibrate import admission_config_for_profile
             from router.sim.whatif import admission_from_controller
 
-            # an idle replica's short step: 64 decode iterations + a 512-token uncached prefill
-            acfg = AdmissionConfig(  # type: ignore[call-arg]  # pydantic fills the defaults
-                slo_short_step_s=slo_short_s,
-                base_short_step_s=64 * (prof.a + prof.e) + 512 * prof.b,
-                replica_tokens_per_s=1.0 / prof.b if prof.b > 0 else 1e6,
-            )
+            # knobs derived from the node profile at the smallest KV size asked for (conservative)
+            acfg = admission_config_for_profile(prof, min(kvs), slo_short_s)
 
             def hook_factory() -> Any:  # a fresh controller (hysteresis state) per simulation
                 return admission_from_controller(AdmissionController(acfg))
