@@ -9,8 +9,14 @@
    and labels (with the LRU cache replay) -> escalation model with its out-of-fold calibration ->
    cache-reuse model -> remaining steps/tokens quantile models -> bundle saved. Target: < 2 minutes
    on 2 cores. ``--train-steps 0`` skips it.
+3. Extraction cost against run length (``--lengths 20,200,1000``; empty skips it): for a seeded
+   synthetic run of k steps (tool calls with repeats, errors, cache counters, both tiers), the full
+   scan (``extract`` on a prefix without a current aggregate: what every step cost before running
+   aggregates) against the router's and simulator's path (``RunPrefix.append`` of the finished step,
+   then ``extract`` on the prefix whose aggregate is current). Target: the latter flat in k.
 
-Usage: ``python bench/bench_predict.py [--calls 20000] [--train-steps 1000000] [--json OUT]``
+Usage: ``python bench/bench_predict.py [--calls 20000] [--train-steps 1000000] [--lengths 20,200,1000]
+[--json OUT]`` (``--calls 0`` skips the latency part)
 """
 
 from __future__ import annotations
@@ -76,6 +82,72 @@ def latency(n_runs: int, calls: int, seed: int) -> dict[str, float]:
     }
 
 
+def _long_run(k: int, seed: int) -> list:  # type: ignore[type-arg]
+    from features.prefix import StepView
+
+    rng = np.random.default_rng(seed)
+    names = [f"tool_{i}" for i in range(20)]
+    out = []
+    for i in range(k):
+        n = int(rng.integers(0, 3))
+        calls = tuple(names[int(j)] for j in rng.integers(0, 20, n))
+        out.append(
+            StepView(
+                prompt_tokens=1000 + 50 * i,
+                completion_tokens=int(rng.integers(1, 300)),
+                cached_tokens=int(rng.integers(0, 1000)) if rng.random() < 0.8 else None,
+                tool_calls=calls,
+                tool_call_keys=tuple(f"{c}:{int(rng.integers(0, 50))}" for c in calls),
+                tool_results_n=n,
+                tool_result_errors=tuple(bool(rng.random() < 0.2) for _ in calls),
+                tool_result_tokens=tuple(int(rng.integers(1, 500)) for _ in calls),
+                tool_pause_s=float(rng.random()) if i else None,
+                arrival_s=float(i),
+                latency_s=1.0,
+                structured=bool(calls) or None,
+                tier="local" if rng.random() < 0.8 else "frontier",
+            )
+        )
+    return out
+
+
+def extraction_scaling(lengths: list[int], seed: int) -> dict[str, dict[str, float]]:
+    from features.extract import N_FEATURES, StepAggregate, extract
+    from features.prefix import RunPrefix
+
+    buf = np.empty(N_FEATURES)
+    clock = time.perf_counter_ns
+    res: dict[str, dict[str, float]] = {}
+    for k in lengths:
+        views = _long_run(k + 1, seed)
+        p = RunPrefix(run_id="r", new_prompt_tokens=5000, new_tool_result_errors=(True,))
+        for v in views[:k]:
+            p.append(v)
+        reps = max(200, 20_000 // max(k, 1))
+        t_full = np.empty(reps)
+        for j in range(reps):
+            p.aggregate = None  # no current aggregate: the full scan
+            a = clock()
+            extract(p, out=buf)
+            t_full[j] = clock() - a
+        # the router/simulator path: the previous step is appended, then the new one extracted
+        # (each timed append starts from k - 1 steps and a fresh aggregate, rebuilt untimed)
+        t_inc = np.empty(reps)
+        last = p.steps.pop()
+        for j in range(reps):
+            p.aggregate = StepAggregate.of(p.steps)
+            a = clock()
+            p.append(last)
+            extract(p, out=buf)
+            t_inc[j] = clock() - a
+            p.steps.pop()
+        res[str(k)] = {
+            "full_scan_us": float(np.median(t_full)) / 1e3,
+            "append_extract_us": float(np.median(t_inc)) / 1e3,
+        }
+    return res
+
+
 def training_time(target_steps: int, seed: int) -> dict[str, float]:
     from features.generate import generate
     from features.runlog import RunLog
@@ -114,19 +186,34 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--train-steps", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lengths", default="20,200,1000")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     print(f"cores available: {len(os.sched_getaffinity(0))}", flush=True)
     res: dict[str, object] = {}
-    lat = latency(a.latency_runs, a.calls, a.seed)
-    res["latency"] = lat
-    print(
-        f"single decision (features + 6 predictions), {lat['calls']} calls, mean step index "
-        f"{lat['mean_step_index']:.1f}: p50 {lat['decision_p50_us']:.0f} us  p99 {lat['decision_p99_us']:.0f} us  "
-        f"max {lat['decision_max_us']:.0f} us  (features alone p50 {lat['features_p50_us']:.0f} us, "
-        f"p99 {lat['features_p99_us']:.0f} us)  target p99 < 500 us",
-        flush=True,
-    )
+    lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
+    if lengths:
+        sc = extraction_scaling(lengths, a.seed)
+        res["extraction_scaling"] = sc
+        for k, v in sc.items():
+            print(
+                f"feature extraction at step {k}: full scan {v['full_scan_us']:.1f} us; "
+                f"append + extract with running aggregates {v['append_extract_us']:.1f} us",
+                flush=True,
+            )
+    if a.calls <= 0:
+        lat = None
+    else:
+        lat = latency(a.latency_runs, a.calls, a.seed)
+        res["latency"] = lat
+    if lat is not None:
+        print(
+            f"single decision (features + 6 predictions), {lat['calls']} calls, mean step index "
+            f"{lat['mean_step_index']:.1f}: p50 {lat['decision_p50_us']:.0f} us  p99 {lat['decision_p99_us']:.0f} us  "
+            f"max {lat['decision_max_us']:.0f} us  (features alone p50 {lat['features_p50_us']:.0f} us, "
+            f"p99 {lat['features_p99_us']:.0f} us)  target p99 < 500 us",
+            flush=True,
+        )
     if a.train_steps > 0:
         tr = training_time(a.train_steps, a.seed)
         res["training"] = tr

@@ -1,7 +1,12 @@
 """Feature extraction: one pure function from a :class:`~features.prefix.RunPrefix` to a float vector.
 
-Algorithm: :func:`extract` walks the run's earlier steps once (O(k) for step k) and fills a float64
-vector whose layout is :data:`FEATURE_NAMES`. The same function serves training (prefixes rebuilt
+Algorithm: :func:`extract` reads running aggregates of the run's earlier steps
+(:class:`StepAggregate`: sums, counts, maxima, the tool-call-key counts, the error streak, the last
+tier) plus the first and the last step, and fills a float64 vector whose layout is
+:data:`FEATURE_NAMES`. The aggregate rides on the prefix (``RunPrefix.aggregate``) and is updated in
+O(1) per appended step (``RunPrefix.append``), so the router and the simulator pay O(1) per step and
+training's :func:`iter_prefixes` / :func:`iter_frame_prefixes` O(1) per prefix; a prefix without a
+current aggregate is scanned once (O(k) for step k) and gets one. The same function serves training (prefixes rebuilt
 from logged Step rows by :func:`iter_prefixes` / :func:`iter_frame_prefixes`), the router (prefixes
 built from its run state and the incoming request) and the simulator, so the three never diverge.
 Unknown values (no timestamps, no cache counters, no cache-pressure signal) are ``NaN``; LightGBM
@@ -55,6 +60,7 @@ __all__ = [
     "N_FEATURES",
     "N_TOOL_BUCKETS",
     "tool_bucket",
+    "StepAggregate",
     "extract",
     "extract_dict",
     "iter_prefixes",
@@ -115,8 +121,134 @@ def tool_bucket(name: str) -> int:
     return zlib.crc32(name.encode("utf-8")) % N_TOOL_BUCKETS
 
 
+class StepAggregate:
+    """Running aggregates over a run's earlier steps: everything :func:`extract` needs from them
+    besides the first and the last step. :meth:`add` folds in one step in O(its tool calls), so a
+    prefix that grows through :meth:`features.prefix.RunPrefix.append` is extracted in O(1) per
+    step. The full scan builds the same object by adding every step in order, so both paths compute
+    bit-identical vectors."""
+
+    __slots__ = (
+        "n",
+        "last",
+        "tokens",
+        "out_sum",
+        "out_max",
+        "n_calls",
+        "buckets",
+        "seen",
+        "repeated",
+        "max_rep",
+        "last_repeated",
+        "errors",
+        "streak",
+        "structured",
+        "cached_sum",
+        "cached_prompt",
+        "has_cache",
+        "switches",
+        "frontier",
+        "prev_tier",
+        "pause_sum",
+        "pause_n",
+    )
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.last: StepView | None = None
+        self.tokens = 0
+        self.out_sum = 0
+        self.out_max = 0
+        self.n_calls = 0
+        self.buckets = [0] * N_TOOL_BUCKETS
+        self.seen: dict[str, int] = {}
+        self.repeated = 0
+        self.max_rep = 0
+        self.last_repeated = 0
+        self.errors = 0
+        self.streak = 0
+        self.structured = 0
+        self.cached_sum = 0
+        self.cached_prompt = 0
+        self.has_cache = False
+        self.switches = 0
+        self.frontier = 0
+        self.prev_tier: str | None = None
+        self.pause_sum = 0.0
+        self.pause_n = 0
+
+    @classmethod
+    def of(cls, steps: list[StepView]) -> StepAggregate:
+        """The aggregate of ``steps`` (the full scan)."""
+        agg = cls()
+        add = agg.add
+        for s in steps:
+            add(s)
+        return agg
+
+    def add(self, s: StepView) -> None:
+        """Fold in the next step."""
+        self.n += 1
+        self.last = s
+        c = s.completion_tokens
+        self.tokens += s.prompt_tokens + c
+        self.out_sum += c
+        if c > self.out_max:
+            self.out_max = c
+        calls = s.tool_calls
+        if calls:
+            self.n_calls += len(calls)
+            buckets = self.buckets
+            for name in calls:
+                buckets[zlib.crc32(name.encode("utf-8")) % N_TOOL_BUCKETS] += 1
+        step_rep = 0
+        keys = s.tool_call_keys
+        if keys:
+            seen = self.seen
+            for key in keys:
+                n = seen.get(key, 0)
+                if n:
+                    self.repeated += 1
+                    step_rep = 1
+                    if n > self.max_rep:
+                        self.max_rep = n
+                seen[key] = n + 1
+        self.last_repeated = step_rep
+        errs = s.tool_result_errors
+        if errs:
+            streak = self.streak
+            for e in errs:
+                if e:
+                    self.errors += 1
+                    streak += 1
+                else:
+                    streak = 0
+            self.streak = streak
+        st = s.structured
+        if st or (st is None and calls):
+            self.structured += 1
+        if s.cached_tokens is not None:
+            self.has_cache = True
+            self.cached_sum += s.cached_tokens
+            self.cached_prompt += s.prompt_tokens
+        t = s.tier
+        if t is not None:
+            if self.prev_tier is not None and t != self.prev_tier:
+                self.switches += 1
+            self.prev_tier = t
+            if t == "frontier":
+                self.frontier += 1
+        if s.tool_pause_s is not None:
+            self.pause_sum += s.tool_pause_s
+            self.pause_n += 1
+
+
 def extract(prefix: RunPrefix, out: np.ndarray | None = None) -> np.ndarray:
     """Feature vector (float64, layout :data:`FEATURE_NAMES`) of ``prefix``.
+
+    Uses ``prefix.aggregate`` when it covers exactly ``prefix.steps`` (O(1) in the run's length);
+    otherwise scans the steps once and attaches the aggregate it built, so that steps appended later
+    through :meth:`~features.prefix.RunPrefix.append` are folded in incrementally.
 
     ``out``: an optional pre-allocated float64 array of length :data:`N_FEATURES` to fill (the
     serving fast path reuses one buffer); it is returned.
@@ -125,72 +257,13 @@ def extract(prefix: RunPrefix, out: np.ndarray | None = None) -> np.ndarray:
     steps = prefix.steps
     k = len(steps)
     newp = prefix.new_prompt_tokens
-
-    n_calls = 0
-    buckets = [0] * N_TOOL_BUCKETS
-    seen: dict[str, int] = {}
-    repeated = 0
-    max_rep = 0
-    last_repeated = 0
-    errors = 0
-    streak = 0
-    out_sum = 0
-    out_max = 0
-    structured = 0
-    cached_sum = 0
-    cached_prompt = 0
-    has_cache = False
-    switches = 0
-    frontier = 0
-    prev_tier: str | None = None
-    pause_sum = 0.0
-    pause_n = 0
-    tokens = 0
-
-    for s in steps:
-        tokens += s.prompt_tokens + s.completion_tokens
-        c = s.completion_tokens
-        out_sum += c
-        if c > out_max:
-            out_max = c
-        calls = s.tool_calls
-        if calls:
-            n_calls += len(calls)
-            for name in calls:
-                buckets[zlib.crc32(name.encode("utf-8")) % N_TOOL_BUCKETS] += 1
-        step_rep = 0
-        for key in s.tool_call_keys:
-            n = seen.get(key, 0)
-            if n:
-                repeated += 1
-                step_rep = 1
-                if n > max_rep:
-                    max_rep = n
-            seen[key] = n + 1
-        last_repeated = step_rep
-        for e in s.tool_result_errors:
-            if e:
-                errors += 1
-                streak += 1
-            else:
-                streak = 0
-        st = s.structured
-        if st or (st is None and calls):
-            structured += 1
-        if s.cached_tokens is not None:
-            has_cache = True
-            cached_sum += s.cached_tokens
-            cached_prompt += s.prompt_tokens
-        t = s.tier
-        if t is not None:
-            if prev_tier is not None and t != prev_tier:
-                switches += 1
-            prev_tier = t
-            if t == "frontier":
-                frontier += 1
-        if s.tool_pause_s is not None:
-            pause_sum += s.tool_pause_s
-            pause_n += 1
+    a = prefix.aggregate
+    if type(a) is not StepAggregate or a.n != k or (k and a.last is not steps[k - 1]):
+        a = StepAggregate.of(steps)
+        prefix.aggregate = a
+    n_calls = a.n_calls
+    buckets = a.buckets
+    streak = a.streak
 
     new_err = 0
     for e in prefix.new_tool_result_errors:
@@ -210,32 +283,32 @@ def extract(prefix: RunPrefix, out: np.ndarray | None = None) -> np.ndarray:
         last = None
         x[2] = 0.0
         x[3] = 0.0
-    x[4] = tokens
+    x[4] = a.tokens
     if prefix.now_s is not None and prefix.run_started_s is not None:
         x[5] = prefix.now_s - prefix.run_started_s
     else:
         x[5] = _NAN
     x[6] = _NAN if prefix.new_tool_pause_s is None else prefix.new_tool_pause_s
-    x[7] = pause_sum / pause_n if pause_n else _NAN
+    x[7] = a.pause_sum / a.pause_n if a.pause_n else _NAN
     x[8] = n_calls
     x[9] = len(last.tool_calls) if last is not None else 0
     for b in range(N_TOOL_BUCKETS):
         x[_BUCKET0 + b] = buckets[b]
         x[_SHARE0 + b] = buckets[b] / n_calls if n_calls else 0.0
     i = _T
-    x[i] = errors + new_err
+    x[i] = a.errors + new_err
     x[i + 1] = streak
     x[i + 2] = new_err
-    x[i + 3] = repeated
-    x[i + 4] = max_rep
-    x[i + 5] = last_repeated
+    x[i + 3] = a.repeated
+    x[i + 4] = a.max_rep
+    x[i + 5] = a.last_repeated
     x[i + 6] = last.completion_tokens if last is not None else 0
-    x[i + 7] = out_sum / k if k else 0.0
-    x[i + 8] = out_max
-    x[i + 9] = structured / k if k else 0.0
-    x[i + 10] = cached_sum / cached_prompt if has_cache and cached_prompt else _NAN
-    x[i + 11] = switches
-    x[i + 12] = frontier / k if k else 0.0
+    x[i + 7] = a.out_sum / k if k else 0.0
+    x[i + 8] = a.out_max
+    x[i + 9] = a.structured / k if k else 0.0
+    x[i + 10] = a.cached_sum / a.cached_prompt if a.has_cache and a.cached_prompt else _NAN
+    x[i + 11] = a.switches
+    x[i + 12] = a.frontier / k if k else 0.0
     x[i + 13] = prefix.new_tool_results_n
     x[i + 14] = sum(prefix.new_tool_result_tokens)
     x[i + 15] = prefix.new_n_tools_offered
@@ -338,7 +411,12 @@ def _run_prefixes(
     run_id = str(cols["run_id"][lo])
     views = [step_views(cols, i) for i in range(lo, hi)]
     started = run_started_s if run_started_s is not None else views[0].arrival_s
+    # one running aggregate for the run: prefix j gets it folded over views[:j], then it moves on
+    # (an earlier prefix extracted later finds it stale and falls back to the full scan)
+    agg = StepAggregate()
     for j, v in enumerate(views):
+        if j:
+            agg.add(views[j - 1])
         yield RunPrefix(
             run_id=run_id,
             steps=views[:j],
@@ -352,6 +430,7 @@ def _run_prefixes(
             new_n_tools_offered=0,  # not in the run log (request bodies are not stored)
             new_wants_json=False,
             local_cache_pressure=None,
+            aggregate=agg,
         )
 
 

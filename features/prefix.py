@@ -9,13 +9,23 @@ Built three ways, always into this one type so that feature extraction has one c
 Earlier steps are :class:`StepView` (facts known once that step finished). The new request is
 described by the ``new_*`` fields (facts visible in the request body: its prompt size, the tool
 results it carries, whether it asks for tools/JSON).
+
+Incremental features: ``aggregate`` optionally holds running aggregates over ``steps``
+(:class:`features.extract.StepAggregate`), which :func:`features.extract.extract` uses instead of
+walking every step, so a growing run costs O(1) per step. Grow ``steps`` through
+:meth:`RunPrefix.append`, which keeps the aggregate current. The aggregate is trusted only while it
+covers exactly ``steps`` (same count, same last step object); any other change of ``steps`` makes
+extraction fall back to the full scan (and rebuild the aggregate). Steps already in the list must
+not be replaced or mutated in place while an aggregate is attached. ``aggregate`` takes no part in
+equality or repr.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
-__all__ = ["StepView", "RunPrefix"]
+__all__ = ["StepView", "RunPrefix", "Aggregate"]
 
 
 @dataclass(slots=True)
@@ -35,6 +45,15 @@ class StepView:
     latency_s: float | None = None
     structured: bool | None = None  # produced a tool call / JSON
     tier: str | None = None  # "local" | "frontier"
+
+
+class Aggregate(Protocol):
+    """Running aggregates over a prefix's steps (implemented by features.extract.StepAggregate)."""
+
+    n: int  # steps folded in
+    last: StepView | None  # the last step folded in (identity check)
+
+    def add(self, step: StepView) -> None: ...
 
 
 @dataclass(slots=True)
@@ -57,7 +76,28 @@ class RunPrefix:
     # the run's previous step = tokens newly written into the cache / cache capacity in tokens,
     # clipped to [0, 1]; None (NaN feature) when unknown or at a run's first step
     local_cache_pressure: float | None = None
+    # running feature aggregates over ``steps`` (see the module docstring); never compared or shown
+    aggregate: Aggregate | None = field(default=None, compare=False, repr=False)
 
     @property
     def step_index(self) -> int:
         return len(self.steps)
+
+    def aggregate_valid(self) -> bool:
+        """True when ``aggregate`` covers exactly ``steps`` (same count, same last step object)."""
+        agg = self.aggregate
+        if agg is None:
+            return False
+        steps = self.steps
+        n = len(steps)
+        return agg.n == n and (n == 0 or agg.last is steps[n - 1])
+
+    def append(self, step: StepView) -> None:
+        """Append a finished step, folding it into ``aggregate`` when that is current (else it is
+        dropped; the next extraction rebuilds it)."""
+        if self.aggregate is not None:
+            if self.aggregate_valid():
+                self.aggregate.add(step)
+            else:
+                self.aggregate = None
+        self.steps.append(step)

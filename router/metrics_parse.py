@@ -10,7 +10,8 @@ only the series whose ``model_name`` label matches.
 
 Knobs:
 - ``model_name`` (:func:`read_vllm_metrics`): keep only series with this ``model_name`` label
-  (vLLM labels every series with the served model name); ``None`` sums all series.
+  (vLLM labels every series with the served model name; series without the label, such as the
+  ``vllm:cache_config_info`` info gauge, are kept); ``None`` sums all series.
 
 No third-party imports: the router scrapes in the background and this stays cheap to import.
 """
@@ -44,7 +45,10 @@ VLLM_HISTOGRAMS = (
     "vllm:e2e_request_latency_seconds",
     "vllm:request_queue_time_seconds",
 )
-VLLM_METRIC_NAMES: tuple[str, ...] = VLLM_GAUGES + VLLM_COUNTERS + VLLM_HISTOGRAMS
+# info gauges (value 1): the numbers are in the labels. ``vllm:cache_config_info`` carries the KV
+# cache size as ``num_gpu_blocks`` x ``block_size`` (one series per engine).
+VLLM_INFO = ("vllm:cache_config_info",)
+VLLM_METRIC_NAMES: tuple[str, ...] = VLLM_GAUGES + VLLM_COUNTERS + VLLM_HISTOGRAMS + VLLM_INFO
 
 
 class MetricsParseError(ValueError):
@@ -73,11 +77,20 @@ class VllmMetrics:
     prefix_cache_queries_total: float = 0.0  # tokens looked up in the prefix cache
     prefix_cache_hits_total: float = 0.0  # tokens found there
     prompt_tokens_cached_total: float = 0.0  # prompt tokens served from cache (usage cached_tokens)
+    # KV cache capacity in tokens: sum over engines of num_gpu_blocks x block_size from
+    # vllm:cache_config_info; None when not exposed (or not yet known: num_gpu_blocks="None")
+    cache_capacity_tokens: float | None = None
     ttft_count: float = 0.0
     ttft_sum_s: float = 0.0
     e2e_count: float = 0.0
     e2e_sum_s: float = 0.0
     present: frozenset[str] = frozenset()  # the VLLM_METRIC_NAMES seen in the text
+
+    @property
+    def prefix_cache_computed_total(self) -> float:
+        """Prompt tokens the prefix cache missed (queries - hits): tokens newly computed and written
+        into the KV cache since the server started."""
+        return self.prefix_cache_queries_total - self.prefix_cache_hits_total
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -166,7 +179,16 @@ def read_vllm_metrics(text: str, model_name: str | None = None) -> VllmMetrics:
     present: set[str] = set()
     wanted = set(VLLM_GAUGES + VLLM_COUNTERS)
     hist_parts = {f"{h}{suffix}": h for h in VLLM_HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
+    capacity: float | None = None
     for s in parse_prometheus_text(text):
+        if s.name in VLLM_INFO:
+            if model_name is not None and s.labels.get("model_name", model_name) != model_name:
+                continue
+            present.add(s.name)
+            cap = _cache_tokens(s.labels)
+            if cap is not None:
+                capacity = cap if capacity is None else capacity + cap
+            continue
         if s.name in wanted:
             base = s.name
         elif s.name in hist_parts:
@@ -189,5 +211,19 @@ def read_vllm_metrics(text: str, model_name: str | None = None) -> VllmMetrics:
         ttft_sum_s=sums.get("vllm:time_to_first_token_seconds_sum", 0.0),
         e2e_count=sums.get("vllm:e2e_request_latency_seconds_count", 0.0),
         e2e_sum_s=sums.get("vllm:e2e_request_latency_seconds_sum", 0.0),
+        cache_capacity_tokens=capacity,
         present=frozenset(present),
     )
+
+
+def _cache_tokens(labels: dict[str, str]) -> float | None:
+    """``num_gpu_blocks * block_size`` from a ``vllm:cache_config_info`` label set, None if either
+    is absent or not a positive number (vLLM writes ``"None"`` before the KV cache is sized)."""
+    try:
+        blocks = float(labels["num_gpu_blocks"])
+        size = float(labels["block_size"])
+    except (KeyError, ValueError):
+        return None
+    if not (blocks > 0 and size > 0) or math.isinf(blocks * size):
+        return None
+    return blocks * size

@@ -6,10 +6,15 @@ Algorithm per request:
    stream counted while reading), one ``orjson.loads``; only ``model``, ``messages``, ``stream``,
    ``stream_options``, ``tools``, ``response_format``, ``metadata``, ``user`` are looked at.
 2. Run identity (:mod:`router.identity`), the run's pin from the run-state store, and its recent
-   steps from the in-process history; a :class:`RunPrefix` from both plus the request: prompt size
+   steps from the in-process history (``RunHistory.base``: the finished steps with their running
+   feature aggregates, grown through ``RunPrefix.append`` so extraction is O(1) per step; a run
+   longer than ``server.run_history_steps`` keeps its latest 75-100% of that many steps); a
+   :class:`RunPrefix` sharing that list and aggregate plus the request: prompt size
    (request bytes / 4, an estimate: the router has no tokenizer), tool results after the last
    assistant message (count, size, error flag: the result starts with or mentions ``error``,
-   ``exception`` or ``traceback`` in its first 200 characters), tools offered, JSON mode, tool pause.
+   ``exception`` or ``traceback`` in its first 200 characters), tools offered, JSON mode, tool pause,
+   and ``local_cache_pressure`` (:meth:`Proxy.cache_pressure`: the run's local replica's scraped
+   ``queries - hits`` counter since the run's previous step / its KV cache size in tokens).
 3. Features -> ``predict`` (one feature extraction shared by the bundle and the snapshot) ->
    ``build_snapshot`` -> ``policy.decide`` -> ``apply_decision`` -> store, under a per-run lock (so
    concurrent steps of one run see each other's pin) with a step index claimed once per request
@@ -98,12 +103,20 @@ class RunHistory:
     run_id: str
     id_source: str
     started_s: float
-    views: deque[StepView]
+    # the run's finished steps (the last ``server.run_history_steps``) with their running feature
+    # aggregates; grown only through ``base.append`` so extraction stays O(1) per step
+    base: RunPrefix
     entries: deque[dict[str, Any]]
     last_end_s: float | None = None
     last_tokens: int = 0
     next_step: int = 0
     ended: bool = False
+    # local_cache_pressure bookkeeping: the run's local replica (the last one that served it) and
+    # that replica's computed-token counter (queries - hits) when the run's previous step ended:
+    # the baseline (``cache_mark``, the step's own tokens included) and the raw scraped value
+    cache_replica: str | None = None
+    cache_mark: float | None = None
+    cache_seen: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -183,6 +196,7 @@ class _Step:
     structured: bool = False
     admission: str | None = None  # first-step verdict (x-runroute-admission)
     load_token: Any = None  # router.loadmodel.StepToken
+    cache_start: float | None = None  # the backend's computed-token counter when the step was sent
 
 
 class Proxy:
@@ -220,10 +234,13 @@ class Proxy:
         self.runs: OrderedDict[str, RunHistory] = OrderedDict()
         self.max_runs = settings.server.run_history_runs
         self.max_steps = settings.server.run_history_steps
-        from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, extract
+        local = getattr(settings, "local", None)
+        self.kv_cache_tokens: int | None = getattr(local, "kv_cache_tokens", None)
+        from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, StepAggregate, extract
         from router.policy.snapshot import build_snapshot
 
         self._extract, self._names, self.spec_version = extract, FEATURE_NAMES, FEATURE_SPEC_VERSION
+        self._new_aggregate = StepAggregate
         self._build_snapshot = build_snapshot
 
     # ------------------------------------------------------------------ helpers
@@ -258,7 +275,8 @@ class Proxy:
     def history(self, run_id: str, id_source: str, now: float) -> RunHistory:
         h = self.runs.get(run_id)
         if h is None:
-            h = RunHistory(run_id, id_source, now, deque(maxlen=self.max_steps), deque(maxlen=self.max_steps))
+            base = RunPrefix(run_id=run_id, aggregate=self._new_aggregate())
+            h = RunHistory(run_id, id_source, now, base, deque(maxlen=self.max_steps))
             self.runs[run_id] = h
             while len(self.runs) > self.max_runs:
                 self.runs.popitem(last=False)
@@ -310,9 +328,10 @@ class Proxy:
         toks.reverse()
         rf = body.get("response_format")
         tools = body.get("tools")
+        base = hist.base
         return RunPrefix(
             run_id=run_id,
-            steps=list(hist.views),
+            steps=base.steps,  # shared, not copied: the aggregate below covers exactly this list
             run_started_s=hist.started_s,
             now_s=now,
             new_prompt_tokens=len(raw) // 4,
@@ -322,7 +341,57 @@ class Proxy:
             new_tool_pause_s=(now - hist.last_end_s) if hist.last_end_s is not None else None,
             new_n_tools_offered=len(tools) if isinstance(tools, list) else 0,
             new_wants_json=isinstance(rf, dict) and rf.get("type") in ("json_object", "json_schema"),
+            local_cache_pressure=self.cache_pressure(hist),
+            aggregate=base.aggregate,
         )
+
+    def cache_pressure(self, hist: RunHistory) -> float | None:
+        """Prefix-cache turnover on the run's local replica since the run's previous step.
+
+        = (the replica's scraped ``queries - hits`` counter now - its value when the run's previous
+        step ended) / the replica's KV cache in tokens (``local.kv_cache_tokens``, else the scraped
+        ``vllm:cache_config_info``), clipped to [0, 1]. A counter below the value scraped at the run's
+        previous step means the replica restarted and lost its cache: 1. None (a NaN feature) at a
+        run's first step, before the run was served locally, or when the counters or the capacity
+        are unknown. Reads only in-memory state (the background scraper's latest figures): no I/O on
+        the request path.
+        """
+        mark = hist.cache_mark
+        if mark is None or self.scraper is None:
+            return None
+        st = self.scraper.stats.get(hist.cache_replica)
+        if st is None or not st.scraped:
+            return None
+        cap = self.kv_cache_tokens or st.cache_tokens
+        if not cap:
+            return None
+        now = st.computed_tokens
+        if now < hist.cache_seen:
+            return 1.0
+        d = now - mark
+        if d <= 0:  # the scrape has not caught up with the previous step's own tokens yet
+            return 0.0
+        return d / cap if d < cap else 1.0
+
+    def _cache_mark(self, ctx: _Step, own_tokens: int) -> None:
+        """At the end of a step: remember the run's local replica and its computed-token counter.
+
+        The counter comes from the last scrape, which may predate this step's own prefill; the step's
+        own newly computed tokens (``own_tokens``: prompt - cached of a served step, 0 of a failed one)
+        are then added to the value seen when it was sent, so that they never count as turnover at the
+        run's next step."""
+        hist, b = ctx.hist, ctx.backend
+        if b.tier == "local" and b.name:
+            hist.cache_replica = b.name
+        st = self.scraper.stats.get(hist.cache_replica) if self.scraper is not None else None
+        if st is None or not st.scraped:
+            hist.cache_mark = None
+            return
+        seen = st.computed_tokens
+        mark = seen
+        if ctx.cache_start is not None and hist.cache_replica == b.name and ctx.cache_start <= seen:
+            mark = max(mark, ctx.cache_start + max(0, own_tokens))
+        hist.cache_mark, hist.cache_seen = mark, seen
 
     def _priority_tenant(self, request: Request, body: dict[str, Any]) -> tuple[str, str | None]:
         a = self.s.admission
@@ -452,6 +521,8 @@ class Proxy:
             serving = self.holder.current
             predictor = serving.predictor
             x = self._extract(prefix)
+            if prefix.aggregate is not hist.base.aggregate:  # extract rebuilt it: keep it for next time
+                hist.base.aggregate = prefix.aggregate
             features = dict(zip(self._names, x.tolist(), strict=True))
             pf = getattr(predictor, "predict_features", None)
             predictions = pf(x) if pf is not None else predictor.predict(prefix)
@@ -550,6 +621,8 @@ class Proxy:
         Non-2xx responses come back with iterator None and the whole body as ``first``.
         """
         b = ctx.backend
+        st = self.scraper.stats.get(b.name) if self.scraper is not None and b.tier == "local" else None
+        ctx.cache_start = st.computed_tokens if st is not None and st.scraped else None
         fwd = rewrite_body(ctx.raw, ctx.body, b.model, ctx.stream)
         resp = await self.upstream.post(b.tier, b.chat_url, fwd, b.headers)
         if resp.status >= 300 or not ctx.stream:
@@ -724,7 +797,8 @@ class Proxy:
         structured = bool(names) or p.new_wants_json
         ok = status == 200
         if ok:
-            ctx.hist.views.append(
+            base = ctx.hist.base
+            base.append(
                 StepView(
                     prompt_tokens=prompt,
                     completion_tokens=completion,
@@ -741,8 +815,13 @@ class Proxy:
                     tier=b.tier,
                 )
             )
+            if len(base.steps) > self.max_steps:
+                # drop the oldest quarter at once: the running aggregate is then rebuilt (one scan)
+                # once per max_steps / 4 steps, O(1) amortised, instead of at every step
+                del base.steps[: max(1, self.max_steps // 4)]
             ctx.hist.last_tokens = prompt + completion
         ctx.hist.last_end_s = time.monotonic()
+        self._cache_mark(ctx, prompt - (cached or 0) if ok else 0)
         preds = ctx.predictions.as_dict()
         entry = {
             "step": ctx.step,

@@ -8,7 +8,10 @@ series of the served ``model_name``, summed over label sets) and keep the latest
 - ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
 - ``vllm:kv_cache_usage_perc`` (0-1),
 - ``vllm:prefix_cache_hits_total`` and ``vllm:prefix_cache_queries_total`` (counters; the hit
-  rate over the last interval is derived from their deltas).
+  rate over the last interval is derived from their deltas; queries - hits = prompt tokens newly
+  computed into the KV cache, which the proxy turns into the ``local_cache_pressure`` feature),
+- ``vllm:cache_config_info`` (``num_gpu_blocks`` x ``block_size``: the KV cache size in tokens,
+  when exposed).
 
 A non-200 answer, a timeout or text that does not parse counts as a failed scrape.
 
@@ -37,6 +40,8 @@ log = logging.getLogger("runroute.scrape")
 
 @dataclass
 class ReplicaStats:
+    """Latest scraped figures of one replica (the counters are the server's running totals)."""
+
     name: str
     url: str
     healthy: bool = True
@@ -46,9 +51,16 @@ class ReplicaStats:
     prefix_hits: float = 0.0
     prefix_queries: float = 0.0
     hit_rate: float | None = None  # prefix-cache hit rate over the last scrape interval
+    cache_tokens: float | None = None  # KV cache capacity in tokens (vllm:cache_config_info)
     failures: int = 0
     last_ok_s: float | None = None
     scraped: bool = False
+
+    @property
+    def computed_tokens(self) -> float:
+        """Prompt tokens newly computed (written into the KV cache) since the server started:
+        ``prefix_cache_queries_total - prefix_cache_hits_total``."""
+        return self.prefix_queries - self.prefix_hits
 
 
 class Scraper:
@@ -88,6 +100,8 @@ class Scraper:
         st.hit_rate = (hits - st.prefix_hits) / dq if st.scraped and dq > 0 else st.hit_rate
         st.running, st.waiting = m.num_requests_running, m.num_requests_waiting
         st.kv_usage, st.prefix_hits, st.prefix_queries = m.kv_cache_usage_perc, hits, queries
+        if m.cache_capacity_tokens is not None:
+            st.cache_tokens = m.cache_capacity_tokens
         st.failures, st.healthy, st.scraped, st.last_ok_s = 0, True, True, time.time()
 
     async def scrape_once(self) -> None:

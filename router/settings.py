@@ -10,7 +10,9 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
 
 - ``local``: the local tier: ``urls`` (one vLLM server root per replica, e.g. ``http://10.0.0.5:8000``;
   a trailing ``/v1`` is accepted), ``model`` (the served model name sent upstream), ``names`` (replica
-  ids, default ``local-0..``), ``max_context``.
+  ids, default ``local-0..``), ``max_context``, ``kv_cache_tokens`` (one replica's KV cache size in
+  tokens, the denominator of the ``local_cache_pressure`` feature; unset = each replica's scraped
+  ``vllm:cache_config_info`` ``num_gpu_blocks x block_size``; the feature is NaN when neither is known).
 - ``frontier``: the frontier tier: ``url`` (OpenAI-compatible base, ``/v1`` optional), ``model``,
   ``api_key_env`` (the *name* of the env var holding the key; the key itself never appears in
   config or logs). A frontier tier whose key variable is unset or empty is refused at load time
@@ -91,6 +93,8 @@ class LocalTier(_Strict):
     api_key_env: str | None = None  # optional key for a vLLM started with --api-key
     prefill_s_per_token: float = Field(default=0.0001, ge=0)
     ttft_base_s: float = Field(default=0.02, ge=0)
+    # KV cache size of one replica in tokens; None = read vllm:cache_config_info from /metrics
+    kv_cache_tokens: int | None = Field(default=None, gt=0)
 
     @field_validator("urls")
     @classmethod

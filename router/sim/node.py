@@ -22,7 +22,9 @@ Algorithm (one replica):
   tokens, as in vLLM, which always computes the last prompt token) and are
   referenced, not re-allocated. When a request finishes, its hashed blocks stay cached unreferenced in
   an LRU list (tail blocks first, so a prefix outlives its suffix) and are evicted only when an
-  admission needs room; unhashed (private) blocks are freed at once.
+  admission needs room; unhashed (private) blocks are freed at once. ``inserted`` counts the hashed
+  blocks ever newly written into the prefix cache (the simulator's ``local_cache_pressure`` is its
+  growth since a run's previous step / ``capacity``); ``wipes`` counts cache losses (scale-to-zero).
 - **Scale-to-zero.** With ``scale_to_zero`` a replica starts off; a request for an off replica starts a
   wake (uniform ``wake_s``; a cold start) and waits for it; an idle reaper turns the replica off after
   ``idle_reap_s`` without work (its cache is lost). GPU time is billed while waking or on.
@@ -139,6 +141,8 @@ class Replica:
         self._reap_gen = 0
         self.iterations = 0
         self._releases = 0  # KV releases so far (a failed admission is retried only after one)
+        self.inserted = 0  # hashed blocks newly written into the prefix cache so far
+        self.wipes = 0  # times the whole cache was lost (scale-to-zero reaps)
 
     # ------------------------------------------------------------------ observation (router's view)
     def lookup(self, chain: tuple[int, ...] | list[int], n_lookup: int) -> int:
@@ -272,6 +276,7 @@ class Replica:
             self.used -= 1
             evict -= 1
         if n_new:
+            self.inserted += n_new
             for i in range(n_hashed):
                 b = chain[i]
                 if b not in cache:
@@ -408,6 +413,7 @@ class Replica:
         self.billed_s += t - self.on_since
         self.state = "off"
         self._releases += 1
+        self.wipes += 1
         self.cache.clear()
         self.lru.clear()
         self.used = 0

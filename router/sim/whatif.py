@@ -12,7 +12,11 @@ Algorithm (one capacity point = one :class:`Simulator` run):
    run arrives when step k finished plus step k+1's logged tool pause.
 3. **Per step**, exactly as the sidecar does it: extend the run's :class:`RunPrefix` with the replayed
    history (simulated latency, tier, cached tokens), ``predictor.predict(prefix)`` (the bundle, or a
-   constant), fill one :class:`BackendState` per simulated replica from its live state (running,
+   constant), with ``local_cache_pressure`` from the node model as the sidecar reads it from vLLM's
+   counters: hashed blocks newly written into the prefix cache of the run's local replica (the last
+   one that served it) since the run's previous step ended / that replica's capacity in blocks,
+   clipped to 1 (1 after a scale-to-zero wipe; None before the run was served locally); fill one
+   :class:`BackendState` per simulated replica from its live state (running,
    waiting, KV usage, the run's warm prefix tokens, remaining wake time) and one for the frontier,
    ``build_snapshot``, ``policy.decide``, ``apply_decision``. At a run's first step the optional
    ``admission(snapshot, load) -> "admit-local" | "spill" | "reject"`` hook is consulted first: a
@@ -434,6 +438,9 @@ class _Run:
         "frontier_steps",
         "on_local",
         "local_tokens",
+        "cache_rep",
+        "cache_mark",
+        "cache_wipes",
     )
 
     def __init__(self, idx: int, spec: RunSpec, g0: int):
@@ -448,6 +455,11 @@ class _Run:
         self.frontier_steps = 0
         self.on_local = False  # counted in the active-local-runs figure the admission hook sees
         self.local_tokens = 0  # uncached prompt + output tokens served locally
+        # local_cache_pressure: the run's local replica (the last that served it) and that replica's
+        # inserted-block counter and wipe count when the run's previous step ended
+        self.cache_rep: Replica | None = None
+        self.cache_mark = 0
+        self.cache_wipes = 0
 
 
 class LazyFeatures(Mapping[str, float]):
@@ -600,11 +612,9 @@ class Simulator:
         B = self.cfg.block_tokens
         prof = self.cfg.profile
         out = []
-        usage_sum = 0.0
         for rep in self.replicas:
             warm = rep.lookup(s.chain, s.n_lookup) * B
             usage = (rep.used - len(rep.lru)) / rep.capacity
-            usage_sum += usage
             out.append(
                 BackendState(
                     rep.name,
@@ -623,8 +633,6 @@ class Simulator:
                     prof.a if rep.state == "on" else prof.a + rep.wake_remaining(t),
                 )
             )
-        if self.replicas:
-            run.prefix.local_cache_pressure = usage_sum / len(self.replicas)
         fc = self.cfg.frontier
         fr = self.frontier
         out.append(
@@ -669,6 +677,15 @@ class Simulator:
         prefix.new_tool_result_errors = s.errors
         prefix.new_tool_result_tokens = s.result_tokens
         prefix.new_tool_pause_s = s.pause if run.k else None
+        # prefix-cache turnover on the run's local replica since its previous step (features.prefix)
+        rep = run.cache_rep
+        if rep is None:
+            prefix.local_cache_pressure = None
+        elif rep.wipes != run.cache_wipes:
+            prefix.local_cache_pressure = 1.0
+        else:
+            d = (rep.inserted - run.cache_mark) / rep.capacity
+            prefix.local_cache_pressure = d if d < 1.0 else 1.0
         backends = self._backends(run, s, t)
         if self._predict_features is not None:
             vec = self._extract(prefix)
@@ -713,6 +730,7 @@ class Simulator:
                 run.status = 2
                 self._reject_rest(run)
                 return
+            run.cache_rep = rep
             self._mark_local_active(run, True)
         else:
             ttft, lat, cached, _cost = self.frontier.serve(
@@ -771,8 +789,12 @@ class Simulator:
         self.latency[g] = lat
         self.ttft[g] = ttft
         self.cached[g] = cached
+        rep = run.cache_rep
+        if rep is not None:
+            run.cache_mark = rep.inserted
+            run.cache_wipes = rep.wipes
         s = run.spec.steps[run.k]
-        run.prefix.steps.append(
+        run.prefix.append(
             StepView(
                 prompt_tokens=s.prompt,
                 completion_tokens=s.completion,
