@@ -151,6 +151,19 @@ def _noop(_: str) -> None:
 # ----------------------------------------------------------------------------------- comparison
 
 
+def _spilled_from_sim(res: Any, workload: Any) -> set[str]:
+    """Runs admission control spilled whole to the frontier (their first step's outcome)."""
+    from router.sim.whatif import SPILLED
+
+    out: set[str] = set()
+    g = 0
+    for spec in workload.runs:
+        if len(spec.steps) and res.outcome[g] == SPILLED:
+            out.add(spec.run_id)
+        g += len(spec.steps)
+    return out
+
+
 def _tiers_from_sim(res: Any, workload: Any) -> dict[str, np.ndarray]:
     from router.sim.whatif import REJECTED as S_REJ
     from router.sim.whatif import SERVED_LOCAL
@@ -266,7 +279,7 @@ def compare_policies(
             0.0, float(bundle.thresholds["p_frontier_up"]) - float(bundle.thresholds["p_frontier_down"])
         )
 
-    def simulate(label: str, cfg: dict[str, Any]) -> tuple[Any, dict[str, np.ndarray]]:
+    def simulate(label: str, cfg: dict[str, Any]) -> tuple[Any, dict[str, np.ndarray], set[str]]:
         policy = build_policy(cfg, bundle)
         hook = None
         if sim.admission:
@@ -275,7 +288,7 @@ def compare_policies(
             hook = admission_from_controller(ctrl)
         res = Simulator(workload, policy, base, starts, predictor=bundle, admission=hook).run()
         res.policy = label
-        return res, _tiers_from_sim(res, workload)
+        return res, _tiers_from_sim(res, workload), _spilled_from_sim(res, workload)
 
     rows: list[dict[str, Any]] = []
     sweeps: dict[str, list[dict[str, Any]]] = {}
@@ -283,8 +296,8 @@ def compare_policies(
         if pcfg["kind"] in ("learned", "per-step-threshold") and bundle is None:
             say(f"{label}: skipped (needs a model bundle)")
             continue
-        res, tiers = simulate(label, _policy_cfg(label, pcfg, None, band))
-        out = policy_outcomes(records, tiers, prices, variants)
+        res, tiers, spilled = simulate(label, _policy_cfg(label, pcfg, None, band))
+        out = policy_outcomes(records, tiers, prices, variants, spilled)
         row = {"policy": label, "kind": pcfg["kind"], **_sim_figures(res), **out}
         if pcfg["kind"] == "learned":
             row["thresholds"] = {
@@ -298,8 +311,8 @@ def compare_policies(
         if label in SWEPT and sweep_thresholds:
             pts = []
             for th in sweep_thresholds:
-                r2, t2 = simulate(label, _policy_cfg(label, pcfg, float(th), band))
-                o2 = policy_outcomes(records, t2, prices, variants)
+                r2, t2, sp2 = simulate(label, _policy_cfg(label, pcfg, float(th), band))
+                o2 = policy_outcomes(records, t2, prices, variants, sp2)
                 pts.append(
                     {
                         "threshold": float(th),

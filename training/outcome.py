@@ -380,11 +380,17 @@ def policy_outcomes(
     tiers: Mapping[str, np.ndarray],
     prices: Prices,
     variants: Iterable[Any] = DEFAULT_VARIANTS,
+    spilled: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Success and cost figures of one policy's tiers over ``records`` (every run must have tiers).
 
     The first variant is the headline (``success_rate``); all appear under ``success_by_variant``.
+    ``spilled``: runs that admission control sent whole to the frontier at their first step. They
+    are scored (quality, cost) like any frontier run but are not the policy's escalations: they are
+    left out of ``escalation_rate``, the escalation step and needs-frontier recall/precision, and
+    counted in ``spilled_runs``.
     """
+    spilled_set = set(spilled)
     vs = [parse_variant(v) for v in variants]
     if not vs:
         raise ValueError("at least one outcome variant is needed")
@@ -402,7 +408,9 @@ def policy_outcomes(
         cost, local, frontier = cost + c, local + lc, frontier + fc
         rejected = bool((t == REJECTED).any())
         k = escalation_step(t)
-        if not rejected:
+        if rid in spilled_set:
+            k = None
+        if not rejected and rid not in spilled_set:
             served += 1
             escalated += k is not None
         if k is not None:
@@ -411,7 +419,7 @@ def policy_outcomes(
         frontier_steps += int((t == FRONTIER).sum())
         srv = t[t != REJECTED]
         tier_switches += int((srv[1:] != srv[:-1]).sum()) if len(srv) > 1 else 0
-        if rec.needs_frontier is not None:
+        if rec.needs_frontier is not None and rid not in spilled_set:
             flagged = k is not None
             tp += flagged and rec.needs_frontier
             fp += flagged and not rec.needs_frontier
@@ -442,6 +450,7 @@ def policy_outcomes(
         "needs_frontier_recall": _div(tp, tp + fn),
         "needs_frontier_precision": _div(tp, tp + fp),
         "needs_frontier_runs": tp + fn,
+        "spilled_runs": len(spilled_set & set(records)),
     }
 
 

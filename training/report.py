@@ -69,10 +69,11 @@ SCORECARD_DOC = """\
   - `aiq`: area under the policy's non-decreasing concave cost-quality hull over the normalised cost
     axis x = (cost - always-local cost) / (always-frontier cost - always-local cost) in [0, 1], hull
     anchored at always-local (`aiq_by_variant` per variant);
-  - routing: `escalation_rate` (served runs with any frontier step), `frontier_step_share`,
-    `escalation_step_median`, `tier_switches_per_run`, `needs_frontier_recall` /
-    `needs_frontier_precision` (a run is flagged when any step ran on the frontier; labelled runs only),
-    `needs_frontier_runs`;
+  - routing: `escalation_rate` (served runs with any frontier step chosen by the policy; runs that
+    admission control spilled whole are left out here and counted in `spilled_runs`),
+    `frontier_step_share`, `escalation_step_median`, `tier_switches_per_run`, `needs_frontier_recall` /
+    `needs_frontier_precision` (a run is flagged when the policy sent any step to the frontier;
+    labelled, non-spilled runs only), `needs_frontier_runs`;
   - simulator: `runs_completed`, `runs_rejected`, `runs_spilled` (admission control at run start),
     `run_completion_s_p50` / `_p95` (incl. tool pauses), `step_latency_s_p95`, `short_step_latency_s_p95`
     (<= 64 output tokens or a tool call), `long_step_latency_s_p95`, `ttft_s_p95`, `cache_hit_rate`
