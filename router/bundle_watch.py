@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from models.types import Predictions
+from router.background import BackgroundTask
 
 __all__ = ["Serving", "BundleHolder", "ConstantServingPredictor", "load_bundle"]
 
@@ -80,7 +81,7 @@ def _signature(p: Path) -> float | None:
         return None
 
 
-class BundleHolder:
+class BundleHolder(BackgroundTask):
     """Owns the serving (predictor, policy) pair; see the module docstring."""
 
     def __init__(
@@ -159,12 +160,5 @@ class BundleHolder:
                     await self.reload()
 
     def start(self) -> None:
-        if self.watch_s > 0 and self.path is not None and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._watch())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self.watch_s > 0 and self.path is not None:
+            self._start_task(self._watch)

@@ -51,7 +51,6 @@ counts); a tenant over its cap gets ``reject`` instead of ``spill``. Inject any
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -60,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.types import Predictions
+from router.background import BackgroundTask
 from router.capacity import ArrivalForecaster, capacity_plan
 from router.policy.admission import (
     AdmissionConfig,
@@ -362,7 +362,7 @@ class AdmissionStats:
     released_idle: int = 0
 
 
-class LiveAdmission:
+class LiveAdmission(BackgroundTask):
     """Admission at a run's first step, backed by the run-state store; see the module docstring.
 
     ``healthy`` is a callable returning ``(healthy local replica names, frontier healthy)``;
@@ -482,15 +482,8 @@ class LiveAdmission:
                 log.exception("admission sweep failed")
 
     def start(self) -> None:
-        if self.sweep_s > 0 and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self.sweep_s > 0:
+            self._start_task(self._loop)
 
     # ------------------------------------------------------------------ capacity
     async def capacity(self, scraped: dict[str, Any]) -> dict[str, Any]:

@@ -25,11 +25,11 @@ Before its first scrape a replica counts as healthy (so a router starts serving 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
 
+from router.background import BackgroundTask
 from router.metrics_parse import MetricsParseError, read_vllm_metrics
 from router.upstream import Upstream, UpstreamError
 
@@ -63,7 +63,7 @@ class ReplicaStats:
         return self.prefix_queries - self.prefix_hits
 
 
-class Scraper:
+class Scraper(BackgroundTask):
     def __init__(
         self,
         replicas: dict[str, str],
@@ -124,12 +124,5 @@ class Scraper:
             await asyncio.sleep(self.interval_s)
 
     def start(self) -> None:
-        if self.interval_s > 0 and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self.interval_s > 0:
+            self._start_task(self._loop)
