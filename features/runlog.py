@@ -36,6 +36,7 @@ __all__ = [
     "write_records",
     "write_frame",
     "records_to_frame",
+    "conform",
 ]
 
 
@@ -92,24 +93,24 @@ def _empty_frame() -> pd.DataFrame:
     return ARROW_SCHEMA.empty_table().to_pandas()
 
 
+def conform(df: pd.DataFrame, *, exact: bool = True) -> pd.DataFrame:
+    """Add every missing run-log column (as nulls); with ``exact``, return exactly those columns in order."""
+    for c in COLUMNS:
+        if c not in df.columns:
+            df[c] = None
+    return df[list(COLUMNS)] if exact else df
+
+
 def records_to_frame(records: Iterable[Any]) -> pd.DataFrame:
     """Pydantic records or plain dicts -> a frame with exactly the run-log columns."""
     rows = [r.model_dump() if hasattr(r, "model_dump") else dict(r) for r in records]
     if not rows:
         return _empty_frame()
-    df = pd.DataFrame.from_records(rows)
-    for c in COLUMNS:
-        if c not in df.columns:
-            df[c] = None
-    return df[list(COLUMNS)]
+    return conform(pd.DataFrame.from_records(rows))
 
 
 def _to_table(df: pd.DataFrame) -> pa.Table:
-    df = df.copy()
-    for c in COLUMNS:
-        if c not in df.columns:
-            df[c] = None
-    df = df[list(COLUMNS)]
+    df = conform(df.copy())
     # nested columns: a missing value may have become float NaN when records of different kinds
     # were mixed (pandas fills absent keys with NaN); Arrow wants None there
     for f in ARROW_SCHEMA:
@@ -219,10 +220,7 @@ def _read_jsonl(p: Path) -> tuple[pd.DataFrame, list[BadRow], list[int]]:
         # unknown fields make the row invalid (extra="forbid"), reported per row below
         df["__unknown__"] = [",".join(k for k in unknown if k in r) for r in rows]
         df = df.drop(columns=unknown)
-    for c in COLUMNS:
-        if c not in df.columns:
-            df[c] = None
-    return df, bad, lines
+    return conform(df, exact=False), bad, lines
 
 
 def _read_parquet(p: Path) -> pd.DataFrame:
@@ -236,10 +234,7 @@ def _read_parquet(p: Path) -> pd.DataFrame:
     df = table.to_pandas()
     if "predictions" in df:
         df["predictions"] = [None if v is None else dict(v) for v in df["predictions"]]
-    for c in COLUMNS:
-        if c not in df.columns:
-            df[c] = None
-    return df
+    return conform(df, exact=False)
 
 
 def _isnull(s: pd.Series) -> np.ndarray:

@@ -77,8 +77,7 @@ def import_azure(
     """Import one Azure trace CSV or a directory of ``*.csv`` traces (see module docstring)."""
     import pandas as pd
 
-    from features.runlog import RunLogError
-    from features.schema import COLUMNS
+    from features.runlog import RunLogError, conform
 
     p = check_path(path, allow_dir=True)
     files = sorted(p.glob("*.csv")) if p.is_dir() else [p]
@@ -97,7 +96,4 @@ def import_azure(
             return records_to_frame([])
         raise RunLogError(f"{p}: no requests")
     df = pd.concat(frames, ignore_index=True)
-    for c in COLUMNS:
-        if c not in df.columns:
-            df[c] = None
-    return df[list(COLUMNS)]
+    return conform(df)

@@ -92,8 +92,8 @@ def import_mooncake(
     """
     import pandas as pd
 
-    from features.runlog import records_to_frame
-    from features.schema import COLUMNS, SCHEMA_VERSION
+    from features.runlog import conform, records_to_frame
+    from features.schema import SCHEMA_VERSION
 
     p = check_path(path)
     # trie: (parent node id, block id) -> node id; node id -> latest request index containing it
@@ -222,7 +222,4 @@ def import_mooncake(
     runs["source"] = "mooncake"
     runs["outcome"] = "unknown"
     out_df = pd.concat([runs, steps], ignore_index=True)
-    for c in COLUMNS:
-        if c not in out_df.columns:
-            out_df[c] = None
-    return out_df[list(COLUMNS)]
+    return conform(out_df)

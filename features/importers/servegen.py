@@ -101,8 +101,7 @@ def import_servegen(
     """Import ServeGen trace CSVs (see module docstring)."""
     import pandas as pd
 
-    from features.runlog import RunLogError, records_to_frame
-    from features.schema import COLUMNS
+    from features.runlog import RunLogError, conform, records_to_frame
 
     p = check_path(path, allow_dir=True)
     files = _files(p)
@@ -117,7 +116,4 @@ def import_servegen(
             return records_to_frame([])
         raise RunLogError(f"{p}: no windows")
     df = pd.concat(frames, ignore_index=True)
-    for c in COLUMNS:
-        if c not in df.columns:
-            df[c] = None
-    return df[list(COLUMNS)]
+    return conform(df)
