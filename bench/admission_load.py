@@ -199,7 +199,7 @@ async def _agent(sess: aiohttp.ClientSession, url: str, spec: LoadSpec, plan: Ru
 
 
 def _settings(spec: LoadSpec, fakes: list[Any], frontier: Any, logdir: str, admission: bool) -> Any:
-    from router.settings import RouterSettings
+    from router.server.settings import RouterSettings
 
     cycle = spec.step_s + sum(spec.pause_s) / 2
     return RouterSettings.load(
@@ -269,8 +269,8 @@ async def _drive(spec: LoadSpec, url: str, plans: list[RunPlan]) -> tuple[list[R
 
 def run_load(spec: LoadSpec, admission: bool) -> LoadResult:
     """One bounded load run (fakes + sidecar on loopback, all in this process); see the docstring."""
-    from router.app import create_app, serve_in_thread
     from router.fakes.launch import fake_in_thread
+    from router.server.app import create_app, serve_in_thread
 
     knobs = dict(
         model="local-model",

@@ -17,8 +17,8 @@ Algorithm:
 3. Replay the measured runs (same starts, pauses, token counts; ``prefix_reuse_tokens`` = previous prompt
    + completion) in the simulator with ``profile_from_fake`` and the fake's block size and capacity,
    one replica, the always-local policy.
-4. The same workload through the sidecar (``router.app.create_app``; local tier = the fake,
-   always-local policy) when ``router.app`` is importable, unless ``--no-sidecar``.
+4. The same workload through the sidecar (``router.server.app.create_app``; local tier = the fake,
+   always-local policy) when ``router.server.app`` is importable, unless ``--no-sidecar``.
 5. Print measured vs simulated p50/p95 step latency and cache hit rate (steps >= 2) and % errors
    (acceptance: within 10%).
 
@@ -227,10 +227,10 @@ def main() -> None:
     if args.no_sidecar:
         sys.exit(0 if ok else 1)
     try:
-        from router.app import create_app, serve_in_thread
-        from router.settings import RouterSettings
+        from router.server.app import create_app, serve_in_thread
+        from router.server.settings import RouterSettings
     except ImportError:
-        print("router.app not available: sidecar comparison skipped")
+        print("router.server.app not available: sidecar comparison skipped")
         sys.exit(0 if ok else 1)
     runs2 = plan(args.runs, args.steps, args.seed + 1)  # fresh system prompts: a cold cache again
     with fake_in_thread("vllm", **KNOBS) as fake, tempfile.TemporaryDirectory() as tmp:

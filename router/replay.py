@@ -63,11 +63,11 @@ def default_backends(
 ) -> list[BackendState]:
     """``n_local`` local replicas + one frontier, priced from the router's config defaults.
 
-    Local: context, prefill and TTFT terms from ``router.settings.LocalTier``; ``price_in_per_m`` holds
+    Local: context, prefill and TTFT terms from ``router.server.settings.LocalTier``; ``price_in_per_m`` holds
     the GPU price in USD per GPU-hour (0 here: the policy's ``local_gpu_usd_per_hour`` applies).
-    Frontier: context, prices and TTFT from ``router.settings.FrontierTier``.
+    Frontier: context, prices and TTFT from ``router.server.settings.FrontierTier``.
     """
-    from router.settings import FrontierTier, LocalTier
+    from router.server.settings import FrontierTier, LocalTier
 
     lf, ff = LocalTier.model_fields, FrontierTier.model_fields
     if n_local < 0:

@@ -18,7 +18,7 @@ Algorithm of :func:`run_demo` (every knob is a field of :class:`DemoConfig`, all
    over ``sweep_thresholds``. The synthetic set is replayed twice: at ``sim.arrival_rate`` (light
    load) and at ``busy_arrival_rate`` (the local replicas near saturation, where run affinity and
    admission matter). Then (``live``) a short segment through the real HTTP sidecar
-   (``router.app.create_app`` under uvicorn on loopback) with fake vLLM replicas and a fake frontier
+   (``router.server.app.create_app`` under uvicorn on loopback) with fake vLLM replicas and a fake frontier
    (:func:`live_segment`), bounded by ``live_budget_s``.
 4. **Quality**: :mod:`training.outcome` turns each policy's per-step tiers into success and cost
    (the outcome model and its variants, for the sensitivity of the ranking).
@@ -573,9 +573,9 @@ def _live(
     t_start: float,
     deadline: float,
 ) -> dict[str, Any]:
-    from router.app import create_app, serve_in_thread
     from router.fakes.launch import fake_in_thread
-    from router.settings import RouterSettings
+    from router.server.app import create_app, serve_in_thread
+    from router.server.settings import RouterSettings
 
     vk: dict[str, Any] = dict(
         model="local-model",

@@ -18,7 +18,7 @@ t1=$(date +%s)
 
 if [ ! -f "$MODEL_DIR/runroute-testmodel.json" ]; then
   rm -rf "$MODEL_DIR"
-  PYTHONPATH="$PWD" HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m router.testmodel "$MODEL_DIR" >/dev/null
+  PYTHONPATH="$PWD" HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m router.localnode.testmodel "$MODEL_DIR" >/dev/null
   echo "test-vllm: built test model in $MODEL_DIR"
 fi
 t2=$(date +%s)

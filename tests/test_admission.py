@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.capacity import ArrivalForecaster, capacity_plan, recommend_replicas
+from router.core.capacity import ArrivalForecaster, capacity_plan, recommend_replicas
 from router.policy.admission import (
     AdmissionConfig,
     AdmissionController,

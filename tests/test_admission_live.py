@@ -18,9 +18,9 @@ import httpx
 import numpy as np
 import pytest
 
-from router.app import create_app, serve_in_thread
 from router.fakes.launch import fake_in_thread
-from router.settings import RouterSettings
+from router.server.app import create_app, serve_in_thread
+from router.server.settings import RouterSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,8 +218,8 @@ def test_capacity_recommends_more_replicas_as_arrivals_rise_and_fewer_as_they_fa
 
 def test_load_model_rates_inflight_work_and_remaining_time():
     from models.types import Predictions
-    from router.capacity import ArrivalForecaster
-    from router.loadmodel import LoadModel
+    from router.core.capacity import ArrivalForecaster
+    from router.server.admission import LoadModel
 
     now = [0.0]
     lm = LoadModel(

@@ -15,10 +15,10 @@ import pytest
 from features.runlog import records_to_frame
 from features.schema import Run, Step
 from models.types import Predictions
-from router.metrics_parse import read_vllm_metrics
 from router.policy.types import BackendState, Decision, Snapshot
-from router.proxy import Backend, Proxy
-from router.scrape import ReplicaStats
+from router.server.metrics_parse import read_vllm_metrics
+from router.server.proxy import Backend, Proxy
+from router.server.scrape import ReplicaStats
 from router.sim.arrivals import run_starts
 from router.sim.frontier import FrontierConfig
 from router.sim.profiles import NodeProfile
@@ -243,9 +243,9 @@ def test_sidecar_logs_pressure_from_the_fake_vllm_counters_and_history_features_
     from features.runlog import read_runlog
     from models.bundle import ModelBundle
     from models.escalation import EscalationClassifier
-    from router.app import create_app, serve_in_thread
     from router.fakes.launch import fake_in_thread
-    from router.settings import RouterSettings
+    from router.server.app import create_app, serve_in_thread
+    from router.server.settings import RouterSettings
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(200, len(FEATURE_NAMES)))

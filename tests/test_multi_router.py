@@ -54,9 +54,9 @@ from hypothesis import strategies as st
 from router.fakes.launch import fake_in_thread
 from router.policy.filters import DEFAULT_WEIGHTS, pick
 from router.policy.types import BackendState, RunState
-from router.settings import RouterSettings
-from router.state import InProcessStore
-from router.state_redis import FallbackStore, RedisStore
+from router.server.settings import RouterSettings
+from router.server.state import InProcessStore
+from router.server.state_redis import FallbackStore, RedisStore
 
 pytestmark = pytest.mark.redis
 
@@ -721,7 +721,7 @@ def test_redis_outage_no_5xx_degraded_then_resync(live: Cluster):
 
     if any(v is None for v in (*gauges_before.values(), *gauges_during.values(), *gauges_after.values())):
         pytest.xfail(
-            f"/metrics exposes no {DEGRADED_METRIC} gauge (router/metrics.py + router/app.py do not "
+            f"/metrics exposes no {DEGRADED_METRIC} gauge (router/server/metrics.py + router/server/app.py do not "
             "export FallbackStore.degraded yet); everything else in this test passed"
         )
     assert gauges_before == {"a": 0.0, "b": 0.0}

@@ -160,7 +160,7 @@ def test_frontier_cost_follows_the_backend_prices(report):
 
 
 def test_replay_without_model_filter_and_with_default_backends(runlog_path):
-    from router.settings import FrontierTier
+    from router.server.settings import FrontierTier
 
     log = read_runlog(runlog_path)
     rep = replay(log, [build_policy("always-frontier")], TablePredictor())

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai import AsyncOpenAI, OpenAI
 
-from router.app import create_app, serve_in_thread
 from router.fakes.launch import fake_in_thread
-from router.settings import RouterSettings
+from router.server.app import create_app, serve_in_thread
+from router.server.settings import RouterSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = [
@@ -145,7 +145,7 @@ def test_two_runs_under_load_spread_and_stay_pinned(tmp_path, fakes, bundle_dir)
     the two replicas by load, then each stays on its replica."""
 
     async def run(client: AsyncOpenAI, tag: str, stream: bool) -> list[str]:
-        from router.identity import hash_opening
+        from router.server.identity import hash_opening
 
         msgs = [{"role": "system", "content": system_prompt(tag, 300)}, {"role": "user", "content": "go"}]
         rid = hash_opening(msgs)
@@ -340,7 +340,7 @@ def test_oscillating_predictions_switch_at_most_once(ps, bundle_dir):
     de-escalation one (0.3): the live router switches the run at most once (hysteresis)."""
     import tempfile
 
-    from router.upstream import FakeReply, FakeUpstream
+    from router.server.upstream import FakeReply, FakeUpstream
 
     def handler(call):
         body = orjson.loads(call.body)
@@ -395,8 +395,8 @@ def test_oscillating_predictions_switch_at_most_once(ps, bundle_dir):
 
 
 def test_scraper_reads_vllm_metrics_and_marks_dead_replicas(fakes):
-    from router.scrape import Scraper
-    from router.upstream import AiohttpUpstream
+    from router.server.scrape import Scraper
+    from router.server.upstream import AiohttpUpstream
 
     v0, _, _ = fakes
     import socket

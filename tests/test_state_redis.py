@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from router.policy.types import RunState
-from router.state import InProcessStore
-from router.state_redis import FallbackStore, RedisStore, StoreUnavailable
+from router.server.state import InProcessStore
+from router.server.state_redis import FallbackStore, RedisStore, StoreUnavailable
 
 pytestmark = pytest.mark.redis
 

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from router.localnode import (
+from router.localnode.launch import (
     LocalNode,
     LocalNodeConfig,
     LocalNodeError,
@@ -33,7 +33,7 @@ from router.localnode import (
     find_vllm_python,
     project_root,
 )
-from router.metrics_parse import MetricsParseError, parse_prometheus_text, read_vllm_metrics
+from router.server.metrics_parse import MetricsParseError, parse_prometheus_text, read_vllm_metrics
 
 MODEL = "local"
 BLOCK = 32
@@ -241,10 +241,10 @@ def test_run_through_router_stays_on_its_replica_and_metrics_agree(
     replicas: list[LocalNode], tmp_path: Path
 ) -> None:
     try:
-        from router.app import create_app, serve_in_thread
-        from router.settings import RouterSettings
+        from router.server.app import create_app, serve_in_thread
+        from router.server.settings import RouterSettings
     except ImportError as e:  # the sidecar is built in its own issue
-        pytest.skip(f"router.app not available: {e}")
+        pytest.skip(f"router.server.app not available: {e}")
     settings = RouterSettings(
         local={"urls": [n.base_url for n in replicas], "model": MODEL, "max_context": 8192},
         policy={"kind": "session-sticky"},

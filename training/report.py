@@ -694,7 +694,7 @@ def render_markdown(card: dict[str, Any], plots: dict[str, dict[str, str]]) -> s
         L.append(
             f"{len(live.get('runs', []))} held-out synthetic runs per policy (at most "
             f"{live.get('settings', {}).get('max_steps')} steps each, prompts capped at "
-            f"{live.get('settings', {}).get('max_prompt_tokens')} tokens) through `router.app.create_app` under "
+            f"{live.get('settings', {}).get('max_prompt_tokens')} tokens) through `router.server.app.create_app` under "
             f"uvicorn on loopback, two fake vLLM replicas and a fake frontier; {live.get('wall_s')} s. The "
             "oracle is not run live (the request path has no labels). Fake backends have their own latency model "
             "(not the simulator's A100 profile), so compare orders of magnitude and cache behaviour, not seconds."

@@ -36,7 +36,7 @@ class FrontierConfig:
     prefill_s_per_token: float = 0.0
     tokens_per_s_p50: float = 60.0
     tokens_per_s_sigma: float = 0.25
-    price_in_per_m: float = 2.0  # defaults = router.settings.FrontierTier's
+    price_in_per_m: float = 2.0  # defaults = router.server.settings.FrontierTier's
     price_cached_in_per_m: float = 0.5
     price_out_per_m: float = 8.0
     rpm_limit: float | None = None

@@ -43,7 +43,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start vLLM's OpenAI server (prefix caching, cached-token usage, hermes tools), wait for /health,
         run until SIGINT/SIGTERM, then stop it cleanly."""
-        from router.localnode import LocalNode, LocalNodeConfig, LocalNodeError, build_env, run_foreground
+        from router.localnode.launch import (
+            LocalNode,
+            LocalNodeConfig,
+            LocalNodeError,
+            build_env,
+            run_foreground,
+        )
         from runroute.errors import CliError
 
         cfg = LocalNodeConfig(

@@ -27,17 +27,17 @@ def register(app: typer.Typer) -> None:
         project's own text, with a hermes-style tool chat template. Nothing comes from a model hub.
 
         transformers/tokenizers/torch live in .venv-vllm; when this interpreter lacks them the build
-        runs there (python -m router.testmodel)."""
+        runs there (python -m router.localnode.testmodel)."""
         import json
         import os
         import subprocess
         import sys
 
-        from router.localnode import project_root
+        from router.localnode.launch import project_root
         from runroute.errors import CliError
 
         if python is None and _has_model_libs():
-            from router.testmodel import build_test_model
+            from router.localnode.testmodel import build_test_model
 
             try:
                 manifest = build_test_model(out_dir)
@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(project_root()), env.get("PYTHONPATH")]))
         env.setdefault("HF_HUB_OFFLINE", "1")
         r = subprocess.run(
-            [py, "-m", "router.testmodel", str(out_dir)], env=env, capture_output=True, text=True
+            [py, "-m", "router.localnode.testmodel", str(out_dir)], env=env, capture_output=True, text=True
         )
         if r.returncode != 0:
             last = (r.stderr.strip().splitlines() or ["no output"])[-1]

@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         # Must be set before lightgbm is imported.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-        from router.settings import RouterSettings, SettingsError
+        from router.server.settings import RouterSettings, SettingsError
 
         server: dict[str, object] = {}
         if host is not None:
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
 
 def _demo_settings(stack, server: dict[str, object]):
     from router.fakes.launch import start_fake_process
-    from router.settings import RouterSettings
+    from router.server.settings import RouterSettings
 
     if not DEFAULT_BUNDLE.exists():
         _train_default_bundle(DEFAULT_BUNDLE)
@@ -107,12 +107,12 @@ def _demo_settings(stack, server: dict[str, object]):
 def _run(settings, config: Path | None) -> None:
     import uvicorn
 
-    from router.app import create_app
+    from router.server.app import create_app
 
     s = settings
     if s.bundle.path is not None or s.bundle.mlflow_uri is not None:
         # fail fast with one line (the app loads it again in its lifespan, where errors are tracebacks)
-        from router.bundle_watch import load_bundle
+        from router.server.bundles import load_bundle
 
         try:
             load_bundle(s.bundle.path, s.bundle.mlflow_uri, s.bundle.mlflow_tracking_uri)

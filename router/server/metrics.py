@@ -18,7 +18,7 @@ Exposed at ``GET /metrics``:
 - ``runroute_inflight{backend}``, ``runroute_backend_healthy{backend}``,
   ``runroute_backend_running/waiting/kv_usage{backend}`` (scraped);
 - ``runroute_runlog_overflow_total`` (steps that went to the writer's overflow list);
-- admission and capacity (:mod:`router.loadmodel`): ``runroute_admission_total{verdict,priority,reason}``
+- admission and capacity (:mod:`router.server.admission`): ``runroute_admission_total{verdict,priority,reason}``
   (first-step verdicts), ``runroute_admission_active_runs`` (the store's shared count),
   ``runroute_admission_run_token_rate``, ``runroute_admission_utilisation``,
   ``runroute_admission_predicted_short_step_seconds``, ``runroute_replica_utilisation{backend}``,
@@ -132,7 +132,7 @@ class RouterMetrics:
             self.bundle_info.labels(version).set(1)
 
     def set_capacity(self, cap: dict[str, Any]) -> None:
-        """Copy the figures of ``GET /v1/capacity`` (:meth:`router.loadmodel.LiveAdmission.capacity`)."""
+        """Copy the figures of ``GET /v1/capacity`` (:meth:`router.server.admission.LiveAdmission.capacity`)."""
         loc = cap["local"]
         self.adm_active.set(loc["active_runs"])
         self.adm_rate.set(loc["run_token_rate"] or loc["run_token_rate_default"])

@@ -16,7 +16,7 @@
   active local runs (both exponentially weighted with time constant ``tau_s`` and normalised for
   the warm-up, so the first ``tau_s`` seconds are not biased low); ``None`` until
   ``min_rate_steps`` local steps were seen (the admission config's default applies);
-- **new-run arrivals**, fed to :class:`router.capacity.ArrivalForecaster`, and an EWMA of run
+- **new-run arrivals**, fed to :class:`router.core.capacity.ArrivalForecaster`, and an EWMA of run
   durations (first step to end) for Little's law in the capacity plan.
 
 :class:`LiveAdmission` joins that model, the pure :class:`router.policy.admission.AdmissionController`
@@ -59,8 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.types import Predictions
-from router.background import BackgroundTask
-from router.capacity import ArrivalForecaster, capacity_plan
+from router.core.capacity import ArrivalForecaster, capacity_plan
 from router.policy.admission import (
     AdmissionConfig,
     AdmissionController,
@@ -69,6 +68,7 @@ from router.policy.admission import (
     admissible_runs,
     predict_short_step_latency,
 )
+from router.server.background import BackgroundTask
 
 __all__ = ["DecayingRate", "DecayingMean", "LoadModel", "TenantSpillBudget", "LiveAdmission"]
 

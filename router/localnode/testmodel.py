@@ -22,7 +22,7 @@ accepts 32, 64, 80, 96, 112, 128, ...), ``intermediate_size``, ``max_position`` 
 the model accepts), ``seed`` (weights), ``dtype`` ("float32" or "bfloat16").
 
 transformers, tokenizers and torch are imported inside :func:`build_test_model`: they live in the
-vLLM venv (``.venv-vllm``), not the router's. Run as ``python -m router.testmodel OUT_DIR``.
+vLLM venv (``.venv-vllm``), not the router's. Run as ``python -m router.localnode.testmodel OUT_DIR``.
 """
 
 from __future__ import annotations
@@ -212,10 +212,10 @@ def build_test_model(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m router.testmodel OUT_DIR``: build and print the manifest as one JSON line."""
+    """``python -m router.localnode.testmodel OUT_DIR``: build and print the manifest as one JSON line."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m router.testmodel OUT_DIR", file=sys.stderr)
+        print("usage: python -m router.localnode.testmodel OUT_DIR", file=sys.stderr)
         return 2
     try:
         manifest = build_test_model(args[0])

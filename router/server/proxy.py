@@ -5,7 +5,7 @@ Algorithm per request:
 1. Auth (optional bearer keys), body size limit (``Content-Length`` checked before reading, the
    stream counted while reading), one ``orjson.loads``; only ``model``, ``messages``, ``stream``,
    ``stream_options``, ``tools``, ``response_format``, ``metadata``, ``user`` are looked at.
-2. Run identity (:mod:`router.identity`), the run's pin from the run-state store, and its recent
+2. Run identity (:mod:`router.server.identity`), the run's pin from the run-state store, and its recent
    steps from the in-process history (``RunHistory.base``: the finished steps with their running
    feature aggregates, grown through ``RunPrefix.append`` so extraction is O(1) per step; a run
    longer than ``server.run_history_steps`` keeps its latest 75-100% of that many steps); a
@@ -32,11 +32,11 @@ Algorithm per request:
    connection: a disconnect aborts the upstream request and logs the step as cancelled (499).
 6. Fallback: a connect error or a 5xx (or a timeout) before the first byte retries once on the
    other tier when ``fallback.enabled`` (and ``on_requested_model`` for concrete-model requests),
-   logged with reason ``fallback-<kind>`` and pinned there; otherwise 502/503/504 (router.errors).
+   logged with reason ``fallback-<kind>`` and pinned there; otherwise 502/503/504 (router.server.errors).
 7. Record: TTFT (streaming), end-to-end latency, usage, tool calls -> the run's history
    (``GET /v1/runs/{id}``), a run-log ``step`` record to the background writer, metrics.
 
-Admission (when a :class:`router.loadmodel.LiveAdmission` is injected; see that module): at a run's
+Admission (when a :class:`router.server.admission.LiveAdmission` is injected; see that module): at a run's
 first step (``RunState.admitted`` unset) whose policy decision is local, the run is admitted
 (``admit-local``: it holds a slot in the store's shared counter until it ends), spilled (all its
 steps go to the frontier, reason ``admission-spill-*`` on the first step and ``admission-spilled``
@@ -66,11 +66,11 @@ from starlette.responses import Response
 
 from features.prefix import RunPrefix, StepView
 from models.types import Predictions
-from router.errors import ProxyError, error_body, error_response
-from router.identity import run_id_for
 from router.policy.admission import PRIORITIES
 from router.policy.types import BackendState, Decision, RunState, Tier, apply_decision
-from router.upstream import UpstreamError
+from router.server.errors import ProxyError, error_body, error_response
+from router.server.identity import run_id_for
+from router.server.upstream import UpstreamError
 
 __all__ = ["Backend", "RunHistory", "Proxy", "rewrite_body"]
 
@@ -195,12 +195,12 @@ class _Step:
     tool_args: dict[int, str] = field(default_factory=dict)
     structured: bool = False
     admission: str | None = None  # first-step verdict (x-runroute-admission)
-    load_token: Any = None  # router.loadmodel.StepToken
+    load_token: Any = None  # router.server.admission.StepToken
     cache_start: float | None = None  # the backend's computed-token counter when the step was sent
 
 
 class Proxy:
-    """Owns the request path; built by :func:`router.app.create_app` from injected parts."""
+    """Owns the request path; built by :func:`router.server.app.create_app` from injected parts."""
 
     def __init__(
         self,

@@ -37,7 +37,7 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
 - ``scrape``: ``interval_s`` (each local replica's ``/metrics``; 0 turns scraping off),
   ``timeout_s``, ``unhealthy_after`` (consecutive failed scrapes before a replica is unhealthy).
 - ``store``: run-state store: ``kind`` (``memory`` | ``redis``), ``redis_url``, ``ttl_s``.
-- ``admission``: admission control at a run's first step (:mod:`router.loadmodel`,
+- ``admission``: admission control at a run's first step (:mod:`router.server.admission`,
   :mod:`router.policy.admission`); **on by default** with conservative figures derived from the
   local tier (see :class:`AdmissionSettings`), e.g. ``RUNROUTE_ADMISSION__ENABLED=false``,
   ``RUNROUTE_ADMISSION__SLO_SHORT_STEP_S=1.5``, ``RUNROUTE_ADMISSION__REPLICA_TOKENS_PER_S=4000``.
@@ -238,7 +238,7 @@ class AdmissionSettings(_Strict):
     ``metadata.tenant``); ``tenant_spill_limits`` / ``default_tenant_spill_limit`` (concurrently
     spilled runs per tenant; over it a shed run is rejected instead); ``counter_key`` (the store's
     admission counter); ``idle_release_s`` (unset: ``store.ttl_s``) and ``sweep_s`` (10; 0 = no
-    background sweep) bound slot leaks (see :mod:`router.loadmodel`); ``rate_tau_s`` (30) time
+    background sweep) bound slot leaks (see :mod:`router.server.admission`); ``rate_tau_s`` (30) time
     constant of the live rates, ``min_rate_steps`` (20) local steps before the measured per-run rate
     replaces the default; the arrival forecaster's ``forecast_bucket_s`` (60), ``forecast_alpha``
     (0.2), ``forecast_min_history_s`` (86400, then a daily profile); ``horizons_s`` (300, 900, 3600)

@@ -2,7 +2,7 @@
 
 Algorithm: every ``interval_s`` seconds, GET ``<replica root>/metrics`` for all replicas
 concurrently (timeout ``timeout_s``), parse the Prometheus text with
-:func:`router.metrics_parse.read_vllm_metrics` (the parser the vLLM conformance tests use; only
+:func:`router.server.metrics_parse.read_vllm_metrics` (the parser the vLLM conformance tests use; only
 series of the served ``model_name``, summed over label sets) and keep the latest values:
 
 - ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
@@ -29,9 +29,9 @@ import logging
 import time
 from dataclasses import dataclass
 
-from router.background import BackgroundTask
-from router.metrics_parse import MetricsParseError, read_vllm_metrics
-from router.upstream import Upstream, UpstreamError
+from router.server.background import BackgroundTask
+from router.server.metrics_parse import MetricsParseError, read_vllm_metrics
+from router.server.upstream import Upstream, UpstreamError
 
 __all__ = ["ReplicaStats", "Scraper"]
 

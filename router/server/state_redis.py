@@ -1,7 +1,7 @@
 """Run-state store in Redis (several router processes share run pins and admission counters),
 plus ``FallbackStore``, which keeps a router serving from local pins while Redis is down.
 
-``RedisStore`` (implements ``router.state.RunStateStore``):
+``RedisStore`` (implements ``router.server.state.RunStateStore``):
 - A run's state is one JSON string at ``{prefix}run:{run_id}``, written with ``SET .. PX ttl``, so an
   idle run expires ``ttl_s`` after its last ``put`` (``get`` does not refresh it, like InProcessStore).
 - Admission counters live at ``{prefix}adm:{key}``. ``try_admit`` runs one Lua script (read, compare
@@ -60,7 +60,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from router.policy.types import RunState
-from router.state import InProcessStore, RunStateStore
+from router.server.state import InProcessStore, RunStateStore
 
 __all__ = ["StoreUnavailable", "StoreReset", "RedisStore", "FallbackStore", "redis_url_from_env"]
 

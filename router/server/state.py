@@ -10,7 +10,7 @@ Interface (all async, so the Redis implementation never blocks the event loop):
 fallback uses it to give pins back to a Redis that lost its data.
 
 ``InProcessStore`` is the embedded default (one router process). The Redis store (several router
-replicas) lives in ``router.state_redis`` and implements the same interface.
+replicas) lives in ``router.server.state_redis`` and implements the same interface.
 Idle runs expire after ``ttl_s`` seconds without a ``put``.
 """
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from models.types import Predictions
-from router.background import BackgroundTask
+from router.server.background import BackgroundTask
 
 __all__ = ["Serving", "BundleHolder", "ConstantServingPredictor", "load_bundle"]
 

@@ -2,11 +2,11 @@
 
 Parts (each injectable for tests; built from settings otherwise):
 
-- ``upstream``: :class:`router.upstream.AiohttpUpstream` (one pooled session per tier);
-- ``store``: run-state store (:class:`router.state.InProcessStore`, or the Redis store);
+- ``upstream``: :class:`router.server.upstream.AiohttpUpstream` (one pooled session per tier);
+- ``store``: run-state store (:class:`router.server.state.InProcessStore`, or the Redis store);
 - ``bundle``: a predictor (``ModelBundle`` or any ``predict(prefix) -> Predictions`` object); when
   not given it is loaded from ``settings.bundle`` at start-up (a failure stops the start-up with
-  the bundle's one-line error) and hot-reloaded by :mod:`router.bundle_watch`;
+  the bundle's one-line error) and hot-reloaded by :mod:`router.server.bundles`;
 - the policy is always built from ``settings.policy`` by ``router.policy.config.build_policy``
   with the bundle (thresholds not set in config come from the bundle).
 
@@ -15,7 +15,7 @@ by crashed processes into Parquet), loads the bundle, starts the /metrics scrape
 watcher; on shutdown it stops them, closes the sessions and rolls the run log into Parquet.
 
 Admission (``settings.admission``, on by default when a local tier exists): a
-:class:`router.loadmodel.LiveAdmission` over a :class:`router.loadmodel.LoadModel`, the store and the
+:class:`router.server.admission.LiveAdmission` over a :class:`router.server.admission.LoadModel`, the store and the
 scraper's health; ``admission_budget_hook`` (``tenant -> bool``) replaces the per-tenant spill
 budget built from settings. Its idle sweep starts and stops with the lifespan.
 
@@ -44,15 +44,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from router.bundle_watch import BundleHolder, ConstantServingPredictor
-from router.errors import ProxyError, error_response
-from router.metrics import RouterMetrics
 from router.policy.types import BackendState, RunState
-from router.proxy import Backend, Proxy
-from router.runlog_writer import RunLogWriter
-from router.scrape import Scraper
-from router.settings import RouterSettings
-from router.upstream import AiohttpUpstream, Upstream, UpstreamError
+from router.server.bundles import BundleHolder, ConstantServingPredictor
+from router.server.errors import ProxyError, error_response
+from router.server.metrics import RouterMetrics
+from router.server.proxy import Backend, Proxy
+from router.server.runlog_writer import RunLogWriter
+from router.server.scrape import Scraper
+from router.server.settings import RouterSettings
+from router.server.upstream import AiohttpUpstream, Upstream, UpstreamError
 
 __all__ = ["create_app", "make_backends", "serve_in_thread"]
 
@@ -141,11 +141,11 @@ def make_backends(s: RouterSettings) -> list[Backend]:
 def _make_store(s: RouterSettings) -> Any:
     """``memory``: InProcessStore. ``redis``: RedisStore behind FallbackStore (keeps serving from
     local pins while Redis is down, resyncs when it returns)."""
-    from router.state import InProcessStore
+    from router.server.state import InProcessStore
 
     if s.store.kind == "memory":
         return InProcessStore(ttl_s=s.store.ttl_s)
-    from router.state_redis import FallbackStore, RedisStore
+    from router.server.state_redis import FallbackStore, RedisStore
 
     return FallbackStore(
         RedisStore(
@@ -446,11 +446,11 @@ def create_app(
 def _make_admission(
     s: RouterSettings, store: Any, scraper: Scraper, backends: list[Backend], budget_hook: Any
 ) -> Any:
-    """The live admission of this app (None without a local tier); see router.loadmodel."""
+    """The live admission of this app (None without a local tier); see router.server.admission."""
     if s.local is None:
         return None
-    from router.capacity import ArrivalForecaster
-    from router.loadmodel import LiveAdmission, LoadModel, TenantSpillBudget
+    from router.core.capacity import ArrivalForecaster
+    from router.server.admission import LiveAdmission, LoadModel, TenantSpillBudget
 
     a = s.admission
     local = [b.name for b in backends if b.tier == "local"]
