@@ -66,6 +66,7 @@ __all__ = [
     "iter_prefixes",
     "iter_frame_prefixes",
     "step_views",
+    "steps_columns",
 ]
 
 FEATURE_SPEC_VERSION = "fs-1"
@@ -377,10 +378,14 @@ _STEP_COLUMNS = (
     "latency_s",
     "structured",
     "tier",
+    "prompt_tokens_est",
+    "n_tools_offered",
+    "wants_json",
 )
 
 
-def _columns(steps: pd.DataFrame) -> dict[str, list[Any]]:
+def steps_columns(steps: pd.DataFrame) -> dict[str, list[Any]]:
+    """The step columns the prefix builders read, as Python lists (missing columns: None)."""
     n = len(steps)
     return {c: (steps[c].tolist() if c in steps.columns else [None] * n) for c in _STEP_COLUMNS}
 
@@ -414,21 +419,26 @@ def _run_prefixes(
     # one running aggregate for the run: prefix j gets it folded over views[:j], then it moves on
     # (an earlier prefix extracted later finds it stale and falls back to the full scan)
     agg = StepAggregate()
+    est, tools, wants = cols["prompt_tokens_est"], cols["n_tools_offered"], cols["wants_json"]
     for j, v in enumerate(views):
         if j:
             agg.add(views[j - 1])
+        i = lo + j
+        # what the router saw before generation: its own estimate when it logged one (router logs),
+        # else the logged count (imported traces: what a tokenizer gives)
+        seen = _opt_int(est[i])
         yield RunPrefix(
             run_id=run_id,
             steps=views[:j],
             run_started_s=started,
             now_s=v.arrival_s,
-            new_prompt_tokens=v.prompt_tokens,
+            new_prompt_tokens=v.prompt_tokens if seen is None else seen,
             new_tool_results_n=v.tool_results_n,
             new_tool_result_errors=v.tool_result_errors,
             new_tool_result_tokens=v.tool_result_tokens,
             new_tool_pause_s=v.tool_pause_s,
-            new_n_tools_offered=0,  # not in the run log (request bodies are not stored)
-            new_wants_json=False,
+            new_n_tools_offered=_opt_int(tools[i]) or 0,  # null in imported traces (no bodies stored)
+            new_wants_json=bool(_opt(wants[i]) or False),
             local_cache_pressure=None,
             aggregate=agg,
         )
@@ -438,10 +448,12 @@ def iter_prefixes(run_steps: pd.DataFrame, run_started_s: float | None = None) -
     """One :class:`RunPrefix` per logged step k of ONE run (rows sorted by ``step`` here).
 
     Prefix k holds steps < k as :class:`StepView` and takes its ``new_*`` fields from step k's own
-    row. ``run_started_s`` defaults to the first step's ``arrival_s`` (what the router sees: the
-    run starts when its first request arrives). Fields the run log does not store
-    (``new_n_tools_offered``, ``new_wants_json``, ``local_cache_pressure``) keep their defaults;
-    callers that know them (the dataset builder's cache replay) set them on the yielded prefix.
+    row: ``new_prompt_tokens`` is the router's logged estimate (``prompt_tokens_est``) when present,
+    else ``prompt_tokens``; ``new_n_tools_offered`` / ``new_wants_json`` are read from the row when
+    logged (router logs), else 0 / False. ``run_started_s`` defaults to the first step's
+    ``arrival_s`` (what the router sees: the run starts when its first request arrives).
+    ``local_cache_pressure`` is not stored; callers that know it (the dataset builder's cache
+    replay) set it on the yielded prefix.
     """
     if len(run_steps) == 0:
         return
@@ -449,7 +461,7 @@ def iter_prefixes(run_steps: pd.DataFrame, run_started_s: float | None = None) -
     if len(ids) != 1:
         raise ValueError(f"iter_prefixes expects the steps of one run, got {len(ids)} run_ids")
     ordered = run_steps.sort_values("step", kind="stable")
-    yield from _run_prefixes(_columns(ordered), 0, len(ordered), run_started_s)
+    yield from _run_prefixes(steps_columns(ordered), 0, len(ordered), run_started_s)
 
 
 def iter_frame_prefixes(
@@ -463,7 +475,7 @@ def iter_frame_prefixes(
     n = len(steps)
     if n == 0:
         return
-    cols = _columns(steps)
+    cols = steps_columns(steps)
     rid = cols["run_id"]
     lo = 0
     while lo < n:

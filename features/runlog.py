@@ -286,6 +286,8 @@ def _validate(df: pd.DataFrame) -> dict[int, str]:
         "completion_tokens",
         "tool_results_n",
         "n_steps",
+        "prompt_tokens_est",
+        "n_tools_offered",
     ):
         v = _num(df[c])
         bad_type = (~_isnull(df[c])) & v.isna().to_numpy()
@@ -295,6 +297,14 @@ def _validate(df: pd.DataFrame) -> dict[int, str]:
         v = _num(df[c])
         flag((~_isnull(df[c])) & v.isna().to_numpy(), f"'{c}' is not a number")
         flag((v < 0).fillna(False).to_numpy(), f"negative '{c}'")
+    prop = _num(df["propensity"])
+    flag((~_isnull(df["propensity"])) & prop.isna().to_numpy(), "'propensity' is not a number")
+    flag(((prop < 0) | (prop > 1)).fillna(False).to_numpy(), "'propensity' must be in [0, 1]")
+    proto = df["protocol"].astype(object).to_numpy()
+    flag(
+        ~_isnull(df["protocol"]) & ~np.isin(proto, ["chat", "responses", "messages"]),
+        "protocol must be chat, responses or messages",
+    )
     flag(is_rate & (_num(df["duration_s"]) <= 0).fillna(False).to_numpy(), "'duration_s' must be > 0")
     pt, ct = _num(df["prompt_tokens"]), _num(df["cached_tokens"])
     flag((ct > pt).fillna(False).to_numpy(), "cached_tokens > prompt_tokens")

@@ -113,6 +113,15 @@ class Step(_Base):
     predictions: dict[str, float] | None = None
     decision: str | None = None
     reason: str | None = None
+    # the request fields the features read (router logs; null for imported traces)
+    prompt_tokens_est: NonNegInt | None = None  # the router's estimate before generation (features.tokens)
+    n_tools_offered: NonNegInt | None = None
+    wants_json: bool | None = None
+    protocol: Literal["chat", "responses", "messages"] | None = None
+    admission: str | None = None  # first-step admission verdict: admit-local | spill | reject | frontier
+    # the logging policy's probability of the decision taken (1.0 = deterministic) and whether it explored
+    propensity: float | None = Field(default=None, ge=0.0, le=1.0)
+    explore: bool | None = None
     prompt_text: str | None = None
 
     @model_validator(mode="after")
@@ -198,6 +207,13 @@ ARROW_SCHEMA = pa.schema(
         ("predictions", pa.map_(pa.string(), pa.float64())),
         ("decision", pa.string()),
         ("reason", pa.string()),
+        ("prompt_tokens_est", pa.int64()),
+        ("n_tools_offered", pa.int64()),
+        ("wants_json", pa.bool_()),
+        ("protocol", pa.string()),
+        ("admission", pa.string()),
+        ("propensity", pa.float64()),
+        ("explore", pa.bool_()),
         ("prompt_text", pa.string()),
         ("client", pa.string()),
         ("start_s", pa.float64()),

@@ -191,6 +191,10 @@ class ModelBundle:
         self._buf[0, :] = row
         return self._predict_buf()
 
+    def predict_batch(self, X: np.ndarray) -> list[Predictions]:
+        """Predictions for each row of ``X`` (same values as :meth:`predict_features` row by row)."""
+        return [self.predict_features(row) for row in np.asarray(X, dtype=np.float64)]
+
     def _predict_buf(self) -> Predictions:
         esc, cache_p, steps_p, toks_p = self._fast or self._prepare_fast()
         x = self._buf

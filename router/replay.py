@@ -1,17 +1,15 @@
 """Decision replay: walk logged runs step by step through one or more policies, without timing.
 
-Algorithm: for every run of a run log (steps sorted by run and step), for every logged step k:
-
-1. rebuild the prefixes the router would have seen (:func:`features.extract.iter_frame_prefixes`,
-   the same code path as training and serving), extract each step's features once and predict
-   once per step; predictions do not depend on the policy, so all policies share them. The
-   predictor is asked once per run when it offers ``predict_batch(X) -> list[Predictions]`` (one
-   vectorised model call per run), else ``predict_features(x)`` per step (a ``ModelBundle``), else
-   ``predict(prefix)``;
-2. for each policy: set each synthetic backend's ``warm_prefix_tokens`` to what this policy's
-   earlier choices left cached for the run, build the snapshot (:func:`build_snapshot`, with the
-   run's ``needs_frontier`` label for the oracle), ``decide``, ``apply_decision`` to the policy's own
-   :class:`RunState`, and account the step.
+Algorithm: for every run of a run log (steps sorted by run and step) and every policy, each logged
+step k goes through the step engine (:class:`router.core.engine.StepEngine`, the sidecar's and the
+simulator's code): the logged step as a :class:`~router.core.record.StepRequest` (prompt tokens,
+tool results, tools offered, JSON wanted, the logged tool pause, the run's ``needs_frontier``
+label for the oracle), ``engine.plan`` (prefix, features, ``predictor.predict_features``, snapshot,
+``decide``), ``engine.commit`` to the policy's own :class:`RunState`, then ``engine.finish`` with
+the logged output, so the next step's features see this policy's own history (its tiers, its
+switches, the prefix it kept warm), as they would live. Time is the log's: a step arrives at its
+``arrival_s`` and ends ``latency_s`` later (so the engine's tool pause is the logged one); a log
+without timestamps gives no time features, as in training. No admission (no load in a replay).
 
 Backends are synthetic and static (no load, never unhealthy): ``n_local`` local replicas serving
 the weak model plus one frontier, priced with the router's config defaults
@@ -43,17 +41,19 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from features.prefix import RunPrefix
+from features.prefix import StepView
 from features.runlog import RunLog
-from models.types import Predictions
-from router.policy.snapshot import build_snapshot
-from router.policy.types import BackendState, Policy, RunState, apply_decision
+from router.core.engine import StepEngine
+from router.core.record import StepRequest, StepResult
+from router.core.runs import RunTrack
+from router.core.tiers import FRONTIER_DEFAULTS, LOCAL_DEFAULTS
+from router.policy.types import BackendState, Policy, RunState
 
 __all__ = ["default_backends", "replay", "PolicyTally"]
 
@@ -61,37 +61,32 @@ __all__ = ["default_backends", "replay", "PolicyTally"]
 def default_backends(
     local_model: str = "local-model", frontier_model: str = "frontier-model", n_local: int = 2
 ) -> list[BackendState]:
-    """``n_local`` local replicas + one frontier, priced from the router's config defaults.
-
-    Local: context, prefill and TTFT terms from ``router.server.settings.LocalTier``; ``price_in_per_m`` holds
-    the GPU price in USD per GPU-hour (0 here: the policy's ``local_gpu_usd_per_hour`` applies).
-    Frontier: context, prices and TTFT from ``router.server.settings.FrontierTier``.
-    """
-    from router.server.settings import FrontierTier, LocalTier
-
-    lf, ff = LocalTier.model_fields, FrontierTier.model_fields
+    """``n_local`` local replicas + one frontier, with the tiers' defaults (:mod:`router.core.tiers`:
+    what an unset field of the sidecar's settings means). The local GPU price is left 0 (the
+    policy's ``local_gpu_usd_per_hour`` applies)."""
     if n_local < 0:
         raise ValueError("n_local must be >= 0")
+    lf, ff = LOCAL_DEFAULTS, FRONTIER_DEFAULTS
     locals_ = [
         BackendState(
             name=f"local-{i}",
             tier="local",
             model=local_model,
-            max_context=int(lf["max_context"].default),
-            prefill_s_per_token=float(lf["prefill_s_per_token"].default),
-            ttft_base_s=float(lf["ttft_base_s"].default),
+            max_context=int(lf["max_context"]),
+            prefill_s_per_token=float(lf["prefill_s_per_token"]),
+            ttft_base_s=float(lf["ttft_base_s"]),
         )
         for i in range(n_local)
     ]
     frontier = BackendState(
-        name=str(ff["name"].default),
+        name=str(ff["name"]),
         tier="frontier",
         model=frontier_model,
-        max_context=int(ff["max_context"].default),
-        price_in_per_m=float(ff["price_in_per_m"].default),
-        price_cached_in_per_m=float(ff["price_cached_in_per_m"].default),
-        price_out_per_m=float(ff["price_out_per_m"].default),
-        ttft_base_s=float(ff["ttft_base_s"].default),
+        max_context=int(ff["max_context"]),
+        price_in_per_m=float(ff["price_in_per_m"]),
+        price_cached_in_per_m=float(ff["price_cached_in_per_m"]),
+        price_out_per_m=float(ff["price_out_per_m"]),
+        ttft_base_s=float(ff["ttft_base_s"]),
     )
     return [*locals_, frontier]
 
@@ -195,12 +190,12 @@ def replay(
 ) -> dict[str, Any]:
     """Replay ``runlog`` through ``policies``; returns the report dict (module docstring).
 
-    ``predictor``: anything with ``predict(prefix) -> Predictions`` (a ``ModelBundle``, a
+    ``predictor``: a :class:`models.predictor.Predictor` (a ``ModelBundle``, a
     ``ConstantPredictor``). ``weak_model``: replay only runs whose ``model`` is this (the local
     model, e.g. ``gpt-oss-120b`` in the tau2 pairs); it also names the local backends' model.
     ``backends``: the synthetic backend list (default :func:`default_backends`).
     """
-    from features.extract import FEATURE_NAMES, extract, iter_frame_prefixes
+    from features.extract import step_views, steps_columns
 
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
@@ -218,29 +213,33 @@ def replay(
     if not template:
         raise ValueError("replay needs at least one backend")
     n = len(steps)
-    completion = steps["completion_tokens"].to_numpy(dtype=np.int64) if n else np.zeros(0, np.int64)
+    cols = steps_columns(steps) if n else {}
     reuse_col = (
         steps["prefix_reuse_tokens"].to_numpy(dtype=np.float64, na_value=np.nan)
         if n and "prefix_reuse_tokens" in steps.columns
         else np.full(n, np.nan)
     )
+    engine = StepEngine(max_steps=1 << 30)
     tallies = [PolicyTally(name=p.name) for p in policies]
-    # per policy: its own backend copies (their warm tokens differ between policies)
-    pbackends = [[replace(b) for b in template] for _ in policies]
     frontier_prices = {b.name: b for b in template if b.tier == "frontier"}
-    for chunk in _run_chunks(iter_frame_prefixes(steps, started)):
-        run_id = chunk[0][1].run_id
-        label = labels.get(run_id)
-        x = np.stack([extract(prefix) for _, prefix in chunk])
-        preds = _predict_run(predictor, chunk, x)
-        feats = [dict(zip(FEATURE_NAMES, row_x, strict=True)) for row_x in x.tolist()]
+    rid = cols.get("run_id", [])
+    lo = 0
+    while lo < n:
+        hi = lo + 1
+        while hi < n and rid[hi] == rid[lo]:
+            hi += 1
+        run_id = str(rid[lo])
+        views = [step_views(cols, i) for i in range(lo, hi)]
+        extra = [_request_fields(cols, i) for i in range(lo, hi)]
+        start = started.get(run_id, views[0].arrival_s)
         for i, policy in enumerate(policies):
             _replay_run(
-                policy, tallies[i], pbackends[i], frontier_prices, chunk, preds, feats, label,
-                completion, reuse_col,
+                engine, policy, predictor, tallies[i], template, frontier_prices, run_id, start,
+                views, extra, reuse_col[lo:hi], labels.get(run_id),
             )  # fmt: skip
+        lo = hi
     present = set(steps["run_id"].astype(str)) if n else set()
-    labelled = [v for rid, v in labels.items() if v is not None and rid in present]
+    labelled = [v for r, v in labels.items() if v is not None and r in present]
     return {
         "runs": tallies[0].runs if tallies else 0,
         "steps": n,
@@ -252,64 +251,87 @@ def replay(
     }
 
 
-def _run_chunks(it: Iterator[tuple[int, RunPrefix]]) -> Iterator[list[tuple[int, RunPrefix]]]:
-    """Group ``(row, prefix)`` pairs of consecutive rows into one list per run."""
-    chunk: list[tuple[int, RunPrefix]] = []
-    for row, prefix in it:
-        if chunk and prefix.run_id != chunk[0][1].run_id:
-            yield chunk
-            chunk = []
-        chunk.append((row, prefix))
-    if chunk:
-        yield chunk
+def _request_fields(cols: dict[str, list[Any]], i: int) -> tuple[int, int, bool]:
+    """``(prompt tokens the router saw, tools offered, JSON wanted)`` of logged row ``i``."""
+    import pandas as pd
 
-
-def _predict_run(predictor: Any, chunk: list[tuple[int, RunPrefix]], x: np.ndarray) -> list[Predictions]:
-    """Predictions for every step of one run: one batched call when the predictor offers
-    ``predict_batch(X)``, else ``predict_features`` per row, else ``predict(prefix)``."""
-    batch = getattr(predictor, "predict_batch", None)
-    if batch is not None:
-        return list(batch(x))
-    fast = getattr(predictor, "predict_features", None)
-    if fast is not None:
-        return [fast(x[j]) for j in range(len(chunk))]
-    return [predictor.predict(prefix) for _, prefix in chunk]
+    est, tools, wants = cols["prompt_tokens_est"][i], cols["n_tools_offered"][i], cols["wants_json"][i]
+    prompt = int(cols["prompt_tokens"][i]) if est is None or pd.isna(est) else int(est)
+    n_tools = 0 if tools is None or pd.isna(tools) else int(tools)
+    return prompt, n_tools, bool(wants) if wants is not None and not pd.isna(wants) else False
 
 
 def _replay_run(
+    engine: StepEngine,
     policy: Policy,
+    predictor: Any,
     t: PolicyTally,
-    bks: list[BackendState],
+    template: list[BackendState],
     frontier_prices: dict[str, BackendState],
-    chunk: list[tuple[int, RunPrefix]],
-    preds: list[Predictions],
-    feats: list[dict[str, float]],
+    run_id: str,
+    start: float | None,
+    views: list[StepView],
+    extra: list[tuple[int, int, bool]],
+    reuse: np.ndarray,
     label: bool | None,
-    completion: np.ndarray,
-    reuse_col: np.ndarray,
 ) -> None:
-    """Decide every step of one run with ``policy``; add the run's figures to ``t``."""
-    run_id = chunk[0][1].run_id
+    """Decide every step of one run with ``policy`` through the engine; add its figures to ``t``."""
     st = RunState(run_id=run_id)
+    track = RunTrack.new(run_id, start)  # type: ignore[arg-type]
     wm: dict[str, int] = {}  # backend -> tokens of this run's context left cached there
     esc_step: int | None = None
     tier_sw = 0
     last_tier: str | None = None
-    for j, (row, prefix) in enumerate(chunk):
-        k = len(prefix.steps)
-        prompt = int(prefix.new_prompt_tokens)
-        ru = reuse_col[row]
+    for k, v in enumerate(views):
+        prompt, n_tools, wants = extra[k]
+        ru = reuse[k]
         reusable = (prompt if k > 0 else 0) if math.isnan(ru) else min(int(ru), prompt)
-        done = prompt + int(completion[row])
-        for b in bks:
-            b.warm_prefix_tokens = wm.get(b.name, 0)
-        snap = build_snapshot(st, prefix, preds[j], bks, label_needs_frontier=label, features=feats[j])
-        d = policy.decide(snap)
-        apply_decision(st, d, k)
-        t.steps += 1
-        t.reasons[d.reason] += 1
+        req = StepRequest(
+            prompt_tokens=prompt,
+            tool_results_n=v.tool_results_n,
+            tool_result_errors=v.tool_result_errors,
+            tool_result_tokens=v.tool_result_tokens,
+            n_tools_offered=n_tools,
+            wants_json=wants,
+            label_needs_frontier=label,
+        )
+        plan = engine.plan(
+            st,
+            track,
+            req,
+            [replace(b) for b in template],
+            now=v.arrival_s,
+            policy=policy,
+            predictor=predictor,
+        )
+        d = plan.decision
+        engine.commit(plan, st, track, None)
         warm = min(wm.get(d.backend, 0), reusable)
         tier = d.tier
+        done = prompt + v.completion_tokens
+        engine.finish(
+            plan,
+            track,
+            StepResult(
+                status=200,
+                prompt_tokens=v.prompt_tokens,
+                cached_tokens=warm if warm else (0 if tier == "local" else None),
+                completion_tokens=v.completion_tokens,
+                tool_calls=v.tool_calls,
+                tool_call_keys=v.tool_call_keys,
+                latency_s=v.latency_s,
+                structured=v.structured,
+            ),
+            now=(v.arrival_s + v.latency_s)
+            if v.arrival_s is not None and v.latency_s is not None
+            else v.arrival_s,
+            tier=tier,
+            replica=d.backend,
+            model=d.model,
+            record=False,
+        )
+        t.steps += 1
+        t.reasons[d.reason] += 1
         t.warm[tier] += warm
         t.reprefill[tier] += reusable - warm
         t.new_prefill[tier] += prompt - reusable

@@ -79,10 +79,12 @@ def test_settings_derive_conservative_defaults_and_env_overrides(monkeypatch):
     s = RouterSettings.load(None, local={"urls": ["http://127.0.0.1:1"]}, policy={"kind": "always-local"})
     assert s.admission.enabled  # on by default
     cfg = s.admission.controller_config(s.local)
-    # 0.02 + 512 x 1e-4 + 64 x 0.01; 32 slots / 0.01 s per token
-    assert cfg.base_short_step_s == pytest.approx(0.7112)
-    assert cfg.replica_tokens_per_s == pytest.approx(3200)
-    assert s.admission.derived_prefill_weight(s.local) == pytest.approx(0.01)
+    # 0.02 + 512 x 1e-4 + 64 x 0.01; 32 slots / 0.01 s per token; 1e-4 x 32 / 0.01 (amortised GPU time)
+    assert cfg.short_step_s == pytest.approx(0.7112)
+    assert cfg.tokens_per_s == pytest.approx(3200)
+    assert cfg.work_prefill_weight == pytest.approx(0.32)
+    # the controller config is the settings' own knobs (one definition), with the tier's terms filled in
+    assert cfg.slo_short_step_s == s.admission.slo_short_step_s and cfg.prefill_s_per_token == 1e-4
     monkeypatch.setenv("RUNROUTE_ADMISSION__ENABLED", "false")
     monkeypatch.setenv("RUNROUTE_ADMISSION__SLO_SHORT_STEP_S", "1.5")
     s2 = RouterSettings.load(None, local={"urls": ["http://127.0.0.1:1"]}, policy={"kind": "always-local"})
@@ -219,7 +221,7 @@ def test_capacity_recommends_more_replicas_as_arrivals_rise_and_fewer_as_they_fa
 def test_load_model_rates_inflight_work_and_remaining_time():
     from models.types import Predictions
     from router.core.capacity import ArrivalForecaster
-    from router.server.admission import LoadModel
+    from router.core.traffic import TrafficModel as LoadModel
 
     now = [0.0]
     lm = LoadModel(

@@ -14,10 +14,10 @@ import pytest
 
 from features.runlog import records_to_frame
 from features.schema import Run, Step
-from models.types import Predictions
-from router.policy.types import BackendState, Decision, Snapshot
+from router.core.runs import CacheReading, RunTrack
+from router.policy.types import Decision, Snapshot
 from router.server.metrics_parse import read_vllm_metrics
-from router.server.proxy import Backend, Proxy
+from router.server.proxy import Proxy
 from router.server.scrape import ReplicaStats
 from router.sim.arrivals import run_starts
 from router.sim.frontier import FrontierConfig
@@ -45,17 +45,6 @@ class To:
         return Decision(tier=be.tier, backend=be.name, model=be.model, reason="fixed")
 
 
-class Probe:
-    """Stand-in predictor recording (run, step, local_cache_pressure) of every prefix it sees."""
-
-    def __init__(self) -> None:
-        self.seen: dict[tuple[str, int], float | None] = {}
-
-    def predict(self, prefix) -> Predictions:  # type: ignore[no-untyped-def]
-        self.seen[(prefix.run_id, prefix.step_index)] = prefix.local_cache_pressure
-        return Predictions(p_frontier=0.0)
-
-
 def _workload(runs: list[tuple[float, list[tuple[int, int, float, list[int]]]]]) -> Workload:
     recs: list = []
     for i, (start, steps) in enumerate(runs):
@@ -76,12 +65,19 @@ def _workload(runs: list[tuple[float, list[tuple[int, int, float, list[int]]]]])
     return Workload.from_frames(df[df.record == "step"], df[df.record == "run"], block_tokens=512)
 
 
-def _simulate(w: Workload, policy, replicas: int) -> tuple[Probe, int]:  # type: ignore[no-untyped-def]
-    cfg = SimConfig(profile=PROF, frontier=FRONT, replicas=replicas, kv_cache_gb=0.1)
-    probe = Probe()
+def _simulate(w: Workload, policy, replicas: int) -> tuple[dict[tuple[str, int], float | None], int]:  # type: ignore[no-untyped-def]
+    """The ``local_cache_pressure`` every step saw, from the simulated run log the engine wrote."""
+    from features.extract import FEATURE_NAMES
+
+    cfg = SimConfig(profile=PROF, frontier=FRONT, replicas=replicas, kv_cache_gb=0.1, log_steps=True)
     starts = run_starts("trace", len(w.runs), logged_starts=w.logged_starts())
-    Simulator(w, policy, cfg, starts, predictor=probe).run()
-    return probe, cfg.kv_blocks()
+    res = Simulator(w, policy, cfg, starts).run()
+    i = FEATURE_NAMES.index("local_cache_pressure")
+    seen = {}
+    for rec in res.records or []:
+        v = rec.features[i]
+        seen[(rec.run_id, rec.step)] = None if np.isnan(v) else v
+    return seen, cfg.kv_blocks()
 
 
 def test_simulator_pressure_is_blocks_newly_cached_on_the_runs_replica_over_capacity() -> None:
@@ -94,10 +90,10 @@ def test_simulator_pressure_is_blocks_newly_cached_on_the_runs_replica_over_capa
     b = (10.0, [(3584, 1, 0.0, [1, 2, 10, 11, 12, 13, 14])])
     c = (20.0, [(1536, 1, 0.0, [20, 21, 22])])
     probe, cap = _simulate(_workload([a, b, c]), To("local-0", "local-0"), replicas=2)
-    assert probe.seen[("r000", 0)] is None and probe.seen[("r001", 0)] is None
-    assert probe.seen[("r000", 1)] == pytest.approx((5 + 3) / cap)  # here C ran on local-0 too
+    assert probe[("r000", 0)] is None and probe[("r001", 0)] is None
+    assert probe[("r000", 1)] == pytest.approx((5 + 3) / cap)  # here C ran on local-0 too
     probe2, cap2 = _simulate(_workload([a, b, c]), _Split(), replicas=2)
-    assert probe2.seen[("r000", 1)] == pytest.approx(5 / cap2)  # C's 3 blocks on local-1 do not count
+    assert probe2[("r000", 1)] == pytest.approx(5 / cap2)  # C's 3 blocks on local-1 do not count
 
 
 class _Split(To):
@@ -123,7 +119,7 @@ def test_simulator_pressure_matches_the_training_lru_replay_and_clips_at_one() -
     chains.update({("r001", k): list(s.chain) for k, s in enumerate(w.runs[1].steps)})
     _, pressure = lru_replay([chains[o] for o in order], [o[0] for o in order], np.full(5, 4096), cap, 512)
     for o, want in zip(order, pressure, strict=True):
-        got = probe.seen[o]
+        got = probe[o]
         assert (got is None and np.isnan(want)) or got == pytest.approx(want), o
     # a capacity smaller than the turnover clips at 1
     _, clipped = lru_replay([[1], [2, 3, 4, 5], [1]], ["a", "b", "a"], np.full(3, 4096), 2, 512)
@@ -133,76 +129,73 @@ def test_simulator_pressure_matches_the_training_lru_replay_and_clips_at_one() -
 # ------------------------------------------------------------------------------ live router
 
 
-def _proxy(kv_cache_tokens: int | None, stats: dict[str, ReplicaStats]) -> Proxy:
-    settings = SimpleNamespace(
-        server=SimpleNamespace(
-            client_keys=lambda: frozenset(), max_body_bytes=1 << 20, run_history_runs=10, run_history_steps=10
-        ),
-        local=SimpleNamespace(kv_cache_tokens=kv_cache_tokens),
-    )
-    return Proxy(
-        settings=settings,
-        upstream=None,
-        store=None,
-        holder=None,
-        scraper=SimpleNamespace(stats=stats),
-        writer=None,
-        metrics=None,
-        backends=[],
-    )
+def _reader(kv_cache_tokens: int | None, stats: dict[str, ReplicaStats]):  # type: ignore[no-untyped-def]
+    """The sidecar's cache reader (:meth:`Proxy.cache_reading`) over hand-set scrape figures."""
+    proxy = SimpleNamespace(scraper=SimpleNamespace(stats=stats), kv_cache_tokens=kv_cache_tokens)
+    return lambda name: Proxy.cache_reading(proxy, name)  # type: ignore[arg-type]
 
 
-def _end_step(proxy: Proxy, hist, backend: str, tier: str, sent_at: float | None, own: int) -> None:  # type: ignore[no-untyped-def]
-    ctx = SimpleNamespace(
-        hist=hist,
-        backend=Backend(backend, tier, "m", "http://x", {}, BackendState(backend, "local", "m")),
-        cache_start=sent_at,
-    )
-    proxy._cache_mark(ctx, own)  # type: ignore[arg-type]
+def _end_step(track: RunTrack, read, replica: str, tier: str, sent_at: float | None, own: int) -> None:  # type: ignore[no-untyped-def]
+    """What ``StepEngine.finish`` does with the cache at a step's end."""
+    local = tier == "local"
+    start = CacheReading(sent_at, None) if sent_at is not None else None
+    track.mark_cache(replica, local, read(replica if local else track.cache_replica or ""), start, own)
 
 
 def test_router_sets_pressure_from_scraped_counters() -> None:
     st = ReplicaStats("local-0", "http://x", prefix_queries=1000.0, prefix_hits=200.0, scraped=True)
     other = ReplicaStats("local-1", "http://y", prefix_queries=0.0, prefix_hits=0.0, scraped=True)
     st.cache_tokens = 10_000.0  # as read from vllm:cache_config_info
-    proxy = _proxy(None, {"local-0": st, "local-1": other})
-    hist = proxy.history("run-1", "header", 0.0)
-    body = {"messages": [{"role": "user", "content": "hi"}]}
+    stats = {"local-0": st, "local-1": other}
+    read = _reader(None, stats)
+    track = RunTrack.new("run-1", 0.0)
 
     def pressure() -> float | None:
-        return proxy._prefix("run-1", hist, body, b"x" * 40, 1.0).local_cache_pressure
+        return track.cache_pressure(read(track.cache_replica) if track.cache_replica else None)
 
     assert pressure() is None  # first step
     # step 0 served by local-0; the scrape before it showed 800 computed tokens, the step itself
     # computed 300 (prompt - cached) that no scrape has seen yet: the mark is 1100, not 800
-    _end_step(proxy, hist, "local-0", "local", 800.0, 300)
-    assert hist.cache_replica == "local-0" and hist.cache_mark == 1100.0
+    _end_step(track, read, "local-0", "local", 800.0, 300)
+    assert track.cache_replica == "local-0" and track.cache_mark == 1100.0
     assert pressure() == 0.0  # the scrape has not seen the step's own tokens yet: not turnover
     st.prefix_queries, st.prefix_hits = 4000.0, 400.0  # 3600 computed: 2500 newly since the mark
     other.prefix_queries = 1e9  # another replica's turnover is not this run's
     assert pressure() == pytest.approx(2500 / 10_000)
-    proxy.kv_cache_tokens = 5000  # local.kv_cache_tokens wins over the scraped size
+    read = _reader(5000, stats)  # local.kv_cache_tokens wins over the scraped size
     assert pressure() == pytest.approx(0.5)
     st.prefix_queries = 1e7  # more than a whole cache turned over: clipped
     assert pressure() == 1.0
     st.prefix_queries, st.prefix_hits = 10.0, 0.0  # counters went backwards: vLLM restarted
     assert pressure() == 1.0
     # a frontier step keeps the run's local replica and moves the mark to "now"
-    _end_step(proxy, hist, "frontier", "frontier", None, 500)
-    assert hist.cache_replica == "local-0" and hist.cache_mark == hist.cache_seen == 10.0
+    _end_step(track, read, "frontier", "frontier", None, 500)
+    assert track.cache_replica == "local-0" and track.cache_mark == track.cache_seen == 10.0
     assert pressure() == 0.0
-    proxy.kv_cache_tokens, st.cache_tokens = None, None  # capacity unknown: NaN feature
+    st.cache_tokens = None  # capacity unknown: NaN feature
+    read = _reader(None, stats)
     assert pressure() is None
 
 
 def test_router_pressure_is_unknown_before_any_local_step_or_scrape() -> None:
     st = ReplicaStats("local-0", "http://x", scraped=False)
-    proxy = _proxy(4096, {"local-0": st})
-    hist = proxy.history("r", "header", 0.0)
-    _end_step(proxy, hist, "frontier", "frontier", None, 100)  # only frontier so far
-    assert hist.cache_replica is None and proxy.cache_pressure(hist) is None
-    _end_step(proxy, hist, "local-0", "local", None, 100)  # local, but never scraped
-    assert hist.cache_replica == "local-0" and proxy.cache_pressure(hist) is None
+    read = _reader(4096, {"local-0": st})
+    track = RunTrack.new("r", 0.0)
+    _end_step(track, read, "frontier", "frontier", None, 100)  # only frontier so far
+    assert track.cache_replica is None and track.cache_pressure(None) is None
+    _end_step(track, read, "local-0", "local", None, 100)  # local, but never scraped
+    assert track.cache_replica == "local-0" and track.cache_pressure(read("local-0")) is None
+
+
+def test_simulator_readings_are_exact_and_epochs_mark_wipes() -> None:
+    """The node model's counter has no scrape lag (the step's own blocks are in it), and a wipe
+    (scale-to-zero) is a new epoch: pressure 1 at the run's next step."""
+    track = RunTrack.new("r", 0.0)
+    start = CacheReading(1000.0, 8192.0, 0, lags=False)
+    track.mark_cache("local-0", True, CacheReading(1512.0, 8192.0, 0, lags=False), start, 2000)
+    assert track.cache_mark == 1512.0  # not start + own tokens
+    assert track.cache_pressure(CacheReading(1512.0 + 4096.0, 8192.0, 0, lags=False)) == 0.5
+    assert track.cache_pressure(CacheReading(0.0, 8192.0, 1, lags=False)) == 1.0
 
 
 def test_cache_config_info_gives_the_capacity_and_the_fake_exposes_it() -> None:

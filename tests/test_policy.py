@@ -164,7 +164,7 @@ def test_cached_tokens_lost_on_the_local_replica_raise_the_switch_cost():
     pol = learned()
     cheap = pol.decide(snap(pinned(), 5, 0.6)).scores["switch_cost"]
     bks = backends()
-    bks[0] = replace(bks[0], price_in_per_m=3600.0)  # $3600/GPU-h: 1e-4 s/token -> $1e-4/token
+    bks[0] = replace(bks[0], gpu_usd_per_hour=3600.0)  # $3600/GPU-h: 1e-4 s/token -> $1e-4/token
     dear = pol.decide(snap(pinned(), 5, 0.6, bks=bks, cache_reuse_tokens=10000)).scores["switch_cost"]
     assert dear == pytest.approx(cheap + 10000 * 1e-4, rel=1e-6)
 

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from features.runlog import read_runlog, write_records
 from features.schema import Run, Step
+from models.predictor import FeaturePredictor
 from models.types import Predictions
 from router.policy import BackendState, build_policy
 from router.replay import default_backends, replay
@@ -32,11 +33,16 @@ P = {
 LABELS = {"pos-1": True, "neg-1": False, "unl-1": None, "big-1": None}
 
 
-class TablePredictor:
-    """Stand-in predictor: a p_frontier per (run, step), nothing else."""
+_BY_PROMPT = {pt: P[rid][k] for rid, prompts in PROMPTS.items() for k, pt in enumerate(prompts)}
 
-    def predict(self, prefix):
-        return Predictions(p_frontier=P[prefix.run_id][len(prefix.steps)])
+
+class TablePredictor(FeaturePredictor):
+    """Stand-in predictor: a p_frontier per (run, step) — keyed by the step's prompt size, unique here."""
+
+    def predict_features(self, x):
+        from features.extract import FEATURE_NAMES
+
+        return Predictions(p_frontier=_BY_PROMPT[int(x[FEATURE_NAMES.index("ctx_tokens")])])
 
 
 def _records():
@@ -285,32 +291,28 @@ def test_replay_command_with_a_real_bundle(runlog_path, tmp_path):
     }
 
 
-class FeaturePredictor:
-    """p from the step index feature: predict_features per row; BatchPredictor adds predict_batch."""
+class HistoryProbe(FeaturePredictor):
+    """Records the history features each step sees; p from the step index."""
+
+    def __init__(self):
+        self.seen: list[tuple[float, float]] = []
 
     def predict_features(self, x):
         from features.extract import FEATURE_NAMES
 
-        return Predictions(p_frontier=min(1.0, float(x[FEATURE_NAMES.index("step_index")]) / 4))
-
-    def predict(self, prefix):  # pragma: no cover - replay prefers predict_features
-        raise AssertionError("predict_features should have been used")
-
-
-class BatchPredictor(FeaturePredictor):
-    def __init__(self):
-        self.calls = 0
-
-    def predict_batch(self, x):
-        self.calls += 1
-        return [self.predict_features(row) for row in x]
+        idx = FEATURE_NAMES.index
+        self.seen.append((float(x[idx("step_index")]), float(x[idx("frontier_step_share")])))
+        return Predictions(p_frontier=min(1.0, float(x[idx("step_index")]) / 4))
 
 
-def test_batched_predictions_are_used_once_per_run_and_change_nothing(runlog_path):
+def test_replay_features_see_each_policys_own_history(runlog_path):
+    """Replay runs the step engine: a step's features hold the tiers this policy chose before it
+    (as live), not the tiers in the log; so the same log gives each policy its own history."""
     log = read_runlog(runlog_path)
-    per_row = replay(log, policies(), FeaturePredictor(), backends=BACKENDS)
-    batched_predictor = BatchPredictor()
-    batched = replay(log, policies(), batched_predictor, backends=BACKENDS)
-    assert batched_predictor.calls == len(PROMPTS)
-    assert batched == per_row
-    assert per_row["policies"]["per-step-threshold"]["escalation_rate"] == 1.0  # every run reaches step 2
+    local, frontier = HistoryProbe(), HistoryProbe()
+    replay(log, [build_policy({"kind": "always-local"})], local, backends=BACKENDS)
+    replay(log, [build_policy({"kind": "always-frontier"})], frontier, backends=BACKENDS)
+    assert all(share == 0.0 for _, share in local.seen)
+    assert all(share == (1.0 if k > 0 else 0.0) for k, share in frontier.seen)
+    per_step = replay(log, policies(), HistoryProbe(), backends=BACKENDS)
+    assert per_step["policies"]["per-step-threshold"]["escalation_rate"] == 1.0  # every run reaches step 2

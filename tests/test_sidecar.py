@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai import AsyncOpenAI, OpenAI
 
+from models.predictor import FeaturePredictor
 from router.fakes.launch import fake_in_thread
 from router.server.app import create_app, serve_in_thread
 from router.server.settings import RouterSettings
@@ -319,7 +320,7 @@ def test_sigkill_server_keeps_steps_older_than_one_second(tmp_path, fakes, bundl
     assert must <= have, sorted(must - have)
 
 
-class _SeqPredictor:
+class _SeqPredictor(FeaturePredictor):
     """Stand-in predictor: P(frontier) from a fixed sequence, indexed by the run's step."""
 
     version = "seq"
@@ -327,10 +328,12 @@ class _SeqPredictor:
     def __init__(self, ps: list[float]):
         self.ps = ps
 
-    def predict(self, prefix):
+    def predict_features(self, x):
+        from features.extract import FEATURE_NAMES
         from models.types import Predictions
 
-        return Predictions(p_frontier=self.ps[min(prefix.step_index, len(self.ps) - 1)])
+        k = int(x[FEATURE_NAMES.index("step_index")])
+        return Predictions(p_frontier=self.ps[min(k, len(self.ps) - 1)])
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -17,7 +17,7 @@ import pytest
 from models.predictor import ConstantPredictor
 from models.types import Predictions
 from router.server.app import create_app, serve_in_thread
-from router.server.proxy import rewrite_body
+from router.server.chat import rewrite_body
 from router.server.settings import RouterSettings, SettingsError
 from router.server.upstream import FakeCall, FakeReply, FakeUpstream, UpstreamError
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from features.runlog import records_to_frame
 from features.schema import Run, Step
+from router.policy.admission import AdmissionConfig, AdmissionController, AdmissionDecision
 from router.policy.types import Decision, Snapshot
 from router.sim.arrivals import run_starts
 from router.sim.frontier import FrontierConfig
@@ -100,8 +101,19 @@ def test_every_step_is_served_spilled_or_rejected_exactly_once(
 ):
     w, t0 = workload(runs, starts)
 
-    def admission(snap, load):
-        return ("admit-local", "spill", "reject")[zlib.crc32(f"{snap.run.run_id}{salt}".encode()) % 3]
+    class Mixed(AdmissionController):
+        """A stand-in controller: admit / spill / reject in a seeded pseudo-random mix."""
+
+        def __init__(self) -> None:
+            super().__init__(AdmissionConfig())
+            self.i = salt
+
+        def decide(self, load, priority="interactive", tenant=None):  # type: ignore[no-untyped-def]
+            self.i += 1
+            v = ("admit-local", "spill", "reject")[zlib.crc32(f"{self.i}".encode()) % 3]
+            return AdmissionDecision(v, v, 0.0, 0.0, 1.0 if v == "reject" else None)  # type: ignore[arg-type]
+
+    admission = Mixed()
 
     cfg = SimConfig(
         profile=PROF,

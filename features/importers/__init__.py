@@ -31,7 +31,6 @@ Shared conventions (documented once here, used by every trajectory importer):
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -66,10 +65,8 @@ SOURCES: dict[str, tuple[str, str]] = {
     "servegen": ("features.importers.servegen", "import_servegen"),
 }
 
-#: tokens added per chat message for role/format markers (OpenAI's cookbook counts 3-4)
-MESSAGE_OVERHEAD_TOKENS = 4
-#: characters per token for English/JSON text with BPE tokenizers (rule of thumb)
-CHARS_PER_TOKEN = 4.0
+# the one token estimate (shared with the sidecar): features.tokens
+from features.tokens import CHARS_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS, text_tokens  # noqa: E402
 
 _ERROR_RE = re.compile(r'^\s*(error\b|exception\b|traceback\b)|"error"\s*:', re.IGNORECASE)
 
@@ -123,9 +120,7 @@ def load_json_file(p: Path) -> Any:
 
 def estimate_tokens(text: str | None) -> int:
     """``ceil(len(text) / CHARS_PER_TOKEN)``; 0 for None/empty."""
-    if not text:
-        return 0
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
+    return text_tokens(len(text)) if text else 0
 
 
 def tool_call_key(name: str, arguments: Any) -> str:

@@ -30,9 +30,19 @@ Algorithm (pure; the caller supplies a :class:`LoadSnapshot`, no clock, no I/O):
    spilling is enabled and the tenant budget hook allows it; otherwise ``reject`` with a
    Retry-After estimated from how long until enough active runs finish.
 
-Knobs (:class:`AdmissionConfig`): ``enabled``, ``slo_short_step_s``, ``base_short_step_s``,
-``replica_tokens_per_s``, ``default_run_token_rate``, ``headroom`` (per priority, fraction of the
-SLO the prediction may reach), ``hysteresis``, ``spill``, ``retry_after_min_s``/``max_s``,
+Knobs (:class:`AdmissionConfig`, the one definition: the sidecar's settings extend it and the
+simulator derives it from its node profile): ``enabled``; ``slo_short_step_s`` (2.0); the local
+tier's speed, in *work tokens* (decode-token equivalents: ``completion + prefill_weight x uncached
+prompt``): ``decode_s_per_token`` (0.01, one sequence's decode time per token), ``replica_slots``
+(32, sequences a replica decodes at about that speed), ``prefill_s_per_token`` (1e-4) and
+``ttft_base_s`` (0.02) of the local tier; derived unless set: ``base_short_step_s`` (``ttft_base_s
++ 512 x prefill_s_per_token + 64 x decode_s_per_token``, an idle replica's short step),
+``replica_tokens_per_s`` (``replica_slots / decode_s_per_token``), ``prefill_weight``
+(``prefill_s_per_token x replica_slots / decode_s_per_token``: GPU time of a prefill token over that
+of a decode token amortised over a full batch, so ``work / replica_tokens_per_s`` is GPU time);
+``default_run_token_rate`` (20 work tokens/s per
+active run before history exists); ``headroom`` per priority (``interactive`` 0.9, ``batch`` 0.6 of
+the SLO), ``hysteresis`` (0.1), ``spill``, ``retry_after_min_s``/``max_s`` (1, 120),
 ``max_runs_per_replica`` (a hard cap independent of the latency model).
 """
 
@@ -43,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 __all__ = [
     "AdmissionConfig",
@@ -61,24 +71,69 @@ Verdict = Literal["admit-local", "spill", "reject"]
 
 
 class AdmissionConfig(BaseModel):
-    """Admission knobs (see the module docstring for the algorithm)."""
+    """Admission knobs (see the module docstring for the algorithm and each knob)."""
 
     enabled: bool = True
-    slo_short_step_s: float = Field(1.0, gt=0, description="per-step SLO for short steps (seconds)")
-    base_short_step_s: float = Field(0.2, gt=0, description="short-step latency on an idle replica")
-    replica_tokens_per_s: float = Field(20000.0, gt=0, description="sustainable local tokens/s per replica")
-    default_run_token_rate: float = Field(200.0, gt=0, description="tokens/s per active run before history")
+    slo_short_step_s: float = Field(default=2.0, gt=0, description="per-step SLO for short steps (seconds)")
+    decode_s_per_token: float = Field(default=0.01, gt=0, description="one sequence's decode time per token")
+    replica_slots: int = Field(
+        default=32, ge=1, description="sequences a replica decodes at about that speed"
+    )
+    prefill_s_per_token: float = Field(
+        default=1e-4, ge=0, description="local prefill time per uncached token"
+    )
+    ttft_base_s: float = Field(default=0.02, ge=0, description="local fixed time to first token")
+    base_short_step_s: float | None = Field(
+        default=None, gt=0, description="short-step latency on an idle replica (unset: derived)"
+    )
+    replica_tokens_per_s: float | None = Field(
+        default=None, gt=0, description="sustainable work tokens/s per replica (unset: derived)"
+    )
+    prefill_weight: float | None = Field(
+        default=None, ge=0, description="work tokens per uncached prefill token (unset: derived)"
+    )
+    default_run_token_rate: float = Field(
+        default=20.0, gt=0, description="work tokens/s per active run before history"
+    )
     headroom: dict[str, float] = Field(
         default_factory=lambda: {"interactive": 0.9, "batch": 0.6},
         description="fraction of the SLO the predicted latency may reach before a class sheds",
     )
     hysteresis: float = Field(
-        0.1, ge=0, lt=1, description="utilisation margin before a shedding class resumes"
+        default=0.1, ge=0, lt=1, description="utilisation margin before a shedding class resumes"
     )
     spill: bool = True
-    retry_after_min_s: float = 1.0
-    retry_after_max_s: float = 120.0
-    max_runs_per_replica: int | None = None
+    retry_after_min_s: float = Field(default=1.0, ge=0)
+    retry_after_max_s: float = Field(default=120.0, gt=0)
+    max_runs_per_replica: int | None = Field(default=None, ge=1)
+
+    @field_validator("headroom")
+    @classmethod
+    def _headroom(cls, v: dict[str, float]) -> dict[str, float]:
+        if "interactive" not in v or not all(0 < x <= 1 for x in v.values()):
+            raise ValueError("admission.headroom needs 'interactive' and values in (0, 1]")
+        return v
+
+    @property
+    def short_step_s(self) -> float:
+        """``base_short_step_s``, or its derivation from the local tier's speed."""
+        if self.base_short_step_s is not None:
+            return self.base_short_step_s
+        return self.ttft_base_s + 512 * self.prefill_s_per_token + 64 * self.decode_s_per_token
+
+    @property
+    def tokens_per_s(self) -> float:
+        """``replica_tokens_per_s``, or ``replica_slots / decode_s_per_token``."""
+        if self.replica_tokens_per_s is not None:
+            return self.replica_tokens_per_s
+        return self.replica_slots / self.decode_s_per_token
+
+    @property
+    def work_prefill_weight(self) -> float:
+        """``prefill_weight``, or ``prefill_s_per_token x replica_slots / decode_s_per_token``."""
+        if self.prefill_weight is not None:
+            return self.prefill_weight
+        return self.prefill_s_per_token * self.replica_slots / self.decode_s_per_token
 
 
 @dataclass(slots=True)
@@ -113,9 +168,9 @@ def predict_short_step_latency(
     rate = (
         load.run_token_rate if load.run_token_rate and load.run_token_rate > 0 else cfg.default_run_token_rate
     )
-    rho = (load.active_local_runs + extra_runs) * rate / (replicas * cfg.replica_tokens_per_s)
+    rho = (load.active_local_runs + extra_runs) * rate / (replicas * cfg.tokens_per_s)
     inflation = 1.0 / max(1.0 - rho, 0.02)
-    t = cfg.base_short_step_s * inflation + (load.waiting_requests / replicas) * cfg.base_short_step_s
+    t = cfg.short_step_s * inflation + (load.waiting_requests / replicas) * cfg.short_step_s
     return t, rho
 
 
@@ -131,16 +186,16 @@ def admissible_runs(cfg: AdmissionConfig, load: LoadSnapshot, priority: str = "i
         return 0
     head = cfg.headroom.get(priority, cfg.headroom.get("batch", min(cfg.headroom.values())))
     limit = cfg.slo_short_step_s * head
-    wait = (load.waiting_requests / load.healthy_replicas) * cfg.base_short_step_s
+    wait = (load.waiting_requests / load.healthy_replicas) * cfg.short_step_s
     n = 0
-    if limit > wait + cfg.base_short_step_s:
+    if limit > wait + cfg.short_step_s:
         rate = (
             load.run_token_rate
             if load.run_token_rate and load.run_token_rate > 0
             else cfg.default_run_token_rate
         )
-        rho_star = 1.0 - cfg.base_short_step_s / (limit - wait)
-        n = int(math.floor(rho_star * load.healthy_replicas * cfg.replica_tokens_per_s / rate + 1e-9))
+        rho_star = 1.0 - cfg.short_step_s / (limit - wait)
+        n = int(math.floor(rho_star * load.healthy_replicas * cfg.tokens_per_s / rate + 1e-9))
     if cfg.max_runs_per_replica is not None:
         n = min(n, cfg.max_runs_per_replica * load.healthy_replicas)
     return max(n, 0)
@@ -171,7 +226,7 @@ class AdmissionController:
         if priority not in self.shedding:
             priority = "batch"  # unknown classes are treated as the most sheddable
         replicas = max(load.healthy_replicas, 1)
-        wait = (load.waiting_requests / replicas) * cfg.base_short_step_s
+        wait = (load.waiting_requests / replicas) * cfg.short_step_s
         cap_hit = (
             cfg.max_runs_per_replica is not None
             and load.active_local_runs + 1 > cfg.max_runs_per_replica * max(load.healthy_replicas, 0)
@@ -180,7 +235,7 @@ class AdmissionController:
         # a flag never goes stale while only other classes arrive
         for cls in PRIORITIES:
             limit = self._limit(cls)
-            rho_star = 1.0 - cfg.base_short_step_s / max(limit - wait, 1e-9) if limit > wait else 0.0
+            rho_star = 1.0 - cfg.short_step_s / max(limit - wait, 1e-9) if limit > wait else 0.0
             if self.shedding[cls]:
                 self.shedding[cls] = rho > rho_star - cfg.hysteresis or cap_hit
             else:

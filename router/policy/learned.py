@@ -20,8 +20,8 @@ Algorithm (one call per step; pure, state only through ``snapshot.run``):
                  + (ctx - warm_L) * l_pf + latency_usd_per_s * ttft_base_s_L  local cold prefill
 
    ``ctx`` is the new request's prompt tokens; ``warm_*`` the run's prefix tokens already cached
-   on the target side. A local backend's ``price_in_per_m`` is read as USD per GPU-hour (see
-   ``BackendState``); 0 means "use ``local_gpu_usd_per_hour``".
+   on the target side. A local backend's price is its ``gpu_usd_per_hour`` (see ``BackendState``);
+   0 means "use ``local_gpu_usd_per_hour``".
 3. First step (no pin): frontier iff ``p >= up`` and ``benefit > 0`` (``first-frontier``), else
    local (``first-local``); the replica is picked by filter -> score -> pick
    (:mod:`router.policy.filters`).
@@ -139,7 +139,7 @@ class LearnedPolicy:
         local, frontier = self._sides(snap)
         lat = self.latency_usd_per_s
         if local is not None:
-            gpu = local.price_in_per_m if local.price_in_per_m > 0 else self.local_gpu_usd_per_hour
+            gpu = local.gpu_usd_per_hour if local.gpu_usd_per_hour > 0 else self.local_gpu_usd_per_hour
             l_pf = local.prefill_s_per_token * (gpu / 3600.0 + lat)
             warm_l = min(local.warm_prefix_tokens, ctx)
             l_ttft = local.ttft_base_s

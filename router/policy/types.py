@@ -32,13 +32,15 @@ class BackendState:
     waiting: int = 0  # queued (vllm:num_requests_waiting)
     kv_usage: float = 0.0  # 0-1 (vllm:kv_cache_usage_perc)
     warm_prefix_tokens: int = 0  # tokens of this run's prefix believed cached on this backend
-    # prices in USD per 1M tokens (frontier) / per GPU-hour (local)
+    # token prices in USD per 1M tokens (a frontier API; 0 for a local replica)
     price_in_per_m: float = 0.0
     price_cached_in_per_m: float = 0.0
     price_out_per_m: float = 0.0
     # latency model terms (seconds), used to price prefill/cold start
     prefill_s_per_token: float = 0.0
     ttft_base_s: float = 0.0
+    # a local replica's price in USD per GPU-hour (0 = the policy's ``local_gpu_usd_per_hour``)
+    gpu_usd_per_hour: float = 0.0
 
 
 @dataclass(slots=True)
@@ -85,6 +87,10 @@ class Decision:
     scores: dict[str, float] = field(default_factory=dict)
     switched: bool = False  # tier or replica changed from the run's pin
     shadow: Decision | None = None  # what a shadow policy would have done
+    # the probability with which the deciding policy takes this decision (1.0: deterministic) and
+    # whether it was a randomised (exploration) choice; logged with every step for off-policy evaluation
+    propensity: float = 1.0
+    explore: bool = False
 
 
 @runtime_checkable

@@ -34,7 +34,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -44,8 +44,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from models.predictor import ConstantPredictor
+from router.core.engine import StepEngine
 from router.policy.types import BackendState, RunState
-from router.server.bundles import BundleHolder, ConstantServingPredictor
+from router.server.bundles import BundleHolder
 from router.server.errors import ProxyError, error_response
 from router.server.metrics import RouterMetrics
 from router.server.proxy import Backend, Proxy
@@ -116,6 +118,7 @@ def make_backends(s: RouterSettings) -> list[Backend]:
                 max_context=s.local.max_context,
                 prefill_s_per_token=s.local.prefill_s_per_token,
                 ttft_base_s=s.local.ttft_base_s,
+                gpu_usd_per_hour=s.local.gpu_usd_per_hour,
             )
             out.append(Backend(name, "local", s.local.model, url, hdr, tmpl))
     if s.frontier is not None:
@@ -165,6 +168,8 @@ def create_app(
     store: Any = None,
     bundle: Any = None,
     admission_budget_hook: Any = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], float] = time.time,
 ) -> FastAPI:
     """Build the app; see the module docstring for what is injected and what is built."""
     from router.policy.config import build_policy
@@ -205,8 +210,11 @@ def create_app(
         log_prompts=s.runlog.log_prompts,
         parquet=s.runlog.parquet,
     )
-    admission = _make_admission(s, st, scraper, backends, admission_budget_hook)
+    engine, admission = _make_engine(s, st, scraper, backends, admission_budget_hook, clock, wall)
     proxy = Proxy(
+        engine=engine,
+        clock=clock,
+        wall=wall,
         admission=admission,
         settings=s,
         upstream=up,
@@ -228,7 +236,7 @@ def create_app(
         elif holder.has_source:
             await holder.reload()
         else:
-            holder.install(ConstantServingPredictor())
+            holder.install(ConstantPredictor())
         scraper.start()
         holder.start()
         if admission is not None:
@@ -382,8 +390,9 @@ def create_app(
         if h is None:
             if state is not None and state.admitted not in (None, "ended"):
                 # a run served by another router replica: give back its slot, leave the tombstone
+                holds = engine.run_ended(state)
                 if admission is not None:
-                    await admission.release(run_id, state.admitted)
+                    await admission.release(state, holds)
                 await st.put(RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen))
                 return _json({"run_id": run_id, "ended": True, "n_steps": state.steps_seen})
             return error_response(404, "run_not_found", f"run {run_id!r} is not known to this router")
@@ -402,7 +411,7 @@ def create_app(
             return error_response(422, "invalid_reward", "'reward' must be a number")
         entries = list(h.entries)
         started = entries[0]["arrival_s"] if entries else None
-        ended = time.time()
+        ended = wall()
         writer.submit(
             {
                 "record": "run",
@@ -417,8 +426,9 @@ def create_app(
         )
         h.ended = True
         if state is not None and state.admitted != "ended":
+            holds = engine.run_ended(state)
             if admission is not None:
-                await admission.release(run_id, state.admitted)
+                await admission.release(state, holds)
             # a tombstone (kept store.ttl_s) tells other routers' idle sweeps the slot is given back
             await st.put(RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen))
         else:
@@ -443,52 +453,59 @@ def create_app(
     return app
 
 
-def _make_admission(
-    s: RouterSettings, store: Any, scraper: Scraper, backends: list[Backend], budget_hook: Any
-) -> Any:
-    """The live admission of this app (None without a local tier); see router.server.admission."""
-    if s.local is None:
-        return None
+def _make_engine(
+    s: RouterSettings,
+    store: Any,
+    scraper: Scraper,
+    backends: list[Backend],
+    budget_hook: Any,
+    clock: Callable[[], float],
+    wall: Callable[[], float],
+) -> tuple[StepEngine, Any]:
+    """The step engine of this app and its store-backed admission (None without a local tier)."""
+    from router.core.admission import AdmissionGate, TenantSpillBudget
     from router.core.capacity import ArrivalForecaster
-    from router.server.admission import LiveAdmission, LoadModel, TenantSpillBudget
+    from router.core.traffic import TrafficModel
+    from router.server.admission import LiveAdmission
 
+    hist = s.server.run_history_steps
+    if s.local is None:
+        return StepEngine(max_steps=hist), None
     a = s.admission
+    cfg = a.controller_config(s.local)
     local = [b.name for b in backends if b.tier == "local"]
     frontier = [b.name for b in backends if b.tier == "frontier"]
-    load = LoadModel(
+    traffic = TrafficModel(
         local,
         tau_s=a.rate_tau_s,
-        prefill_weight=a.derived_prefill_weight(s.local),
+        prefill_weight=cfg.work_prefill_weight,
         min_rate_steps=a.min_rate_steps,
         forecaster=ArrivalForecaster(
             bucket_s=a.forecast_bucket_s, alpha=a.forecast_alpha, min_history_s=a.forecast_min_history_s
         ),
+        clock=clock,
+        wall=wall,
     )
+    budget = None
+    if budget_hook is None and (a.tenant_spill_limits or a.default_tenant_spill_limit is not None):
+        budget = TenantSpillBudget(a.tenant_spill_limits, a.default_tenant_spill_limit)
+    gate = AdmissionGate(cfg, traffic, budget_hook=budget_hook, tenant_budget=budget)
 
     def healthy() -> tuple[list[str], bool]:
         stats = scraper.stats
         return [n for n in local if n not in stats or stats[n].healthy], bool(frontier)
 
-    def waiting() -> float:
-        return float(sum(st.waiting for st in scraper.stats.values() if st.healthy))
-
-    budget = None
-    if budget_hook is None and (a.tenant_spill_limits or a.default_tenant_spill_limit is not None):
-        budget = TenantSpillBudget(a.tenant_spill_limits, a.default_tenant_spill_limit)
-    return LiveAdmission(
-        a.controller_config(s.local),
+    live = LiveAdmission(
+        gate,
         store,
-        load,
         key=a.counter_key,
         idle_release_s=a.idle_release_s or s.store.ttl_s,
         sweep_s=a.sweep_s,
-        budget_hook=budget_hook,
-        tenant_budget=budget,
         healthy=healthy,
-        waiting=waiting,
         horizons_s=a.horizons_s,
         default_run_s=a.default_run_s,
     )
+    return StepEngine(admission=gate, max_steps=hist), live
 
 
 @contextlib.contextmanager

@@ -11,8 +11,9 @@ The watcher polls the bundle path every ``watch_s`` seconds and reloads when the
 of the path (and, for a directory, its direct children) changes. ``watch_s = 0`` turns it off.
 An MLflow source (``models:/name@alias``) is reloaded on ``/admin/reload`` only.
 
-With no bundle source (a baseline policy without a model), the predictor is a constant one
-(``p_frontier = 0``) so snapshots and logs still carry predictions.
+With no bundle source (a baseline policy without a model), the predictor is
+:class:`models.predictor.ConstantPredictor` (``p_frontier = 0``) so snapshots and logs still carry
+predictions.
 """
 
 from __future__ import annotations
@@ -25,24 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.types import Predictions
 from router.server.background import BackgroundTask
 
-__all__ = ["Serving", "BundleHolder", "ConstantServingPredictor", "load_bundle"]
+__all__ = ["Serving", "BundleHolder", "load_bundle"]
 
 log = logging.getLogger("runroute.bundle")
-
-
-class ConstantServingPredictor:
-    """Predictor used when no bundle is configured: the same Predictions for every prefix."""
-
-    version = "none"
-
-    def __init__(self, predictions: Predictions | None = None):
-        self._p = predictions or Predictions(p_frontier=0.0)
-
-    def predict(self, prefix: Any) -> Predictions:
-        return self._p
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from router.policy.admission import AdmissionConfig
+
 __all__ = [
     "LocalTier",
     "FrontierTier",
@@ -95,6 +97,8 @@ class LocalTier(_Strict):
     ttft_base_s: float = Field(default=0.02, ge=0)
     # KV cache size of one replica in tokens; None = read vllm:cache_config_info from /metrics
     kv_cache_tokens: int | None = Field(default=None, gt=0)
+    # a replica's price in USD per GPU-hour (0 = the learned policy's local_gpu_usd_per_hour)
+    gpu_usd_per_hour: float = Field(default=0.0, ge=0)
 
     @field_validator("urls")
     @classmethod
@@ -214,51 +218,31 @@ class StoreSettings(_Strict):
     admit_ttl_s: float | None = Field(default=6 * 3600.0, gt=0)
 
 
-class AdmissionSettings(_Strict):
+class AdmissionSettings(AdmissionConfig):
     """Admission control (on by default: an overloaded local tier must not slow admitted runs).
 
-    The controller (:class:`router.policy.admission.AdmissionConfig`) works in *work tokens*
-    (decode-token equivalents: ``completion + prefill_weight * uncached prompt``). Figures left unset
-    are derived from the local tier, conservatively:
+    Extends the one definition of the controller's knobs,
+    :class:`router.policy.admission.AdmissionConfig` (see it for ``slo_short_step_s``,
+    ``decode_s_per_token``, ``replica_slots``, ``base_short_step_s``, ``replica_tokens_per_s``,
+    ``prefill_weight``, ``default_run_token_rate``, ``headroom``, ``hysteresis``, ``spill``,
+    ``retry_after_*``, ``max_runs_per_replica``): :meth:`controller_config` fills its
+    ``prefill_s_per_token`` / ``ttft_base_s`` from the local tier unless set here.
 
-    - ``decode_s_per_token`` (0.01): one sequence's decode time per token on an idle replica;
-    - ``replica_slots`` (32): sequences a replica decodes at about that speed;
-    - ``base_short_step_s`` (unset): ``local.ttft_base_s + 512 * local.prefill_s_per_token + 64 *
-      decode_s_per_token`` (an idle replica's short step: 512 uncached prompt tokens, 64 out);
-    - ``replica_tokens_per_s`` (unset): ``replica_slots / decode_s_per_token``;
-    - ``prefill_weight`` (unset): ``local.prefill_s_per_token / decode_s_per_token``;
-    - ``default_run_token_rate`` (20): work tokens/s one active run adds before history exists.
-
-    Other knobs: ``enabled``; ``slo_short_step_s`` (2.0, the per-step SLO of short steps);
-    ``headroom`` per priority (``interactive`` 0.9, ``batch`` 0.6 of the SLO: batch sheds first);
-    ``hysteresis`` (0.1 utilisation); ``spill`` (shed runs go to the frontier when it is healthy,
-    else 429); ``retry_after_min_s``/``retry_after_max_s``; ``max_runs_per_replica`` (hard cap);
-    ``priority_header`` (``x-run-priority``: ``interactive`` | ``batch``; anything else counts as
-    batch), ``default_priority``; ``tenant_header`` (``x-tenant``; else the body's
-    ``metadata.tenant``); ``tenant_spill_limits`` / ``default_tenant_spill_limit`` (concurrently
-    spilled runs per tenant; over it a shed run is rejected instead); ``counter_key`` (the store's
-    admission counter); ``idle_release_s`` (unset: ``store.ttl_s``) and ``sweep_s`` (10; 0 = no
-    background sweep) bound slot leaks (see :mod:`router.server.admission`); ``rate_tau_s`` (30) time
-    constant of the live rates, ``min_rate_steps`` (20) local steps before the measured per-run rate
-    replaces the default; the arrival forecaster's ``forecast_bucket_s`` (60), ``forecast_alpha``
-    (0.2), ``forecast_min_history_s`` (86400, then a daily profile); ``horizons_s`` (300, 900, 3600)
-    of ``GET /v1/capacity``; ``default_run_s`` (60) mean run duration before any run ended.
+    Sidecar-only knobs: ``priority_header`` (``x-run-priority``: ``interactive`` | ``batch``;
+    anything else counts as batch), ``default_priority``; ``tenant_header`` (``x-tenant``; else the
+    body's ``metadata.tenant``); ``tenant_spill_limits`` / ``default_tenant_spill_limit``
+    (concurrently spilled runs per tenant; over it a shed run is rejected instead); ``counter_key``
+    (the store's admission counter); ``idle_release_s`` (unset: ``store.ttl_s``) and ``sweep_s``
+    (10; 0 = no background sweep) bound slot leaks (see :mod:`router.server.admission`);
+    ``rate_tau_s`` (30) time constant of the live rates, ``min_rate_steps`` (20) local steps before
+    the measured per-run rate replaces the default; the arrival forecaster's ``forecast_bucket_s``
+    (60), ``forecast_alpha`` (0.2), ``forecast_min_history_s`` (86400, then a daily profile);
+    ``horizons_s`` (300, 900, 3600) of ``GET /v1/capacity``; ``default_run_s`` (60) mean run
+    duration before any run ended.
     """
 
-    enabled: bool = True
-    slo_short_step_s: float = Field(default=2.0, gt=0)
-    decode_s_per_token: float = Field(default=0.01, gt=0)
-    replica_slots: int = Field(default=32, ge=1)
-    base_short_step_s: float | None = Field(default=None, gt=0)
-    replica_tokens_per_s: float | None = Field(default=None, gt=0)
-    prefill_weight: float | None = Field(default=None, ge=0)
-    default_run_token_rate: float = Field(default=20.0, gt=0)
-    headroom: dict[str, float] = Field(default_factory=lambda: {"interactive": 0.9, "batch": 0.6})
-    hysteresis: float = Field(default=0.1, ge=0, lt=1)
-    spill: bool = True
-    retry_after_min_s: float = Field(default=1.0, ge=0)
-    retry_after_max_s: float = Field(default=120.0, gt=0)
-    max_runs_per_replica: int | None = Field(default=None, ge=1)
+    model_config = ConfigDict(extra="forbid")
+
     priority_header: str = "x-run-priority"
     default_priority: Literal["interactive", "batch"] = "interactive"
     tenant_header: str = "x-tenant"
@@ -275,40 +259,17 @@ class AdmissionSettings(_Strict):
     horizons_s: tuple[float, ...] = (300.0, 900.0, 3600.0)
     default_run_s: float = Field(default=60.0, gt=0)
 
-    @field_validator("headroom")
-    @classmethod
-    def _headroom(cls, v: dict[str, float]) -> dict[str, float]:
-        if "interactive" not in v or not all(0 < x <= 1 for x in v.values()):
-            raise ValueError("admission.headroom needs 'interactive' and values in (0, 1]")
-        return v
-
-    def derived_prefill_weight(self, local: LocalTier | None) -> float:
-        if self.prefill_weight is not None:
-            return self.prefill_weight
-        pf = local.prefill_s_per_token if local is not None else 0.0001
-        return pf / self.decode_s_per_token
-
-    def controller_config(self, local: LocalTier | None) -> Any:
-        """The :class:`router.policy.admission.AdmissionConfig` these settings describe."""
-        from router.policy.admission import AdmissionConfig
-
-        ttft = local.ttft_base_s if local is not None else 0.02
-        pf = local.prefill_s_per_token if local is not None else 0.0001
-        base = self.base_short_step_s or (ttft + 512 * pf + 64 * self.decode_s_per_token)
-        tps = self.replica_tokens_per_s or self.replica_slots / self.decode_s_per_token
-        return AdmissionConfig(
-            enabled=self.enabled,
-            slo_short_step_s=self.slo_short_step_s,
-            base_short_step_s=base,
-            replica_tokens_per_s=tps,
-            default_run_token_rate=self.default_run_token_rate,
-            headroom=dict(self.headroom),
-            hysteresis=self.hysteresis,
-            spill=self.spill,
-            retry_after_min_s=self.retry_after_min_s,
-            retry_after_max_s=self.retry_after_max_s,
-            max_runs_per_replica=self.max_runs_per_replica,
-        )
+    def controller_config(self, local: LocalTier | None) -> AdmissionConfig:
+        """The controller's :class:`AdmissionConfig`: these knobs, with the local tier's prefill
+        and TTFT terms where they were not set explicitly."""
+        upd: dict[str, Any] = {}
+        if local is not None:
+            if "prefill_s_per_token" not in self.model_fields_set:
+                upd["prefill_s_per_token"] = local.prefill_s_per_token
+            if "ttft_base_s" not in self.model_fields_set:
+                upd["ttft_base_s"] = local.ttft_base_s
+        data = {k: getattr(self, k) for k in AdmissionConfig.model_fields}
+        return AdmissionConfig(**{**data, **upd})
 
 
 def _validate_policy(v: Any) -> Any:

@@ -136,20 +136,20 @@ def admission_config_for_profile(
     context_tokens: float = 8192.0,
     uncached_prompt_tokens: float = 512.0,
     short_output_tokens: float = 64.0,
-    prefill_per_output: float = 4.0,
     **overrides: Any,
 ) -> Any:
     """Admission knobs derived from a node profile, so the simulator's admission sheds where its node saturates.
 
-    Same units as the simulator's per-run rate (uncached prompt + output tokens served locally):
+    The same work-token accounting as the sidecar (:class:`router.policy.admission.AdmissionConfig`:
+    a work token is one decode token amortised over a full batch; a prefill token weighs its GPU
+    time relative to that):
 
+    - the KV-limited batch ``N = min(max_num_seqs, kv_tokens / C)`` and its decode iteration
+      ``t_d = a + d*N*C + e*N`` (``decode_s_per_token`` = t_d, ``replica_slots`` = N);
+    - ``replica_tokens_per_s`` = ``N / t_d``; ``prefill_weight`` = ``b * N / t_d``;
     - ``base_short_step_s``: an idle replica's short step: one prefill iteration of
       ``uncached_prompt_tokens`` plus ``short_output_tokens`` decode iterations at batch 1 over
-      ``context_tokens`` of context: ``a + b*u + c*u^2 + n_out * (a + d*C + e)``;
-    - ``replica_tokens_per_s``: throughput at the KV-limited batch ``N = min(max_num_seqs,
-      kv_tokens / C)``: a decode iteration takes ``t_d = a + d*N*C + e*N`` for N output tokens, and
-      each output token brings ``prefill_per_output`` uncached prompt tokens at ``b`` seconds each,
-      so ``(1 + r) / (t_d / N + r * b)`` tokens/s.
+      ``context_tokens`` of context: ``a + b*u + c*u^2 + n_out * (a + d*C + e)``.
 
     ``overrides`` go straight into :class:`router.policy.admission.AdmissionConfig`.
     """
@@ -159,13 +159,16 @@ def admission_config_for_profile(
     base = p.a + p.b * u + p.c * u * u + short_output_tokens * (p.a + p.d * C + p.e)
     n = max(1.0, min(float(p.max_num_seqs), p.kv_capacity_tokens(kv_cache_gb) / C))
     t_decode = p.a + p.d * n * C + p.e * n
-    r = float(prefill_per_output)
-    capacity = (1.0 + r) / (t_decode / n + r * p.b)
     return AdmissionConfig.model_validate(
         {
             "slo_short_step_s": slo_short_step_s,
+            "decode_s_per_token": t_decode,
+            "replica_slots": max(1, int(n)),
+            "prefill_s_per_token": p.b,
+            "ttft_base_s": p.a,
             "base_short_step_s": base,
-            "replica_tokens_per_s": capacity,
+            "replica_tokens_per_s": n / t_decode,
+            "prefill_weight": p.b * n / t_decode,
             **overrides,
         }
     )

@@ -1,0 +1,400 @@
+"""The step engine: the one per-step sequence of the sidecar, the what-if simulator and replay.
+
+The adapters (``router.server`` over HTTP, ``router.sim`` on an event clock, ``router.replay`` over a
+run log) only turn their input into a :class:`~router.core.record.StepRequest` and backend states,
+keep time and do I/O (run-state store, upstream calls). Everything that decides, and everything
+logged about a decision, happens here, synchronously, in this order:
+
+1. **prefix** (:meth:`StepEngine.plan`): the run's :class:`~router.core.runs.RunTrack` gives its
+   finished steps and running aggregate; the new request adds prompt tokens, tool results (count,
+   sizes, error flags), tools offered, JSON wanted, the tool pause (``now`` - the previous step's
+   end) and ``local_cache_pressure`` (from the adapter's cache reading of the run's local replica).
+2. **predict**: one feature extraction (``features.extract.extract``), then
+   ``predictor.predict_features(x)`` (:class:`models.predictor.Predictor`).
+3. **snapshot**: the adapter's backend states with ``warm_prefix_tokens`` set from the router's
+   belief (the run's last served context on the backend it is pinned to, capped at the new prompt;
+   the same in all adapters, so a what-if decides on what the sidecar would know), then
+   :func:`router.policy.snapshot.build_snapshot`.
+4. **decide**: a spilled run goes to the frontier (``admission-spilled``); otherwise
+   ``policy.decide(snapshot)``.
+5. **admission** (:mod:`router.core.admission`; only with a gate, and only when the chosen backend
+   is healthy: a step nothing can serve is answered 503 by the adapter): at a run's first step whose
+   decision is local, the controller's verdict; ``admit-local`` asks the adapter to claim a slot
+   (:attr:`StepPlan.claim_limit`, then :meth:`StepEngine.claimed`); spill re-places the step on the
+   frontier; reject sets :attr:`StepPlan.rejected` (the adapter answers 429 / drops the run, and the
+   step index is given back so the retry is again a first step).
+6. **commit** (:meth:`StepEngine.commit`): ``apply_decision`` to the run's pin, the traffic model
+   charged with the step's prefill/decode work.
+7. **fallback** (:meth:`StepEngine.fallback`; the adapter saw the chosen backend fail before its
+   first byte): the other tier through :func:`router.policy.filters.place` with the failed backend
+   marked unhealthy (reason ``fallback-<kind>``; pinned there).
+8. **finish** (:meth:`StepEngine.finish`): the step becomes a :class:`~features.prefix.StepView` of
+   the run (served steps only), the traffic model is credited, the cache mark is taken, and the
+   run-log :class:`features.schema.Step` record is returned (when asked for).
+
+Knobs (constructor): ``admission`` (an :class:`~router.core.admission.AdmissionGate`, None = no
+admission), ``traffic`` (a :class:`~router.core.traffic.TrafficModel`; the gate's when None),
+``cache_reader`` (``replica name -> CacheReading | None``: the adapter's prefix-cache counters),
+``max_steps`` (history kept per run, see :class:`~router.core.runs.RunTracker`),
+``fallback_weights`` (placement weights of the fallback pick).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from features.extract import FEATURE_SPEC_VERSION, extract
+from features.prefix import RunPrefix, StepView
+from models.types import Predictions
+from router.core.admission import SPILLED_REASON, AdmissionGate
+from router.core.record import LazyFeatures, StepRequest, StepResult, step_record
+from router.core.runs import CacheReading, RunTrack
+from router.core.traffic import StepToken, TrafficModel
+from router.policy.admission import AdmissionDecision, LoadSnapshot
+from router.policy.filters import DEFAULT_WEIGHTS, ScoreWeights, make_decision, other_tier, place
+from router.policy.snapshot import build_snapshot
+from router.policy.types import BackendState, Decision, Policy, RunState, Snapshot, apply_decision
+
+__all__ = ["StepEngine", "StepPlan", "CacheReader"]
+
+CacheReader = Callable[[str], CacheReading | None]
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One step between :meth:`StepEngine.plan` and :meth:`StepEngine.finish`."""
+
+    run_id: str
+    step: int
+    now: float | None
+    request: StepRequest
+    prefix: RunPrefix
+    x: np.ndarray
+    predictions: Predictions
+    snapshot: Snapshot
+    decision: Decision
+    admission: str | None = None  # first-step verdict: admit-local | spill | reject | frontier
+    admission_decision: AdmissionDecision | None = None
+    claim_limit: int | None = None  # the adapter must claim a slot (then StepEngine.claimed)
+    late_local: bool = False  # a run first sent to the frontier moved local: claim, never refuse
+    rejected: bool = False
+    retry_after_s: float | None = None
+    fallback_from: str | None = None
+    flapped: bool = False  # the decision moved a pinned run (a switch)
+    load: LoadSnapshot | None = None
+    traffic_token: StepToken | None = None
+    cache_start: CacheReading | None = None
+    warm_tokens: int = 0  # the router's belief of this run's prefix on the chosen backend
+
+
+class StepEngine:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        admission: AdmissionGate | None = None,
+        traffic: TrafficModel | None = None,
+        cache_reader: CacheReader | None = None,
+        max_steps: int = 1000,
+        fallback_weights: ScoreWeights = DEFAULT_WEIGHTS,
+    ):
+        self.admission = admission
+        self.traffic = traffic if traffic is not None else (admission.traffic if admission else None)
+        self.cache_reader = cache_reader
+        self.max_steps = max_steps
+        self.fallback_weights = fallback_weights
+        self.spec_version = FEATURE_SPEC_VERSION
+
+    # ------------------------------------------------------------------ 1-5: plan
+    def _reading(self, replica: str | None) -> CacheReading | None:
+        if replica is None or self.cache_reader is None:
+            return None
+        return self.cache_reader(replica)
+
+    def prefix(self, track: RunTrack, req: StepRequest, now: float | None) -> RunPrefix:
+        """The run's visible prefix for this step (shares the track's steps and aggregate)."""
+        base = track.base
+        return RunPrefix(
+            run_id=track.run_id,
+            steps=base.steps,
+            run_started_s=track.started_s,
+            now_s=now,
+            new_prompt_tokens=req.prompt_tokens,
+            new_tool_results_n=req.tool_results_n,
+            new_tool_result_errors=req.tool_result_errors,
+            new_tool_result_tokens=req.tool_result_tokens,
+            new_tool_pause_s=(now - track.last_end_s)
+            if now is not None and track.last_end_s is not None
+            else None,
+            new_n_tools_offered=req.n_tools_offered,
+            new_wants_json=req.wants_json,
+            local_cache_pressure=track.cache_pressure(self._reading(track.cache_replica)),
+            aggregate=base.aggregate,
+        )
+
+    def plan(
+        self,
+        run: RunState,
+        track: RunTrack,
+        req: StepRequest,
+        backends: list[BackendState],
+        *,
+        now: float | None,
+        policy: Policy,
+        predictor: Any,
+        active_local_runs: int = 0,
+    ) -> StepPlan:
+        """Steps 1-5 of the module docstring. ``backends`` is a fresh list the engine may mutate."""
+        step = track.claim_step(run.steps_seen)
+        prefix = self.prefix(track, req, now)
+        x = extract(prefix)
+        if prefix.aggregate is not track.base.aggregate:  # extract rebuilt it: keep it for next time
+            track.base.aggregate = prefix.aggregate
+        preds = predictor.predict_features(x)
+        pinned = run.replica
+        warm = min(track.last_tokens, req.prompt_tokens) if pinned is not None else 0
+        for b in backends:
+            b.warm_prefix_tokens = warm if b.name == pinned else 0
+        snap = build_snapshot(
+            run,
+            prefix,
+            preds,
+            backends,
+            label_needs_frontier=req.label_needs_frontier,
+            requested_model=req.requested_model,
+            features=LazyFeatures(x),  # type: ignore[arg-type]
+        )
+        if run.admitted == "spill":
+            decision = self._frontier(snap, SPILLED_REASON) or policy.decide(snap)
+        else:
+            decision = policy.decide(snap)
+        plan = StepPlan(track.run_id, step, now, req, prefix, x, preds, snap, decision)
+        gate = self.admission
+        if gate is not None and any(b.name == decision.backend and b.healthy for b in backends):
+            if run.admitted is None:
+                run.priority, run.tenant = req.priority, req.tenant
+                if decision.tier != "local":
+                    run.admitted = plan.admission = "frontier"
+                    gate.frontier_first()
+                else:
+                    plan.load = gate.load(backends, active_local_runs)
+                    ad, limit = gate.first_step(plan.load, req.priority, req.tenant, req.spill_ok)
+                    plan.admission_decision = ad
+                    if limit is not None:
+                        plan.claim_limit = limit
+                    else:
+                        self._shed(plan, run, track, ad)
+            elif run.admitted == "frontier" and decision.tier == "local":
+                plan.late_local = True
+        return plan
+
+    def _frontier(
+        self, snap: Snapshot, reason: str, scores: dict[str, float] | None = None
+    ) -> Decision | None:
+        """The step placed on a healthy frontier backend (pin kept), or None when there is none."""
+        b, fb = place(snap, "frontier", self.fallback_weights)
+        if b is None or b.tier != "frontier" or fb not in (None, "failover"):
+            return None
+        return make_decision(snap, b, reason, dict(scores or {}), "frontier")
+
+    def _shed(self, plan: StepPlan, run: RunState, track: RunTrack, ad: AdmissionDecision) -> None:
+        gate = self.admission
+        assert gate is not None
+        plan.admission_decision = ad
+        if ad.verdict == "spill":
+            d = self._frontier(plan.snapshot, f"admission-{ad.reason}", {**plan.decision.scores, **ad.scores})
+            if d is not None:
+                plan.decision = d
+                plan.admission = run.admitted = "spill"
+                gate.spilled(run.run_id, run.tenant)
+                return
+        # reject (or a spill with no healthy frontier): nothing is applied; the index is given back
+        plan.admission = "reject"
+        plan.rejected = True
+        plan.retry_after_s = ad.retry_after_s
+        plan.decision = replace(plan.decision, reason=f"admission-{ad.reason.replace('spill-', 'reject-')}")
+        track.next_step = plan.step
+        gate.rejected()
+
+    def claimed(self, plan: StepPlan, run: RunState, track: RunTrack, ok: bool) -> None:
+        """The adapter's slot claim (``plan.claim_limit``) succeeded or was refused."""
+        gate = self.admission
+        assert gate is not None
+        plan.claim_limit = None
+        if ok:
+            run.admitted = plan.admission = "admit-local"
+            gate.admitted(run.run_id, run.priority, run.tenant)
+            return
+        assert plan.load is not None
+        self._shed(plan, run, track, gate.race_lost(plan.load, run.priority, run.tenant))
+
+    def late_local_claimed(self, plan: StepPlan, run: RunState) -> None:
+        """The adapter counted a run that moved local after a frontier start (slot without limit)."""
+        plan.late_local = False
+        run.admitted = "admit-local"
+        if self.admission is not None:
+            self.admission.late_local(run.run_id, run.priority, run.tenant)
+
+    # ------------------------------------------------------------------ 6: commit
+    def commit(self, plan: StepPlan, run: RunState, track: RunTrack, backend: BackendState | None) -> None:
+        """Apply the decision to the run's pin and charge the traffic model (``backend``: the
+        state of the chosen backend, None when nothing can serve the step)."""
+        d = plan.decision
+        plan.flapped = d.switched and run.tier is not None
+        plan.warm_tokens = track.last_tokens if run.replica == d.backend and run.tier is not None else 0
+        if not d.backend:  # nothing can serve it: count the step, keep the pin
+            run.steps_seen = max(run.steps_seen, plan.step + 1)
+            return
+        apply_decision(run, d, plan.step)
+        if backend is None:
+            return
+        local = backend.tier == "local"
+        if local:
+            plan.cache_start = self._reading(backend.name)
+        if self.traffic is not None:
+            reuse = max(
+                plan.predictions.cache_reuse_tokens, float(min(plan.warm_tokens, plan.request.prompt_tokens))
+            )
+            plan.traffic_token = self.traffic.step_started(
+                backend.name if local else None,
+                run.run_id,
+                plan.request.prompt_tokens,
+                reuse,
+                plan.predictions,
+            )
+
+    # ------------------------------------------------------------------ 7: fallback
+    def fallback(
+        self, plan: StepPlan, run: RunState, failed: str, kind: str, backends: list[BackendState]
+    ) -> Decision | None:
+        """Re-place a step whose backend ``failed`` before its first byte on the other tier.
+
+        ``backends``: fresh states (the failed one is marked unhealthy here). Returns the applied
+        decision (reason ``fallback-<kind>``), or None when the other tier has no candidate."""
+        failed_tier = None
+        for st in backends:
+            if st.name == failed:
+                st.healthy = False
+                failed_tier = st.tier
+        if failed_tier is None:
+            return None
+        target = other_tier(failed_tier)
+        snap = replace(plan.snapshot, run=run, backends=backends)
+        b, _ = place(snap, target, self.fallback_weights)
+        if b is None or b.tier != target:
+            return None
+        d = Decision(tier=b.tier, backend=b.name, model=b.model, reason=f"fallback-{kind}", switched=True)
+        plan.fallback_from = failed
+        plan.decision = d
+        plan.flapped = True
+        apply_decision(run, d, plan.step)
+        if self.traffic is not None and plan.traffic_token is not None:
+            # the failed attempt served nothing: undo its charge; the new backend is charged afresh
+            self.traffic.step_finished(plan.traffic_token, None, 0, 0, 0, False)
+            plan.traffic_token = self.traffic.step_started(
+                b.name if b.tier == "local" else None,
+                run.run_id,
+                plan.request.prompt_tokens,
+                plan.predictions.cache_reuse_tokens,
+                plan.predictions,
+            )
+        plan.cache_start = self._reading(b.name) if b.tier == "local" else None
+        return d
+
+    # ------------------------------------------------------------------ 8: finish
+    def finish(
+        self,
+        plan: StepPlan,
+        track: RunTrack,
+        res: StepResult,
+        *,
+        now: float | None,
+        tier: str | None,
+        replica: str | None,
+        model: str | None,
+        arrival_s: float | None = None,
+        record: bool = True,
+    ) -> Any:
+        """Close the step (module docstring, 8); returns its :class:`features.schema.Step` record
+        when ``record`` (else None). ``tier``/``replica``/``model``: what served it (None: nothing)."""
+        ok = res.status == 200
+        req = plan.request
+        prompt = res.prompt_tokens if res.prompt_tokens else req.prompt_tokens
+        cached = res.cached_tokens
+        if cached is not None:
+            cached = min(int(cached), prompt)
+        structured = (
+            res.structured if res.structured is not None else (bool(res.tool_calls) or req.wants_json)
+        )
+        pause = plan.prefix.new_tool_pause_s
+        if ok:
+            track.append(
+                StepView(
+                    prompt_tokens=prompt,
+                    completion_tokens=res.completion_tokens,
+                    cached_tokens=cached,
+                    tool_calls=res.tool_calls,
+                    tool_call_keys=res.tool_call_keys,
+                    tool_results_n=req.tool_results_n,
+                    tool_result_errors=req.tool_result_errors,
+                    tool_result_tokens=req.tool_result_tokens,
+                    tool_pause_s=pause,
+                    arrival_s=plan.now,
+                    latency_s=res.latency_s,
+                    structured=structured,
+                    tier=tier,
+                ),
+                self.max_steps,
+            )
+            track.last_tokens = prompt + res.completion_tokens
+        track.last_end_s = now
+        local = tier == "local"
+        track.mark_cache(
+            replica,
+            local,
+            self._reading(track.cache_replica if not local else replica),
+            plan.cache_start,
+            prompt - (cached or 0) if ok else 0,
+        )
+        if self.traffic is not None and plan.traffic_token is not None:
+            self.traffic.step_finished(
+                plan.traffic_token, replica if local else None, prompt, cached or 0, res.completion_tokens, ok
+            )
+        if not record:
+            return None
+        d = plan.decision
+        return step_record(
+            run_id=plan.run_id,
+            step=plan.step,
+            arrival_s=arrival_s if arrival_s is not None else plan.now,
+            tool_pause_s=pause,
+            req=req,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            res=res,
+            structured=structured,
+            tier=tier,
+            replica=replica,
+            model=model,
+            spec_version=self.spec_version,
+            features=plan.x.tolist(),
+            predictions=plan.predictions.as_dict(),
+            decision=f"{d.tier}:{d.backend}" if d.backend else None,
+            reason=d.reason,
+            admission=plan.admission,
+            propensity=d.propensity,
+            explore=d.explore,
+        )
+
+    # ------------------------------------------------------------------ run end
+    def run_ended(self, run: RunState) -> bool:
+        """A run ended (client, idle expiry, simulator): give back admission bookkeeping.
+
+        Returns True when the run holds a local slot the adapter must release in its counter."""
+        tracked = self.admission.released(run.run_id) if self.admission is not None else False
+        return run.admitted == "admit-local" or tracked

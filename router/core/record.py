@@ -1,0 +1,172 @@
+"""What the step engine hands back: the step's facts, its run-log record and its summary entry.
+
+:class:`StepRequest` is the protocol-independent view of an arriving step that an adapter extracts
+(the sidecar from a request body, the simulator and replay from a logged step); :class:`StepResult`
+is what the adapter observed when the step ended. :func:`step_record` builds the run-log
+:class:`features.schema.Step` for a finished step (``Step.model_construct``: the engine's own
+values need no re-validation on the hot path; a test validates them against the model), and
+:func:`step_entry` the short summary kept per run for ``GET /v1/runs/{id}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from features.schema import Step
+
+__all__ = ["StepRequest", "StepResult", "step_record", "step_entry", "LazyFeatures"]
+
+
+@dataclass(slots=True)
+class StepRequest:
+    """An arriving step as the engine sees it (no protocol, no prompt text)."""
+
+    prompt_tokens: int  # logged count (simulator, replay) or the estimate (sidecar)
+    tool_results_n: int = 0
+    tool_result_errors: tuple[bool, ...] = ()
+    tool_result_tokens: tuple[int, ...] = ()
+    n_tools_offered: int = 0
+    wants_json: bool = False
+    requested_model: str | None = None  # a concrete model named by the client
+    priority: str = "interactive"
+    tenant: str | None = None
+    label_needs_frontier: bool | None = None  # evaluation only (the oracle)
+    protocol: str = "chat"
+    estimated: bool = False  # prompt_tokens is the router's estimate (the upstream will count)
+
+    @property
+    def spill_ok(self) -> bool:
+        """A run whose client named a concrete model is rejected rather than moved elsewhere."""
+        return self.requested_model is None
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What the adapter observed when the step ended."""
+
+    status: int
+    error_code: str | None = None
+    prompt_tokens: int | None = None  # the upstream's count (None: keep the request's)
+    cached_tokens: int | None = None
+    completion_tokens: int = 0
+    tool_calls: tuple[str, ...] = ()
+    tool_call_keys: tuple[str, ...] = ()
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    structured: bool | None = None  # None: produced tool calls, or the request wanted JSON
+
+
+class LazyFeatures(Mapping[str, float]):
+    """The snapshot's named features, built from the extracted vector on first read.
+
+    Policies that never read ``snapshot.features`` cost nothing for them; one that does gets
+    exactly the vector the predictor saw.
+    """
+
+    __slots__ = ("_vec", "_d")
+
+    def __init__(self, vec: Any):
+        self._vec = vec
+        self._d: dict[str, float] | None = None
+
+    def _get(self) -> dict[str, float]:
+        if self._d is None:
+            from features.extract import FEATURE_NAMES
+
+            self._d = dict(zip(FEATURE_NAMES, self._vec.tolist(), strict=True))
+        return self._d
+
+    def __getitem__(self, key: str) -> float:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+def step_record(
+    *,
+    run_id: str,
+    step: int,
+    arrival_s: float | None,
+    tool_pause_s: float | None,
+    req: StepRequest,
+    prompt_tokens: int,
+    cached_tokens: int | None,
+    res: StepResult,
+    structured: bool,
+    tier: str | None,
+    replica: str | None,
+    model: str | None,
+    spec_version: str,
+    features: list[float],
+    predictions: dict[str, float],
+    decision: str | None,
+    reason: str,
+    admission: str | None,
+    propensity: float,
+    explore: bool,
+) -> Step:
+    """The run-log record of one finished step (fields as in :class:`features.schema.Step`)."""
+    return Step.model_construct(
+        run_id=run_id,
+        step=step,
+        arrival_s=arrival_s,
+        tool_pause_s=tool_pause_s,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=res.completion_tokens,
+        tool_calls=list(res.tool_calls),
+        tool_call_keys=list(res.tool_call_keys),
+        tool_results_n=req.tool_results_n,
+        tool_result_tokens=list(req.tool_result_tokens),
+        tool_result_errors=list(req.tool_result_errors),
+        structured=structured,
+        tier=tier,
+        replica=replica,
+        model=model,
+        ttft_s=res.ttft_s,
+        latency_s=res.latency_s,
+        status=res.status,
+        error_code=res.error_code,
+        feature_spec_version=spec_version,
+        features=features,
+        predictions=predictions,
+        decision=decision,
+        reason=reason,
+        prompt_tokens_est=req.prompt_tokens if req.estimated else None,
+        n_tools_offered=req.n_tools_offered,
+        wants_json=req.wants_json,
+        protocol=req.protocol,
+        admission=admission,
+        propensity=propensity,
+        explore=explore,
+    )
+
+
+def step_entry(rec: Step, fallback_from: str | None, switched: bool) -> dict[str, Any]:
+    """The short per-step summary of ``GET /v1/runs/{id}``."""
+    return {
+        "step": rec.step,
+        "tier": rec.tier,
+        "replica": rec.replica,
+        "model": rec.model,
+        "reason": rec.reason,
+        "switched": switched,
+        "fallback_from": fallback_from,
+        "admission": rec.admission,
+        "predictions": rec.predictions,
+        "status": rec.status,
+        "error_code": rec.error_code,
+        "prompt_tokens": rec.prompt_tokens,
+        "cached_tokens": rec.cached_tokens,
+        "completion_tokens": rec.completion_tokens,
+        "tool_calls": rec.tool_calls,
+        "ttft_s": rec.ttft_s,
+        "latency_s": rec.latency_s,
+        "arrival_s": rec.arrival_s,
+    }

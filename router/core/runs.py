@@ -1,0 +1,172 @@
+"""Run tracking: what the step engine remembers about each run between its steps.
+
+A :class:`RunTrack` holds one run's finished steps as :class:`~features.prefix.StepView` (with the
+running feature aggregate, grown only through ``RunPrefix.append`` so feature extraction is O(1) per
+step), the step counter, the run's last served context size (the router's belief of the prefix
+left warm on the backend it last ran on) and the prefix-cache bookkeeping behind
+``local_cache_pressure``. The pin itself (tier, replica, switches, admission verdict) is not here:
+it is the :class:`~router.policy.types.RunState` the caller keeps in its run-state store, shared by
+router replicas.
+
+:class:`RunTracker` bounds memory: at most ``max_runs`` runs (least recently used dropped first) and
+at most ``max_steps`` steps per run (a longer run drops its oldest quarter at once, so the running
+aggregate is rebuilt once per ``max_steps / 4`` steps: O(1) amortised).
+
+Prefix-cache turnover (``local_cache_pressure``): a :class:`CacheReading` of a local replica is a
+monotone counter of tokens newly computed into its prefix cache, the cache's capacity in tokens and
+an ``epoch`` that changes when the cache was lost (restart, scale-to-zero). At a step's end the
+track remembers the reading of the run's local replica (the last one that served it), advanced by
+the step's own computed tokens when the counter lags behind them (a scraped counter does); at the
+run's next step the pressure is the counter's growth since then over the capacity, clipped to
+[0, 1], and 1 when the epoch changed or the counter went backwards; None (a NaN feature) before
+the run was served locally or when the counter is unknown.
+
+Knobs: ``RunTracker(max_runs, max_steps)``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from features.extract import StepAggregate
+from features.prefix import RunPrefix, StepView
+
+__all__ = ["CacheReading", "RunTrack", "RunTracker", "turnover"]
+
+T = TypeVar("T", bound="RunTrack")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheReading:
+    """One local replica's prefix-cache counter as the adapter sees it now."""
+
+    computed_tokens: float  # tokens newly computed into the cache so far (monotone per epoch)
+    capacity_tokens: float | None  # the cache's size in tokens (None: unknown)
+    epoch: int = 0  # changes whenever the whole cache was lost
+    lags: bool = True  # the counter may not yet include a step that just ended (a scraped counter)
+
+
+def turnover(now: float, mark: float, capacity: float) -> float:
+    """Share of a cache of ``capacity`` turned over since ``mark``: clip((now - mark) / capacity, 0, 1)."""
+    d = now - mark
+    if d <= 0:
+        return 0.0
+    return d / capacity if d < capacity else 1.0
+
+
+@dataclass(slots=True)
+class RunTrack:
+    """The engine's memory of one run (see the module docstring)."""
+
+    run_id: str
+    started_s: float | None  # None: the run's clock is unknown (a log without timestamps)
+    base: RunPrefix  # finished steps + running aggregate; ``new_*`` fields unused
+    next_step: int = 0
+    last_end_s: float | None = None
+    last_tokens: int = 0  # prompt + completion of the last served step
+    cache_replica: str | None = None
+    cache_mark: float | None = None
+    cache_seen: float = 0.0
+    cache_epoch: int = 0
+
+    @classmethod
+    def new(cls, run_id: str, started_s: float | None) -> RunTrack:
+        return cls(run_id, started_s, RunPrefix(run_id=run_id, aggregate=StepAggregate()))
+
+    def claim_step(self, store_count: int) -> int:
+        """The next step index: the store's count (shared by router replicas) or this process's,
+        whichever is ahead; claimed at once so concurrent steps of one run never share an index."""
+        step = max(store_count, self.next_step)
+        self.next_step = step + 1
+        return step
+
+    def cache_pressure(self, reading: CacheReading | None) -> float | None:
+        """``local_cache_pressure`` for the run's next step (module docstring)."""
+        if self.cache_mark is None or reading is None:
+            return None
+        cap = reading.capacity_tokens
+        if not cap:
+            return None
+        if reading.epoch != self.cache_epoch or reading.computed_tokens < self.cache_seen:
+            return 1.0
+        return turnover(reading.computed_tokens, self.cache_mark, cap)
+
+    def mark_cache(
+        self,
+        replica: str | None,
+        local: bool,
+        reading: CacheReading | None,
+        start: CacheReading | None,
+        own_tokens: int,
+    ) -> None:
+        """At a step's end: remember the run's local replica and its counter (module docstring).
+
+        ``replica``/``local``: the backend that served the step; ``start``: that backend's reading
+        when the step was sent; ``own_tokens``: the step's own newly computed tokens (prompt -
+        cached of a served step, 0 of a failed one)."""
+        if local and replica:
+            self.cache_replica = replica
+        if reading is None:
+            self.cache_mark = None
+            return
+        seen = reading.computed_tokens
+        mark = seen
+        if (
+            start is not None
+            and reading.lags
+            and self.cache_replica == replica
+            and start.epoch == reading.epoch
+            and start.computed_tokens <= seen
+        ):
+            mark = max(mark, start.computed_tokens + max(0, own_tokens))
+        self.cache_mark, self.cache_seen, self.cache_epoch = mark, seen, reading.epoch
+
+    def append(self, view: StepView, max_steps: int) -> None:
+        """Add a finished step; beyond ``max_steps`` drop the oldest quarter (O(1) amortised)."""
+        base = self.base
+        base.append(view)
+        if len(base.steps) > max_steps:
+            del base.steps[: max(1, max_steps // 4)]
+
+
+class RunTracker(Generic[T]):
+    """The bounded set of runs an adapter tracks (LRU over runs, bounded history per run).
+
+    ``factory(run_id, now)`` makes a new track (an adapter may subclass :class:`RunTrack`)."""
+
+    def __init__(
+        self,
+        max_runs: int = 10000,
+        max_steps: int = 1000,
+        factory: Callable[[str, float], T] = RunTrack.new,  # type: ignore[assignment]
+    ):
+        if max_runs < 1 or max_steps < 1:
+            raise ValueError("max_runs and max_steps must be >= 1")
+        self.max_runs = max_runs
+        self.max_steps = max_steps
+        self.factory = factory
+        self.runs: OrderedDict[str, T] = OrderedDict()
+
+    def get(self, run_id: str) -> T | None:
+        return self.runs.get(run_id)
+
+    def track(self, run_id: str, now: float) -> tuple[T, bool]:
+        """The run's track (created when new); returns ``(track, created)``."""
+        t = self.runs.get(run_id)
+        if t is not None:
+            self.runs.move_to_end(run_id)
+            return t, False
+        t = self.factory(run_id, now)
+        self.runs[run_id] = t
+        while len(self.runs) > self.max_runs:
+            self.runs.popitem(last=False)
+        return t, True
+
+    def forget(self, run_id: str) -> None:
+        self.runs.pop(run_id, None)
+
+    def __len__(self) -> int:
+        return len(self.runs)

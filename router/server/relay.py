@@ -1,0 +1,148 @@
+"""The SSE relay: upstream event-stream bytes to the client as soon as each event is complete.
+
+Algorithm: the first upstream chunk was already awaited (so a failure before the first byte could
+still fall back); the response headers go out, then every chunk is cut at its last blank line
+(``\\n\\n``) and the complete events are sent; the rest waits for the next chunk. Events are only
+parsed when they mention ``usage`` or ``tool_calls`` (the protocol's ``capture.event`` may rewrite
+or drop them, e.g. the usage chunk the client did not ask for). A task watches the client
+connection: a disconnect aborts the upstream request and the step ends as cancelled (499). An
+upstream failure mid-stream sends one error event (502 ``upstream_stream_error``). ``finish`` is
+called exactly once, on every exit path, with the final status and error code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from starlette.responses import Response
+
+from router.server.errors import error_body
+from router.server.upstream import UpstreamError
+
+__all__ = ["SSERelay"]
+
+
+class SSERelay(Response):
+    """Raw ASGI streaming response; see the module docstring."""
+
+    def __init__(
+        self,
+        resp: Any,
+        it: Any,
+        first: bytes,
+        headers: dict[str, str],
+        event: Callable[[bytes], bytes | None],
+        finish: Callable[[int, str | None], None],
+        *,
+        on_stream_error: Callable[[], None] | None = None,
+        label: str = "upstream",
+        inflight: Callable[[int], None] | None = None,
+    ):
+        self.resp, self.it, self.first = resp, it, first
+        self.event, self.finish = event, finish
+        self.on_stream_error, self.label, self.inflight = on_stream_error, label, inflight
+        self.status_code = resp.status
+        hdrs = {
+            "content-type": resp.headers.get("content-type", "text/event-stream"),
+            "cache-control": "no-cache",
+            **headers,
+        }
+        self.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in hdrs.items()]
+        self.background = None
+        self._tail = b""
+        self._finished = False
+
+    def _done(self, status: int, code: str | None) -> None:
+        if not self._finished:
+            self._finished = True
+            self.finish(status, code)
+
+    def _filter(self, chunk: bytes) -> bytes:
+        buf = self._tail + chunk if self._tail else chunk
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            self._tail = buf
+            return b""
+        complete, self._tail = buf[: cut + 2], buf[cut + 2 :]
+        if b'"usage"' not in complete and b'"tool_calls"' not in complete:
+            return complete
+        out = []
+        for ev in complete.split(b"\n\n"):
+            if not ev:
+                continue
+            if b'"usage"' in ev or b'"tool_calls"' in ev:
+                kept = self.event(ev)
+                if kept is None:
+                    continue
+                ev = kept
+            out.append(ev + b"\n\n")
+        return b"".join(out)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        disconnected = False
+
+        async def watch() -> None:
+            nonlocal disconnected
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    disconnected = True
+                    self.resp.close()
+                    return
+
+        watcher = asyncio.ensure_future(watch())
+        status, code = 200, None
+        if self.inflight is not None:
+            self.inflight(1)
+        try:
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            out = self._filter(self.first)
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            try:
+                async for chunk in self.it:
+                    if disconnected:
+                        break
+                    out = self._filter(chunk)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+            except UpstreamError:
+                if not disconnected:
+                    status, code = 502, "upstream_stream_error"
+                    if self.on_stream_error is not None:
+                        self.on_stream_error()
+                    err = error_body(502, code, f"{self.label} failed mid-stream")
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": self._tail + b"data: " + err + b"\n\n",
+                            "more_body": True,
+                        }
+                    )
+                    self._tail = b""
+            if disconnected:
+                status, code = 499, "client_cancelled"
+            else:
+                await send({"type": "http.response.body", "body": self._tail, "more_body": False})
+        except (OSError, asyncio.CancelledError) as e:
+            status, code = 499, "client_cancelled"
+            self.resp.close()
+            if isinstance(e, asyncio.CancelledError):
+                self._done(status, code)
+                raise
+        except BaseException:
+            status, code = 502, "relay_error"
+            self._done(status, code)
+            raise
+        finally:
+            if self.inflight is not None:
+                self.inflight(-1)
+            watcher.cancel()
+            with contextlib.suppress(Exception):
+                self.resp.close()
+        self._done(status, code)

@@ -1,0 +1,179 @@
+"""What one simulation returns and the scorecard computed from it (once, from the per-step arrays).
+
+Each step ends exactly once as one of :data:`SERVED_LOCAL`, :data:`SERVED_FRONTIER`, :data:`SPILLED`
+(served by the frontier because admission spilled its run) or :data:`REJECTED`; a run's status is
+0 (policy-routed), 1 (spilled) or 2 (rejected). :func:`scorecard` turns a :class:`SimResult` into
+the ARCHITECTURE.md scorecard (keys :data:`SCORECARD_KEYS`, in order; each key is described in its
+docstring and in ``training.eval``'s typed model of it), :func:`details` into the figures beside it
+(cost split, cold starts, step outcomes, simulator speed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from router.sim.simconfig import SimConfig
+
+__all__ = [
+    "SERVED_LOCAL",
+    "SERVED_FRONTIER",
+    "SPILLED",
+    "REJECTED",
+    "SCORECARD_KEYS",
+    "SimResult",
+    "scorecard",
+    "details",
+]
+
+SERVED_LOCAL, SERVED_FRONTIER, SPILLED, REJECTED = 1, 2, 3, 4
+
+SCORECARD_KEYS: tuple[str, ...] = (
+    "policy",
+    "replicas",
+    "kv_cache_gb",
+    "runs_completed",
+    "runs_rejected",
+    "runs_spilled",
+    "run_completion_s_p50",
+    "run_completion_s_p95",
+    "step_latency_s_p50",
+    "step_latency_s_p95",
+    "step_latency_s_p99",
+    "short_step_latency_s_p95",
+    "ttft_s_p95",
+    "cache_hit_rate",
+    "cache_hit_upper_bound",
+    "cost_usd",
+    "escalation_rate",
+    "flaps_per_run",
+    "slo_attainment",
+)
+
+
+@dataclass
+class SimResult:
+    """Per-step arrays (indexed by global step id) and per-run/totals of one simulation."""
+
+    policy: str
+    config: SimConfig
+    outcome: np.ndarray
+    latency: np.ndarray
+    ttft: np.ndarray
+    cached: np.ndarray
+    prompt: np.ndarray
+    upper: np.ndarray
+    short: np.ndarray
+    step_index: np.ndarray
+    run_of_step: np.ndarray
+    run_completion_s: np.ndarray  # nan for runs not completed
+    run_status: np.ndarray  # 0 policy-routed, 1 spilled, 2 rejected
+    run_switches: np.ndarray
+    run_frontier_steps: np.ndarray
+    frontier_cost_usd: float
+    gpu_hours: float
+    cold_starts: int
+    makespan_s: float
+    wall_s: float
+    cpu_s: float  # this process's CPU time (the machine is shared: wall time is noisy)
+    events: int
+    rate_limited: int
+    iterations: int
+    records: list[Any] | None = None  # each finished step's run-log record (SimConfig.log_steps)
+
+    @property
+    def local_cost_usd(self) -> float:
+        return self.gpu_hours * self.config.gpu_hour_usd
+
+    @property
+    def cost_usd(self) -> float:
+        return self.frontier_cost_usd + self.local_cost_usd
+
+
+def _pct(x: np.ndarray, q: float) -> float | None:
+    return None if x.size == 0 else round(float(np.percentile(x, q)), 6)
+
+
+def scorecard(res: SimResult) -> dict[str, Any]:
+    """The ARCHITECTURE.md scorecard of one simulation (keys: :data:`SCORECARD_KEYS`, in order).
+
+    Served steps = local + frontier + spilled. Short step: <= 64 output tokens or a tool call.
+    ``cache_hit_rate`` = cached / prompt tokens over local steps with index >= 1 (the 2nd step on);
+    ``cache_hit_upper_bound`` = tokens repeating the run's earlier prefix / prompt tokens, same steps.
+    ``escalation_rate`` = policy-routed runs with at least one frontier step / policy-routed runs.
+    ``flaps_per_run`` = mean switches per policy-routed run. ``slo_attainment`` = served steps within
+    the per-step SLO (short steps: latency <= ``slo_short_s``; others: TTFT <= ``slo_ttft_s``).
+    ``cost_usd`` = frontier tokens x prices + local GPU-hours x ``gpu_hour_usd``.
+    """
+    cfg = res.config
+    served = (res.outcome == SERVED_LOCAL) | (res.outcome == SERVED_FRONTIER) | (res.outcome == SPILLED)
+    lat, ttft = res.latency[served], res.ttft[served]
+    short = res.short[served]
+    local2 = (res.outcome == SERVED_LOCAL) & (res.step_index >= 1)
+    ptok = float(res.prompt[local2].sum())
+    routed = res.run_status == 0
+    completed = ~np.isnan(res.run_completion_s)
+    ok = np.where(short, lat <= cfg.slo_short_s, ttft <= cfg.slo_ttft_s)
+    card = {
+        "policy": res.policy,
+        "replicas": cfg.replicas,
+        "kv_cache_gb": cfg.kv_cache_gb,
+        "runs_completed": int(completed.sum()),
+        "runs_rejected": int((res.run_status == 2).sum()),
+        "runs_spilled": int((res.run_status == 1).sum()),
+        "run_completion_s_p50": _pct(res.run_completion_s[completed], 50),
+        "run_completion_s_p95": _pct(res.run_completion_s[completed], 95),
+        "step_latency_s_p50": _pct(lat, 50),
+        "step_latency_s_p95": _pct(lat, 95),
+        "step_latency_s_p99": _pct(lat, 99),
+        "short_step_latency_s_p95": _pct(lat[short], 95),
+        "ttft_s_p95": _pct(ttft, 95),
+        "cache_hit_rate": round(float(res.cached[local2].sum()) / ptok, 6) if ptok else None,
+        "cache_hit_upper_bound": round(float(res.upper[local2].sum()) / ptok, 6) if ptok else None,
+        "cost_usd": round(res.cost_usd, 6),
+        "escalation_rate": round(float((res.run_frontier_steps[routed] > 0).mean()), 6)
+        if routed.any()
+        else None,
+        "flaps_per_run": round(float(res.run_switches[routed].mean()), 6) if routed.any() else None,
+        "slo_attainment": round(float(ok.mean()), 6) if ok.size else None,
+    }
+    assert tuple(card) == SCORECARD_KEYS
+    return card
+
+
+def details(res: SimResult) -> dict[str, Any]:
+    """Figures beside the scorecard: cost split, cold starts, step outcomes, simulator speed."""
+    oc = res.outcome
+    return {
+        "policy": res.policy,
+        "replicas": res.config.replicas,
+        "kv_cache_gb": res.config.kv_cache_gb,
+        "scale_to_zero": res.config.scale_to_zero,
+        "node_profile": res.config.profile.name,
+        "frontier_cost_usd": round(res.frontier_cost_usd, 6),
+        "local_cost_usd": round(res.local_cost_usd, 6),
+        "gpu_hours": round(res.gpu_hours, 6),
+        "cold_starts": res.cold_starts,
+        "cold_start_cost_usd": round(
+            res.cold_starts
+            * sum(res.config.wake_s)
+            / 2
+            / 3600
+            * res.config.profile.gpus_per_replica
+            * res.config.gpu_hour_usd,
+            6,
+        ),
+        "steps_local": int((oc == SERVED_LOCAL).sum()),
+        "steps_frontier": int((oc == SERVED_FRONTIER).sum()),
+        "steps_spilled": int((oc == SPILLED).sum()),
+        "steps_rejected": int((oc == REJECTED).sum()),
+        "makespan_s": round(res.makespan_s, 3),
+        "rate_limited": res.rate_limited,
+        "sim_wall_s": round(res.wall_s, 4),
+        "sim_cpu_s": round(res.cpu_s, 4),
+        "sim_steps_per_cpu_s": round(len(oc) / res.cpu_s, 1) if res.cpu_s else None,
+        "events": res.events,
+        "node_iterations": res.iterations,
+    }

@@ -1,0 +1,399 @@
+"""The what-if simulator: closed-loop replay of logged runs through the router's own step engine.
+
+Algorithm (one capacity point = one :class:`Simulator` run):
+
+1. **Closed loop**: run starts follow the arrival process (:mod:`router.sim.arrivals`); step k+1
+   of a run arrives when step k finished plus step k+1's logged tool pause.
+2. **Per step**, the sidecar's sequence, by the same code (:class:`router.core.engine.StepEngine`):
+   the step as a :class:`~router.core.record.StepRequest` (logged prompt tokens, tool results,
+   tools offered, JSON wanted, the run's ``needs_frontier`` label for the oracle), one
+   :class:`~router.policy.types.BackendState` per simulated replica from its live state (running,
+   waiting, KV usage, remaining wake time added to its TTFT) and one for the frontier, then
+   ``engine.plan`` (prefix, predict, snapshot, decide, admission), the slot claim on this
+   simulation's counter, ``engine.commit``. ``local_cache_pressure`` comes from the node model's
+   prefix-cache counter (hashed blocks newly written, exact, with wipes as epochs).
+3. The chosen local replica (:mod:`router.sim.node`) or the frontier (:mod:`router.sim.frontier`)
+   serves the step; its completion calls ``engine.finish`` and schedules the run's next step. A
+   rejected run's steps are all rejected; a spilled run is served by the frontier.
+4. Each step ends exactly once as served-local, served-frontier, spilled or rejected (checked);
+   :mod:`router.sim.scorecard` turns the per-step arrays into the scorecard.
+
+Admission: ``admission`` is an :class:`~router.policy.admission.AdmissionController` (or its
+:class:`~router.policy.admission.AdmissionConfig`); the simulation then runs the step engine's
+:class:`~router.core.admission.AdmissionGate` over a :class:`~router.core.traffic.TrafficModel` on
+the event clock, exactly as the sidecar does: the controller is asked only at a run's first step
+whose decision is local, a slot is held from admission until the run ends.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from models.predictor import ConstantPredictor
+from router.core.admission import AdmissionGate
+from router.core.engine import StepEngine, StepPlan
+from router.core.record import StepRequest, StepResult
+from router.core.runs import CacheReading, RunTrack
+from router.core.traffic import TrafficModel
+from router.policy.admission import AdmissionConfig, AdmissionController
+from router.policy.types import BackendState, Policy, RunState
+from router.sim.engine import EventLoop
+from router.sim.frontier import Frontier
+from router.sim.node import Replica, Request
+from router.sim.scorecard import REJECTED, SERVED_FRONTIER, SERVED_LOCAL, SPILLED, SimResult
+from router.sim.simconfig import SimConfig
+from router.sim.workload import RunSpec, SimError, StepSpec, Workload
+
+__all__ = ["Simulator", "admission_from_controller"]
+
+
+def admission_from_controller(controller: AdmissionController) -> AdmissionController:
+    """The controller the simulator's admission gate runs (kept for callers of the old hook API)."""
+    return controller
+
+
+class _Run:
+    __slots__ = ("idx", "spec", "state", "track", "k", "start_t", "g0", "status", "frontier_steps", "plan")
+
+    def __init__(self, idx: int, spec: RunSpec, g0: int):
+        self.idx = idx
+        self.spec = spec
+        self.state = RunState(run_id=spec.run_id)
+        self.track: RunTrack = RunTrack.new(spec.run_id, 0.0)
+        self.k = 0
+        self.start_t = 0.0
+        self.g0 = g0
+        self.status = 0
+        self.frontier_steps = 0
+        self.plan: StepPlan | None = None
+
+
+class Simulator:
+    """One closed-loop replay of ``workload`` under ``policy`` at one capacity point.
+
+    ``predictor``: a :class:`models.predictor.Predictor` (a ``ModelBundle``); default a constant
+    (p_frontier 0). ``admission``: an ``AdmissionController`` / ``AdmissionConfig`` (module
+    docstring) or None. ``starts``: run start times (seconds), one per run.
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        config: SimConfig,
+        starts: np.ndarray,
+        *,
+        predictor: Any = None,
+        admission: AdmissionController | AdmissionConfig | None = None,
+    ):
+        if len(starts) != len(workload.runs):
+            raise SimError(f"{len(starts)} start times for {len(workload.runs)} runs")
+        if workload.block_tokens != config.block_tokens:
+            raise SimError("workload and config disagree on block_tokens")
+        self.workload = workload
+        self.policy = policy
+        self.cfg = config
+        self.starts = np.asarray(starts, dtype=float)
+        self.predictor = predictor if predictor is not None else ConstantPredictor()
+        self.loop = EventLoop(start=0.0, seed=config.seed)
+        blocks = config.kv_blocks()
+        self.replicas = [
+            Replica(
+                f"local-{i}",
+                config.profile,
+                self.loop,
+                blocks,
+                config.block_tokens,
+                self._local_done,
+                scale_to_zero=config.scale_to_zero,
+                wake_s=config.wake_s,
+                idle_reap_s=config.idle_reap_s,
+                fast_forward=config.fast_forward,
+            )
+            for i in range(config.replicas)
+        ]
+        self.by_name = {r.name: r for r in self.replicas}
+        self.frontier = Frontier(config.frontier, self.loop.rng, config.block_tokens)
+        self.local_max_context = min(config.profile.max_context, blocks * config.block_tokens)
+        self.engine = self._engine(admission)
+        n = workload.n_steps
+        self.outcome = np.zeros(n, dtype=np.int8)
+        self.latency = np.full(n, np.nan)
+        self.ttft = np.full(n, np.nan)
+        self.cached = np.zeros(n, dtype=np.int64)
+        self.records: list[Any] | None = [] if config.log_steps else None
+        self._runs: list[_Run] = []
+        g = 0
+        for i, spec in enumerate(workload.runs):
+            self._runs.append(_Run(i, spec, g))
+            g += len(spec.steps)
+        self.run_completion = np.full(len(workload.runs), np.nan)
+        self.slots = 0  # admitted local runs holding a slot (the sidecar's store counter)
+        self._runs_left = len(workload.runs)
+        self._last_end = 0.0
+        self._gpu_price = config.gpu_hour_usd * config.profile.gpus_per_replica
+
+    def _engine(self, admission: AdmissionController | AdmissionConfig | None) -> StepEngine:
+        B = self.cfg.block_tokens
+
+        def reading(name: str) -> CacheReading | None:
+            rep = self.by_name.get(name)
+            if rep is None:
+                return None
+            return CacheReading(rep.inserted * B, rep.capacity * B, rep.wipes, lags=False)
+
+        gate = None
+        if admission is not None:
+            ctrl = admission if isinstance(admission, AdmissionController) else AdmissionController(admission)
+            clock = self._now
+            traffic = TrafficModel(
+                [r.name for r in self.replicas],
+                prefill_weight=ctrl.cfg.work_prefill_weight,
+                clock=clock,
+                wall=clock,
+            )
+            gate = AdmissionGate(ctrl.cfg, traffic, budget_hook=ctrl.budget_hook)
+            gate.controller = ctrl  # the caller's controller object (its hysteresis state)
+        return StepEngine(admission=gate, cache_reader=reading, max_steps=1 << 30)
+
+    def _now(self) -> float:
+        return self.loop.now
+
+    # ------------------------------------------------------------------ state the policy sees
+    def _backends(self, run: _Run, t: float) -> list[BackendState]:
+        prof = self.cfg.profile
+        model = self.cfg.local_model
+        ctx = self.local_max_context
+        gpu = self._gpu_price
+        out = [
+            BackendState(
+                rep.name,
+                "local",
+                model,
+                True,
+                ctx,
+                len(rep.running),
+                len(rep.waiting),
+                (rep.used - len(rep.lru)) / rep.capacity,
+                0,
+                0.0,
+                0.0,
+                0.0,
+                prof.b,
+                prof.a if rep.state == "on" else prof.a + rep.wake_remaining(t),
+                gpu,
+            )
+            for rep in self.replicas
+        ]
+        fc = self.cfg.frontier
+        out.append(
+            BackendState(
+                name=fc.name,
+                tier="frontier",
+                model=fc.model,
+                max_context=fc.max_context,
+                running=self.frontier.running(t),
+                price_in_per_m=fc.price_in_per_m,
+                price_cached_in_per_m=fc.price_cached_in_per_m,
+                price_out_per_m=fc.price_out_per_m,
+                prefill_s_per_token=fc.prefill_s_per_token,
+                ttft_base_s=fc.ttft_p50_s,
+            )
+        )
+        return out
+
+    # ------------------------------------------------------------------ events
+    def _start_run(self, run: _Run) -> None:
+        run.start_t = self.loop.now
+        run.track.started_s = run.start_t
+        self._arrive(run)
+
+    def _arrive(self, run: _Run) -> None:
+        t = self.loop.now
+        s = run.spec.steps[run.k]
+        eng = self.engine
+        req = StepRequest(
+            prompt_tokens=s.prompt,
+            tool_results_n=s.tool_results_n,
+            tool_result_errors=s.errors,
+            tool_result_tokens=s.result_tokens,
+            n_tools_offered=s.n_tools,
+            wants_json=s.wants_json,
+            label_needs_frontier=run.spec.needs_frontier,
+        )
+        state, track = run.state, run.track
+        plan = eng.plan(
+            state,
+            track,
+            req,
+            self._backends(run, t),
+            now=t,
+            policy=self.policy,
+            predictor=self.predictor,
+            active_local_runs=self.slots,
+        )
+        if plan.claim_limit is not None:
+            ok = self.slots < plan.claim_limit
+            if ok:
+                self.slots += 1
+            eng.claimed(plan, state, track, ok)
+        elif plan.late_local:
+            self.slots += 1
+            eng.late_local_claimed(plan, state)
+        if plan.rejected:
+            run.status = 2
+            self._reject_rest(run)
+            return
+        if plan.admission == "spill":
+            run.status = 1
+        dec = plan.decision
+        backend = next((b for b in plan.snapshot.backends if b.name == dec.backend), None)
+        if backend is None:
+            raise SimError(
+                f"policy {getattr(self.policy, 'name', self.policy)!r} chose backend {dec.backend!r}, "
+                "which does not exist"
+            )
+        eng.commit(plan, state, track, backend)
+        run.plan = plan
+        if dec.tier == "local":
+            rep = self.by_name[dec.backend]
+            req_ = Request(run, s.prompt, s.completion, s.chain, s.n_lookup, t, self.cfg.block_tokens)
+            if not rep.submit(req_):
+                run.status = 2
+                self._reject_rest(run)
+                return
+        else:
+            ttft, lat, cached, _cost = self.frontier.serve(
+                run.idx, s.prompt, s.completion, s.chain, s.n_lookup, s.n_cacheable, t
+            )
+            run.frontier_steps += 1
+            self.loop.schedule(t + lat, self._frontier_done, (run, t, ttft, lat, cached))
+
+    def _reject_rest(self, run: _Run) -> None:
+        g = run.g0 + run.k
+        end = run.g0 + len(run.spec.steps)
+        if np.any(self.outcome[g:end] != 0):
+            raise SimError(f"run {run.spec.run_id}: a step was accounted twice")
+        self.outcome[g:end] = REJECTED
+        self._run_ended(run)
+
+    def _run_ended(self, run: _Run) -> None:
+        if self.engine.run_ended(run.state) and self.slots > 0:
+            self.slots -= 1
+        self.frontier.forget(run.idx)
+        self._last_end = self.loop.now
+        self._runs_left -= 1
+        if self._runs_left == 0:
+            self.loop.stop()
+
+    def _local_done(self, req: Request) -> None:
+        run: _Run = req.key
+        self._step_done(
+            run, req.first_token_t - req.arrival, req.end_t - req.arrival, req.cached, SERVED_LOCAL, "local"
+        )
+
+    def _frontier_done(self, arg: tuple[_Run, float, float, float, int]) -> None:
+        run, _t0, ttft, lat, cached = arg
+        self._step_done(run, ttft, lat, cached, SPILLED if run.status == 1 else SERVED_FRONTIER, "frontier")
+
+    def _step_done(self, run: _Run, ttft: float, lat: float, cached: int, code: int, tier: str) -> None:
+        g = run.g0 + run.k
+        if self.outcome[g] != 0:
+            raise SimError(f"run {run.spec.run_id} step {run.k}: accounted twice")
+        self.outcome[g] = code
+        self.latency[g] = lat
+        self.ttft[g] = ttft
+        self.cached[g] = cached
+        s: StepSpec = run.spec.steps[run.k]
+        plan = run.plan
+        assert plan is not None
+        d = plan.decision
+        rec = self.engine.finish(
+            plan,
+            run.track,
+            StepResult(
+                status=200,
+                prompt_tokens=s.prompt,
+                cached_tokens=cached,
+                completion_tokens=s.completion,
+                tool_calls=s.tool_calls,
+                tool_call_keys=s.tool_call_keys,
+                ttft_s=ttft,
+                latency_s=lat,
+                structured=s.structured,
+            ),
+            now=self.loop.now,
+            tier=tier,
+            replica=d.backend,
+            model=d.model,
+            record=self.records is not None,
+        )
+        if self.records is not None:
+            self.records.append(rec)
+        run.k += 1
+        t = self.loop.now
+        if run.k < len(run.spec.steps):
+            self.loop.schedule(t + run.spec.steps[run.k].pause, self._arrive, run)
+        else:
+            self.run_completion[run.idx] = t - run.start_t
+            self._run_ended(run)
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> SimResult:
+        t_wall, t_cpu = time.perf_counter(), time.process_time()
+        for run, st in zip(self._runs, self.starts, strict=True):
+            self.loop.schedule(float(st), self._start_run, run)
+        self.loop.run()
+        makespan = max(self._last_end, float(self.starts.max()) if len(self.starts) else 0.0)
+        if self.cfg.scale_to_zero:
+            for r in self.replicas:
+                r.finalize(makespan)
+            gpu_s = sum(r.billed_s for r in self.replicas)
+        else:
+            gpu_s = makespan * len(self.replicas)
+        gpu_hours = gpu_s / 3600 * self.cfg.profile.gpus_per_replica
+        if np.any(self.outcome == 0):
+            missing = int(np.sum(self.outcome == 0))
+            raise SimError(f"{missing} step(s) were never served, spilled or rejected (simulator bug)")
+        w = self.workload
+        ns = w.n_steps
+        prompt = np.empty(ns, dtype=np.int64)
+        upper = np.empty(ns, dtype=np.int64)
+        short = np.empty(ns, dtype=bool)
+        sidx = np.empty(ns, dtype=np.int64)
+        rofs = np.empty(ns, dtype=np.int64)
+        g = 0
+        for i, spec in enumerate(w.runs):
+            for k, s in enumerate(spec.steps):
+                prompt[g], upper[g], short[g], sidx[g], rofs[g] = s.prompt, s.upper, s.short, k, i
+                g += 1
+        return SimResult(
+            policy=str(getattr(self.policy, "name", type(self.policy).__name__)),
+            config=self.cfg,
+            outcome=self.outcome,
+            latency=self.latency,
+            ttft=self.ttft,
+            cached=self.cached,
+            prompt=prompt,
+            upper=upper,
+            short=short,
+            step_index=sidx,
+            run_of_step=rofs,
+            run_completion_s=self.run_completion,
+            run_status=np.array([r.status for r in self._runs], dtype=np.int8),
+            run_switches=np.array([r.state.switches for r in self._runs], dtype=np.int64),
+            run_frontier_steps=np.array([r.frontier_steps for r in self._runs], dtype=np.int64),
+            frontier_cost_usd=self.frontier.cost_usd,
+            gpu_hours=gpu_hours,
+            cold_starts=sum(r.cold_starts for r in self.replicas),
+            makespan_s=makespan,
+            wall_s=time.perf_counter() - t_wall,
+            cpu_s=time.process_time() - t_cpu,
+            events=self.loop.events_run,
+            rate_limited=self.frontier.rate_limited,
+            iterations=sum(r.iterations for r in self.replicas),
+            records=self.records,
+        )
