@@ -7,7 +7,10 @@ the KV allocation unit), ``frontier`` (:class:`~router.sim.frontier.FrontierConf
 (1800 s), ``slo_short_s`` (p95 target and per-step SLO of short steps), ``slo_ttft_s`` (per-step
 SLO of long steps: their TTFT), ``local_model``, ``seed``, ``fast_forward`` (False = step every
 decode iteration; same results, slower: the reference in tests), ``log_steps`` (keep every step's
-run-log record, :class:`features.schema.Step`, on the result: a simulated deployment's log).
+run-log record, :class:`features.schema.Step`, on the result: a simulated deployment's log),
+``scrape`` (True: the router reads each replica's vLLM ``/metrics`` — running, waiting, KV usage,
+prefix-cache counters — modelled as exact; False: as a sidecar with ``scrape.interval_s: 0``, it
+sees only its own in-flight requests and no cache-pressure signal).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class SimConfig:
     seed: int = 0
     fast_forward: bool = True  # False: one event per decode iteration (the reference for tests)
     log_steps: bool = False  # keep each step's run-log record on the result
+    scrape: bool = True  # the router reads the replicas' /metrics (False: only its own in-flight count)
 
     def __post_init__(self) -> None:
         if self.replicas < 0:

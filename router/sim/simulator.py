@@ -145,6 +145,8 @@ class Simulator:
                 return None
             return CacheReading(rep.inserted * B, rep.capacity * B, rep.wipes, lags=False)
 
+        if not self.cfg.scrape:
+            reading = None  # type: ignore[assignment]
         gate = None
         if admission is not None:
             ctrl = admission if isinstance(admission, AdmissionController) else AdmissionController(admission)
@@ -168,6 +170,7 @@ class Simulator:
         model = self.cfg.local_model
         ctx = self.local_max_context
         gpu = self._gpu_price
+        scrape = self.cfg.scrape
         out = [
             BackendState(
                 rep.name,
@@ -175,9 +178,9 @@ class Simulator:
                 model,
                 True,
                 ctx,
-                len(rep.running),
-                len(rep.waiting),
-                (rep.used - len(rep.lru)) / rep.capacity,
+                len(rep.running) if scrape else len(rep.running) + len(rep.waiting),
+                len(rep.waiting) if scrape else 0,
+                (rep.used - len(rep.lru)) / rep.capacity if scrape else 0.0,
                 0,
                 0.0,
                 0.0,
