@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent  # data/: the samples are written beside this script
+sys.path.insert(0, str(HERE.parent))  # the repository root, when run as a script
 
 import pandas as pd  # noqa: E402
 
@@ -58,8 +58,8 @@ def build(shared: Path) -> dict[str, pd.DataFrame]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
-    ap.add_argument("--out", type=Path, default=ROOT / "data")
+    ap.add_argument("--shared", type=Path, default=HERE.parent.parent / "shared" / "data")
+    ap.add_argument("--out", type=Path, default=HERE)
     args = ap.parse_args()
     for name, df in build(args.shared).items():
         path = write_frame(df, args.out / name)

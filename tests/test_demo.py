@@ -10,7 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from features.runlog import read_runlog
-from runroute.demo import POLICIES, DemoConfig, LiveSettings, SimSettings, run_demo
+from runroute.demo import DemoConfig, LiveSettings, SimSettings, run_demo
+from training.eval.compare import POLICIES
+from training.eval.scorecard import Scorecard
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +57,21 @@ def test_demo_writes_report_scorecard_and_plots(demo_out):
     assert "skipped: disabled" in md  # the live segment says why it is missing
     for t in on_disk["split"]["tau2_heldout_tasks"]:
         assert t in md  # the report names exactly what was held out
+
+
+def test_scorecard_on_disk_is_exactly_the_typed_model(demo_out):
+    out, card = demo_out
+    on_disk = json.loads((out / "scorecard.json").read_text())
+    assert on_disk == card
+    # every key written is a typed, documented field (extra keys are refused) and nothing is lost
+    assert Scorecard.model_validate(on_disk).to_json_dict() == on_disk
+    assert {"split", "run_level_pairs", "import_summary", "config"} <= set(
+        on_disk
+    ) and "bad_rows" not in on_disk
+    for s in on_disk["sets"].values():
+        assert "model_scores" in s
+        rows = {r["policy"]: r for r in s["policies"]}
+        assert "thresholds" in rows["learned"] and "thresholds" not in rows["always-local"]
 
 
 def test_split_is_by_task_and_never_leaks(demo_out):
@@ -128,6 +145,8 @@ def test_bench_cli_on_the_held_out_log(demo_out, tmp_path):
     )
     assert res.exit_code == 0, res.output
     card = json.loads(js.read_text())
+    assert Scorecard.model_validate(card).to_json_dict() == card
+    assert card["command"] == "runroute bench" and card["bad_rows"] == 0 and "split" not in card
     (s,) = card["sets"].values()
     assert [r["policy"] for r in s["policies"]] == list(POLICIES)
     assert png.stat().st_size > 5000
@@ -155,8 +174,8 @@ def test_bench_cli_refuses_bad_input_in_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_live_segment_through_the_sidecar(demo_out, tmp_path):
-    from runroute.demo import live_segment
-    from training.outcome import Prices
+    from training.eval.live import live_segment
+    from training.eval.outcome import Prices
 
     out, _ = demo_out
     log = read_runlog([str(out / "data" / "holdout_synthetic.parquet")])
@@ -169,7 +188,8 @@ def test_live_segment_through_the_sidecar(demo_out, tmp_path):
         log_dir=tmp_path / "logs",
         policies=["always-local", "always-frontier", "session-sticky", "learned", "oracle"],
     )
-    pol = live["policies"]
+    seg = live.model_dump()  # a typed LiveSegment (a Skipped would have no "policies")
+    pol = seg["policies"]
     assert "oracle" not in pol  # no labels on the live request path
     assert pol["always-local"]["escalation_rate"] == 0.0 and pol["always-local"]["errors"] == 0
     assert pol["always-frontier"]["escalation_rate"] == 1.0
@@ -177,4 +197,4 @@ def test_live_segment_through_the_sidecar(demo_out, tmp_path):
     # session-sticky keeps a run on one replica, so its growing prompt hits that replica's prefix cache
     assert pol["session-sticky"]["cache_hit_rate"] > 0.5
     assert pol["session-sticky"]["cache_hit_rate"] <= pol["session-sticky"]["cache_hit_upper_bound"] + 1e-9
-    assert not live["driver_errors"]
+    assert not seg["driver_errors"]

@@ -18,8 +18,8 @@ from features.importers.swebench_pro import import_swebench_pro
 from features.importers.tau2bench import import_tau2bench
 from features.importers.taubench import import_taubench
 from features.runlog import BadRow, RunLogError, read_records, write_frame
+from features.samples import sample_files
 
-DATA = Path(__file__).resolve().parents[1] / "data"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
@@ -453,7 +453,7 @@ def test_summary_figures_from_the_frame(tmp_path):
 
 
 def test_shipped_samples_are_valid_run_logs():
-    files = sorted(DATA.glob("*.parquet"))
+    files = sample_files()
     assert files, "data/ ships no samples"
     for f in files:
         assert len(read_records(f, strict=True, quarantine=False).frame) > 0

@@ -8,15 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from training.outcome import (
+from training.eval.curves import aiq, cost_at_quality, hull_curve
+from training.eval.outcome import (
     FRONTIER,
     LOCAL,
     REJECTED,
     Prices,
     RunRecord,
-    aiq,
-    cost_at_quality,
-    hull_curve,
     parse_variant,
     policy_outcomes,
     records_from_frames,

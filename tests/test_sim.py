@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from features.runlog import records_to_frame
+from features.samples import sample_path
 from features.schema import Run, Step
 from router.policy.types import Decision, Snapshot
 from router.sim.arrivals import ArrivalError, run_starts
@@ -30,7 +31,6 @@ from router.sim.whatif import (
     scorecard,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 PROF = NodeProfile(
     name="t", a=0.01, b=1e-4, c=1e-8, d=1e-6, e=0.002, kv_bytes_per_token=1000, token_budget=8192
 )
@@ -367,7 +367,6 @@ def test_arrival_processes():
         run_starts("trace", 2, logged_starts=np.array([1.0, math.nan]))
 
 
-@pytest.mark.skipif(not (ROOT / "data" / "azure_2023.parquet").exists(), reason="azure sample not shipped")
 def test_azure_and_servegen_arrivals_from_samples():
     az = run_starts("azure-code", 300, seed=0)
     assert len(az) == 300 and az.min() == 0 and np.all(np.diff(az) >= 0)
@@ -378,10 +377,9 @@ def test_azure_and_servegen_arrivals_from_samples():
 # ------------------------------------------------------------------------------ CLI
 
 
-MOONCAKE = ROOT / "data" / "mooncake_20min.parquet"
+MOONCAKE = sample_path("mooncake_20min.parquet")  # shipped: a missing sample fails, never skips
 
 
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="Mooncake sample not shipped")
 def test_cli_whatif_on_mooncake_prints_table_and_writes_json_and_png(tmp_path):
     from typer.testing import CliRunner
 

@@ -30,6 +30,8 @@ from training.calibration import expected_calibration_error
 
 __all__ = [
     "assign_folds",
+    "group_folds",
+    "bundle_scores",
     "binary_metrics",
     "stall_score",
     "escalation_cv",
@@ -42,15 +44,30 @@ _F = {n: i for i, n in enumerate(FEATURE_NAMES)}
 ESCALATION_BASELINES = ("constant", "logreg_steps", "stall")
 
 
+def group_folds(y: np.ndarray, groups: np.ndarray, k: int, seed: int | None) -> np.ndarray:
+    """Fold per row: groups are shuffled, ordered by their mean label and dealt round-robin, so each
+    fold gets about the same share of positive groups. O(n log n).
+
+    The same algorithm as the escalation classifier's calibration folds
+    (``models.escalation``, private there); a test checks that both assign the same folds.
+    """
+    uniq, inv = np.unique(groups, return_inverse=True)
+    mean = np.bincount(inv, weights=y, minlength=len(uniq)) / np.bincount(inv, minlength=len(uniq))
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(uniq))
+    order = perm[np.argsort(mean[perm], kind="stable")]
+    fold_of_group = np.empty(len(uniq), dtype=np.int64)
+    fold_of_group[order] = np.arange(len(uniq)) % k
+    return fold_of_group[inv]
+
+
 def assign_folds(groups: np.ndarray, strat: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
     """Fold number per row; all rows of a group share a fold. ``strat``: per-row stratum labels."""
-    from models.escalation import _group_folds
-
     n_groups = len(np.unique(groups))
     k = min(n_folds, n_groups)
     if k < 2:
         raise ValueError(f"grouped cross-validation needs >= 2 groups (tasks/runs), got {n_groups}")
-    return _group_folds(np.asarray(strat, dtype=np.float64), groups, k, seed)
+    return group_folds(np.asarray(strat, dtype=np.float64), groups, k, seed)
 
 
 def binary_metrics(y: np.ndarray, p: np.ndarray, n_bins: int = 10) -> dict[str, float]:
@@ -173,3 +190,30 @@ def pinball_report(y: np.ndarray, oof: dict[str, np.ndarray], quantiles: Sequenc
 
 def mae_report(y: np.ndarray, oof: dict[str, np.ndarray]) -> dict[str, float]:
     return {name: float(np.mean(np.abs(y - p))) for name, p in oof.items()}
+
+
+def bundle_scores(bundle: Any, ds: Any) -> dict[str, Any]:
+    """Held-out scores of a bundle (``models.bundle.ModelBundle``) on a ``training.dataset.Dataset``:
+    escalation metrics (:func:`binary_metrics`), cache-reuse MAE in tokens, remaining-steps pinball
+    losses at p50 / p90. A predictor the bundle lacks, or a target with no label, is left out."""
+    m = ds.meta
+    out: dict[str, Any] = {"n_steps": len(ds)}
+    lab = m["y_frontier"].notna().to_numpy()
+    if lab.sum() and bundle.escalation is not None:
+        p = bundle.escalation.predict_proba(ds.X[lab])[:, 1]
+        out["escalation"] = binary_metrics(m["y_frontier"].to_numpy()[lab], p)
+    c = m["y_cache"].notna().to_numpy()
+    if c.sum() and bundle.cache_reuse is not None:
+        out["cache_reuse"] = {
+            "mae_tokens": float(
+                np.mean(np.abs(bundle.cache_reuse.predict(ds.X[c]) - m["y_cache"].to_numpy()[c]))
+            )
+        }
+    if len(ds) and bundle.remaining_steps is not None:
+        q = bundle.remaining_steps.predict_quantiles(ds.X)
+        y = m["y_rem_steps"].to_numpy()
+        out["remaining_steps"] = {
+            "pinball_p50": pinball_loss(y, q[:, 0], 0.5),
+            "pinball_p90": pinball_loss(y, q[:, -1], 0.9),
+        }
+    return out

@@ -16,13 +16,21 @@ registered and served) registered as ``cfg.registered_model``. Then the alias ``
 Tracking URI: ``cfg.tracking_uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in
 the working directory (see :func:`resolve_tracking_uri`). mlflow is imported here only (never on the
 router's path).
+
+Helpers for callers that track a job: :func:`ensure_experiment` (create the experiment with its
+artifacts in a chosen directory) and :func:`quiet_mlflow` (MLflow's INFO lines and advisory warnings
+off the console for a block).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import tempfile
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +38,17 @@ import mlflow
 import mlflow.pyfunc
 
 if TYPE_CHECKING:  # pragma: no cover
-    from training.train import TrainConfig, TrainResult
+    from training.config import TrainConfig, TrainResult
 
-__all__ = ["resolve_tracking_uri", "log_training", "BundlePyfunc", "CHAMPION", "flatten_metrics"]
+__all__ = [
+    "resolve_tracking_uri",
+    "log_training",
+    "BundlePyfunc",
+    "CHAMPION",
+    "flatten_metrics",
+    "quiet_mlflow",
+    "ensure_experiment",
+]
 
 CHAMPION = "champion"
 
@@ -194,7 +210,7 @@ def _compare(
     result: TrainResult, name: str, version: str, uri: str
 ) -> tuple[bool, str, dict[str, Any] | None]:
     from models.bundle import BundleError, ModelBundle
-    from training.train import bundle_scores
+    from training.evaluate import bundle_scores
 
     if len(result.holdout) == 0:
         return True, "no held-out split (holdout_share=0): promoted without comparison", None
@@ -221,8 +237,43 @@ def _compare(
 
 
 def _safe(report: dict[str, Any]) -> dict[str, Any]:
-    from models.bundle import _jsonable
+    from training.jsonio import jsonable
 
-    out = _jsonable(report)
+    out = jsonable(report)
     assert isinstance(out, dict)
     return out
+
+
+def ensure_experiment(tracking_uri: str, name: str, artifacts: Path) -> None:
+    """Create the MLflow experiment ``name`` with its artifacts under ``artifacts`` unless it exists
+    (a database tracking store otherwise puts them in ./mlruns of whatever the working directory is)."""
+    mlflow.set_tracking_uri(tracking_uri)
+    if mlflow.get_experiment_by_name(name) is None:
+        artifacts.mkdir(parents=True, exist_ok=True)
+        mlflow.create_experiment(name, artifact_location=artifacts.resolve().as_uri())
+
+
+@contextlib.contextmanager
+def quiet_mlflow() -> Iterator[None]:
+    """MLflow's INFO lines and advisory warnings (pyfunc type hints, cloudpickle) off the console
+    for the block; the logger level and warning hooks are restored afterwards.
+
+    Warnings are dropped at display time (``showwarning``) rather than by a filter, because importing
+    parts of mlflow prepends its own ``("once", UserWarning)`` filter, which would shadow ours."""
+    lg = logging.getLogger("mlflow")  # mlflow is imported (above), so its logger level is configured
+    old = lg.level
+    lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            shown = warnings.showwarning
+
+            def show(
+                message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+            ) -> None:
+                if f"{os.sep}mlflow{os.sep}" not in str(filename):
+                    shown(message, category, filename, lineno, file, line)
+
+            warnings.showwarning = show
+            yield
+    finally:
+        lg.setLevel(old)

@@ -26,22 +26,18 @@ import json
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION
 from models.bundle import ModelBundle
-from models.cache_reuse import CacheReuseRegressor
-from models.escalation import EscalationClassifier
-from models.remaining import RemainingWorkRegressor, pinball_loss
-from training.dataset import Dataset, build_dataset
+from training.config import TrainConfig, TrainResult
+from training.dataset import build_dataset
 from training.evaluate import (
     assign_folds,
-    binary_metrics,
+    bundle_scores,
     cache_cv,
     escalation_cv,
     escalation_report,
@@ -61,131 +57,6 @@ __all__ = [
 ]
 
 Progress = Callable[[str], None]
-
-
-class TrainConfig(BaseModel):
-    """Knobs of the training job (CLI flags map 1:1 onto these fields)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    runs: list[Path] = Field(min_length=1, description="run-log files or directories")
-    pairs: list[str] = Field(default_factory=list, description='"WEAK=STRONG" model pairings')
-    out: Path = Field(description="bundle directory to write")
-    report_json: Path | None = None
-    target_frontier_share: float = Field(default=0.3, ge=0.0, le=1.0)
-    threshold_band: float = Field(default=0.1, ge=0.0, le=1.0)
-    n_folds: int = Field(default=5, ge=2)
-    holdout_share: float = Field(default=0.2, ge=0.0, lt=1.0)
-    eval_steps: tuple[int, ...] = (1, 3, 5)
-    evaluate: bool = True
-    cache_capacity_blocks: int = Field(default=8192, ge=1)
-    block_tokens: int = Field(default=512, ge=1)
-    # LightGBM for the regressors (cache reuse; remaining work unless overridden below)
-    n_estimators: int = Field(default=200, ge=1)
-    learning_rate: float = Field(default=0.05, gt=0.0)
-    num_leaves: int = Field(default=31, ge=2)
-    min_child_samples: int = Field(default=20, ge=1)
-    max_bin: int = Field(default=255, ge=2)
-    # remaining-work quantile models: smaller leaves than the cache model (chosen on the grouped CV
-    # of the shipped data among 3 settings: 31/20 lost to the per-step quantile baseline)
-    remaining_num_leaves: int = Field(default=7, ge=2)
-    remaining_min_child_samples: int = Field(default=50, ge=1)
-    # LightGBM for the escalation classifier: deliberately regularised (tiny trees, row/column
-    # subsampling): its labels are per run and the real labelled data is a few hundred runs.
-    escalation_n_estimators: int = Field(default=100, ge=1)
-    escalation_num_leaves: int = Field(default=4, ge=2)
-    escalation_min_child_samples: int = Field(default=50, ge=1)
-    escalation_subsample: float = Field(default=0.8, gt=0.0, le=1.0)
-    escalation_colsample_bytree: float = Field(default=0.5, gt=0.0, le=1.0)
-    calibration: str = "isotonic"
-    calibration_cv: int = Field(default=5, ge=0)
-    calibration_max_rows: int | None = Field(
-        default=200_000, ge=2, description="rows for the OOF calibration"
-    )
-    random_state: int = 0
-    # LightGBM threads per fit. 1 by default: on a busy 2-core machine OpenMP threads spin-wait for
-    # each other (measured 300k rows: 1 thread 5.2 s, 2 threads 12.9 s); use processes instead.
-    n_jobs: int = Field(default=1, ge=1)
-    # processes for the independent final fits (escalation, cache reuse, remaining steps/tokens)
-    # when the data has at least large_data_rows rows (below that, start-up costs more than it saves)
-    parallel_fits: int = Field(default=2, ge=1)
-    # at or above large_data_rows training rows: max_bin <= 63, calibration_cv <= 3, row bagging
-    # (large_data_subsample), regressors with at most large_data_n_estimators trees at a learning rate
-    # of at least large_data_learning_rate: keeps 1M steps within ~2 minutes on 2 cores
-    large_data_rows: int = Field(default=200_000, ge=1)
-    large_data_subsample: float = Field(default=0.5, gt=0.0, le=1.0)
-    large_data_n_estimators: int = Field(default=100, ge=1)
-    large_data_learning_rate: float = Field(default=0.1, gt=0.0)
-    subsample: float = Field(default=1.0, gt=0.0, le=1.0)
-    mlflow: bool = True
-    tracking_uri: str | None = None
-    experiment: str = "runroute-train"
-    registered_model: str = "runroute-bundle"
-    promote_if_better: bool = False
-
-    @field_validator("pairs")
-    @classmethod
-    def _pairs(cls, v: list[str]) -> list[str]:
-        for p in v:
-            if p.count("=") != 1 or not all(p.split("=")):
-                raise ValueError(f"pairing {p!r} must look like WEAK_MODEL=STRONG_MODEL")
-        return v
-
-    @field_validator("calibration")
-    @classmethod
-    def _cal(cls, v: str) -> str:
-        if v not in ("isotonic", "sigmoid", "none"):
-            raise ValueError("calibration must be isotonic, sigmoid or none")
-        return v
-
-    def estimator_params(self) -> dict[str, Any]:
-        return dict(
-            n_estimators=self.n_estimators,
-            learning_rate=self.learning_rate,
-            num_leaves=self.num_leaves,
-            min_child_samples=self.min_child_samples,
-            max_bin=self.max_bin,
-            subsample=self.subsample,
-            random_state=self.random_state,
-            n_jobs=self.n_jobs,
-        )
-
-    def make_escalation(self) -> EscalationClassifier:
-        params = self.estimator_params()
-        params.update(
-            n_estimators=self.escalation_n_estimators,
-            num_leaves=self.escalation_num_leaves,
-            min_child_samples=self.escalation_min_child_samples,
-            subsample=min(self.escalation_subsample, self.subsample),
-            colsample_bytree=self.escalation_colsample_bytree,
-        )
-        return EscalationClassifier(
-            calibration=self.calibration,
-            cv=self.calibration_cv,
-            calibration_max_rows=self.calibration_max_rows,
-            **params,
-        )
-
-    def make_cache(self) -> CacheReuseRegressor:
-        return CacheReuseRegressor(prompt_col=FEATURE_NAMES.index("ctx_tokens"), **self.estimator_params())
-
-    def make_remaining(self) -> RemainingWorkRegressor:
-        params = self.estimator_params()
-        params.update(
-            num_leaves=self.remaining_num_leaves, min_child_samples=self.remaining_min_child_samples
-        )
-        return RemainingWorkRegressor(quantiles=(0.5, 0.9), **params)
-
-
-@dataclass
-class TrainResult:
-    bundle: ModelBundle
-    bundle_dir: Path
-    report: dict[str, Any]
-    dataset: Dataset
-    holdout: Dataset
-    oof: dict[str, Any] = field(default_factory=dict)
-    mlflow: dict[str, Any] = field(default_factory=dict)
 
 
 def load_runs(paths: list[Path], pairs: list[str]) -> Any:
@@ -208,31 +79,6 @@ def holdout_mask(groups: np.ndarray, share: float) -> np.ndarray:
     cut = int(share * 10_000)
     per = {g: zlib.crc32(str(g).encode()) % 10_000 < cut for g in set(groups.tolist())}
     return np.array([per[g] for g in groups.tolist()], dtype=bool)
-
-
-def bundle_scores(bundle: ModelBundle, ds: Dataset) -> dict[str, Any]:
-    """Held-out scores of a bundle: escalation metrics, cache MAE, remaining-steps pinball."""
-    m = ds.meta
-    out: dict[str, Any] = {"n_steps": len(ds)}
-    lab = m["y_frontier"].notna().to_numpy()
-    if lab.sum() and bundle.escalation is not None:
-        p = bundle.escalation.predict_proba(ds.X[lab])[:, 1]
-        out["escalation"] = binary_metrics(m["y_frontier"].to_numpy()[lab], p)
-    c = m["y_cache"].notna().to_numpy()
-    if c.sum() and bundle.cache_reuse is not None:
-        out["cache_reuse"] = {
-            "mae_tokens": float(
-                np.mean(np.abs(bundle.cache_reuse.predict(ds.X[c]) - m["y_cache"].to_numpy()[c]))
-            )
-        }
-    if len(ds) and bundle.remaining_steps is not None:
-        q = bundle.remaining_steps.predict_quantiles(ds.X)
-        y = m["y_rem_steps"].to_numpy()
-        out["remaining_steps"] = {
-            "pinball_p50": pinball_loss(y, q[:, 0], 0.5),
-            "pinball_p90": pinball_loss(y, q[:, -1], 0.9),
-        }
-    return out
 
 
 def _noop(_: str) -> None:
@@ -478,7 +324,7 @@ def train_on_log(
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:
-    from models.bundle import _jsonable
+    from training.jsonio import jsonable
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_jsonable(report), indent=2, sort_keys=False, default=str) + "\n")
+    path.write_text(json.dumps(jsonable(report), indent=2, sort_keys=False, default=str) + "\n")

@@ -54,9 +54,12 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from models.bundle import BundleError
-        from runroute.demo import SimSettings, bench_runs
-        from training.outcome import Prices
-        from training.report import _atomic_write, _jsonable, plot_frontier, print_scorecard, write_report
+        from training.eval.bench import bench_runs
+        from training.eval.config import SimSettings
+        from training.eval.outcome import Prices
+        from training.eval.plots import plot_frontier
+        from training.eval.report import print_scorecard, write_report
+        from training.jsonio import atomic_write
 
         files = [Path(f) for item in [*runs, *(more_runs or [])] for f in item.split(",") if f]
         for f in files:
@@ -107,13 +110,14 @@ def register(app: typer.Typer) -> None:
             raise CliError(f"bundle refused: {e}") from None
         import json
 
-        _atomic_write(json_out, (json.dumps(_jsonable(card), indent=2) + "\n").encode())
+        doc = card.to_json_dict()
+        atomic_write(json_out, (json.dumps(doc, indent=2) + "\n").encode())
         if report_dir is not None:
-            write_report(card, report_dir)
+            write_report(doc, report_dir)
         if plot is not None:
-            name, s = next(iter(card["sets"].items()))
-            plot_frontier(_jsonable(s), name, plot)
-        print_scorecard(card, con)
+            name, s = next(iter(doc["sets"].items()))
+            plot_frontier(s, name, plot)
+        print_scorecard(doc, con)
         con.print(
             f"wrote {json_out}"
             + (f", {plot}" if plot else "")

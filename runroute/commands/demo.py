@@ -1,4 +1,5 @@
-"""`runroute demo`: the main job on embedded defaults (what `make demo` runs); see runroute.demo."""
+"""`runroute demo`: the main job on embedded defaults (what `make demo` runs); the pipeline is
+:mod:`runroute.demo`, the evaluation :mod:`training.eval`."""
 
 from __future__ import annotations
 

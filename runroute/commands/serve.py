@@ -5,8 +5,9 @@ With no config it starts on embedded defaults so a newcomer can try it at once:
 
 - two fake vLLM replicas and a fake frontier (``router.fakes``) as child processes on free
   loopback ports (stopped when the server stops);
-- the learned policy with the bundle in ``./runroute-bundle``, trained from the shipped ``data/``
-  run logs at first start when absent (progress printed; MLflow off);
+- the learned policy with the bundle in ``./runroute-bundle``, trained from the shipped run logs
+  (``features.samples``: ``data/`` in a checkout, package ``runroute.data`` when installed) at
+  first start when absent (progress printed; MLflow off);
 - run logs under ``./runroute-logs``.
 
 It prints where everything is, then serves with uvloop + httptools, one worker.
@@ -24,7 +25,6 @@ __all__ = ["register", "DEFAULT_BUNDLE", "DEFAULT_LOGS"]
 
 DEFAULT_BUNDLE = Path("runroute-bundle")
 DEFAULT_LOGS = Path("runroute-logs")
-_DATA = Path(__file__).resolve().parents[2] / "data"
 _TRAIN_FILES = (
     "tau2bench_airline.parquet",
     "taubench_airline.parquet",
@@ -34,11 +34,16 @@ _TRAIN_FILES = (
 
 
 def _train_default_bundle(out: Path) -> None:
+    from features.samples import samples_dir
     from training.train import TrainConfig, run_training
 
-    runs = [_DATA / f for f in _TRAIN_FILES if (_DATA / f).exists()]
+    try:
+        data = samples_dir()
+    except FileNotFoundError as e:
+        raise CliError(f"no bundle at {out} and {e}") from None
+    runs = [data / f for f in _TRAIN_FILES if (data / f).exists()]
     if not runs:
-        raise CliError(f"no bundle at {out} and no shipped run logs in {_DATA} to train one")
+        raise CliError(f"no bundle at {out} and no shipped run logs in {data} to train one")
     typer.echo(f"runroute: no bundle at {out}: training one from {len(runs)} shipped run logs (once)...")
     cfg = TrainConfig.model_validate(
         {"runs": runs, "out": out, "mlflow": False, "evaluate": False, "n_estimators": 100, "n_jobs": 1}

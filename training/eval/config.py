@@ -1,0 +1,49 @@
+"""The two deployments an evaluation runs policies on: simulated (:class:`SimSettings`) and live
+(:class:`LiveSettings`).
+
+- :class:`SimSettings`: the what-if simulator's deployment every policy is compared on
+  (:func:`training.eval.compare.compare_policies`): local replicas of a node profile, KV cache per
+  replica, Poisson run starts, the per-step SLO of short steps, admission control on or off, a seed.
+- :class:`LiveSettings`: the short live segment (:func:`training.eval.live.live_segment`): a few
+  runs per policy driven through the real HTTP sidecar against fake backends, bounded in steps,
+  prompt / completion size and wall-clock time.
+
+Every knob is a field below, with its meaning in its description.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["SimSettings", "LiveSettings"]
+
+
+class SimSettings(BaseModel):
+    """The simulated deployment every policy is compared on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    replicas: int = Field(default=2, ge=1, description="local vLLM replicas")
+    kv_cache_gb: float = Field(default=16.0, gt=0, description="KV cache per replica (GB)")
+    gpu: str = Field(default="a100", description="node profile family (router.sim.profiles)")
+    arrival_rate: float = Field(
+        default=0.1, gt=0, description="run starts per second (Poisson) in the held-out replay"
+    )
+    slo_short_s: float = Field(default=5.0, gt=0, description="per-step SLO of short steps (s)")
+    admission: bool = Field(
+        default=True, description="consult router.policy.admission at each run's first step (spill/reject)"
+    )
+    seed: int = Field(default=0, description="seed of the run starts and the simulator's latency draws")
+
+
+class LiveSettings(BaseModel):
+    """The short live segment through the real sidecar with fake backends."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=True, description="run the live segment at all")
+    runs_per_policy: int = Field(default=4, ge=1, description="runs driven concurrently per policy")
+    max_steps: int = Field(default=10, ge=1, description="steps per run at most")
+    budget_s: float = Field(default=60.0, gt=0, description="wall-clock budget of the whole segment")
+    max_prompt_tokens: int = Field(default=8000, ge=64, description="prompts are capped at this size")
+    max_completion_tokens: int = Field(default=96, ge=1, description="completions are capped at this size")
