@@ -23,6 +23,7 @@ from router.fakes.protocol import prompt_tokens, render_segments
 from router.policy.config import build_policy
 from router.sim.profiles import NodeProfile
 from router.sim.whatif import SERVED_LOCAL, SimConfig, Simulator, Workload
+from training.dataset import lru_replay
 
 # ------------------------------------------------------------------------------ worked examples
 
@@ -157,6 +158,22 @@ def test_block_hashes_chain_full_blocks_only() -> None:
     changed = block_hashes(["other"] + toks[1:], 4)
     assert changed[0] != h[0] and changed[1] != h[1]  # a block matches only with its whole prefix
     assert block_hashes(toks, 4) == h  # deterministic within the process
+
+
+def test_training_replay_uses_the_same_model_tail_first_and_the_hit_cap() -> None:
+    # capacity 4 blocks of 512: run a writes blocks 1-3; run b writes 2 blocks, so one of a's
+    # blocks goes: the tail (3), not the head, and a's next step still hits its first 2 blocks
+    hashes = [[1, 2, 3], [9, 10], [1, 2, 3, 4], [1, 2]]
+    hits, pressure = lru_replay(
+        hashes, ["a", "b", "a", "c"], np.array([1536, 1024, 2048, 1024]), 4, 512, np.zeros(4)
+    )
+    assert hits.tolist() == [0, 0, 2 * 512, 512]  # last step: whole prompt cached, (1024 - 1) // 512
+    assert np.isnan(pressure[0]) and pressure[2] == 0.5  # blocks 9, 10 written in between / 4
+    # output tokens are private blocks: they take room while the step runs
+    hits2, _ = lru_replay(
+        hashes[:3], ["a", "b", "a"], np.array([1536, 1024, 2048]), 4, 512, np.array([0, 512, 0])
+    )
+    assert hits2[2] == 1 * 512  # b needed 3 blocks: 2 of a's evicted (3, then 2)
 
 
 # ------------------------------------------------------------------------------ model invariants
