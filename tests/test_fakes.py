@@ -15,15 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.fakes import KnobError, fake_in_thread, start_fake, start_fake_process
-from router.fakes.common import (
-    PrefixCache,
-    block_hashes,
-    prompt_tokens,
-    render_prompt,
-    render_segments,
-    tokenize,
-)
 from router.fakes.launch import parse_knob_args
+from router.fakes.protocol import prompt_tokens, render_prompt, render_segments, tokenize
 
 TOOLS = [
     {
@@ -105,26 +98,6 @@ def test_later_step_prompt_extends_earlier_prompt() -> None:
     t1, t2 = prompt_tokens(render_segments(msgs, TOOLS)), prompt_tokens(render_segments(msgs2, TOOLS))
     assert t2[: len(t1) - 1] == t1[:-1]  # all but the generation prompt's last token carry over
     assert '"arguments":"{\\"path\\":\\"a.py\\"}"' in p2
-
-
-# --- prefix cache unit --------------------------------------------------------------------------
-
-
-def test_prefix_cache_full_blocks_and_last_token_recomputed() -> None:
-    cache = PrefixCache(capacity_blocks=100, block_size=4)
-    toks = [str(i) for i in range(12)]  # exactly 3 blocks
-    h = block_hashes(toks, 4)
-    a = cache.allocate(h, 12, 2)
-    assert (a.cached_tokens, a.created_tokens) == (0, 12)
-    cache.free(a)
-    b = cache.allocate(h, 12, 2)  # whole prompt cached -> floor((12 - 1) / 4) * 4
-    assert b.cached_tokens == 8
-    cache.free(b)
-    longer = toks + ["x", "y"]  # 14 tokens: 3 full blocks shared, partial tail never cached
-    c = cache.allocate(block_hashes(longer, 4), 14, 1)
-    assert c.cached_tokens == 12 and c.created_tokens == 0
-    cache.free(c)
-    assert cache.used_blocks == 0 and cache.cached_blocks == 3
 
 
 # --- vLLM fake over HTTP ------------------------------------------------------------------------
@@ -393,12 +366,12 @@ async def test_client_disconnect_cancels_and_frees_blocks(session) -> None:
         body = {"messages": [{"role": "user", "content": "long answer " * 50}], "stream": True}
         async with session.post(fake.url + "/v1/chat/completions", json=body) as r:
             await r.content.readuntil(b"\n\n")
-            assert fake.server.running == 1 and fake.server.cache.used_blocks > 0
+            assert fake.server.running == 1 and fake.server.cache.pinned > 0
         for _ in range(100):
             if fake.server.running == 0:
                 break
             await asyncio.sleep(0.01)
-        assert fake.server.stats.cancelled == 1 and fake.server.cache.used_blocks == 0
+        assert fake.server.stats.cancelled == 1 and fake.server.cache.pinned == 0
     finally:
         await fake.stop()
 

@@ -13,13 +13,15 @@ the serving code path) and labels known only once the run ended:
   completion tokens of steps k..end.
 - ``y_cache``: prompt tokens of step k that hit the local prefix cache. Where the log has
   ``cached_tokens`` (router logs, provider usage) that value; else, for steps with ``hash_ids``
-  (Mooncake, synthetic), an LRU prefix-cache replay: all steps of a source with block hashes are
-  replayed in arrival order through one LRU cache of ``cache_capacity_blocks`` blocks; a step hits
-  the leading run of its blocks still cached (``* block_tokens``, capped at its prompt), then touches
-  all its blocks (evicting the least recently used beyond capacity). The replay also gives the
-  feature ``local_cache_pressure`` = blocks newly inserted into the cache since this run's previous
-  step / capacity, clipped to [0, 1] (NaN on a run's first step): with the tool pause, it decides
-  whether the run's blocks survived. Otherwise NaN.
+  (Mooncake, synthetic), a prefix-cache replay (:func:`lru_replay`): all steps of a source with
+  block hashes are replayed in arrival order, one at a time, through one cache of
+  ``cache_capacity_blocks`` blocks, the simulator's node model (``router.core.prefix_cache``): a step
+  hits the leading run of its full prompt blocks still cached (``* block_tokens``, at most prompt - 1
+  tokens, as vLLM computes the last prompt token), writes its other blocks, and on release leaves
+  them cached, tail first in the LRU order, so a prefix outlives its suffix. The replay also gives
+  the feature ``local_cache_pressure`` = blocks newly inserted into the cache since this run's
+  previous step / capacity, clipped to [0, 1] (``router.core.prefix_cache.turnover``; NaN on a run's
+  first step): with the tool pause, it decides whether the run's blocks survived. Otherwise NaN.
 - ``group``: the CV group, the run's ``task_id`` (steps of one task never straddle folds, whatever
   run or source they come from), else its ``run_id``.
 
@@ -33,7 +35,6 @@ Knobs: ``cache_capacity_blocks``, ``block_tokens``, ``outcome_fallback``.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ import pandas as pd
 
 from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES, extract, iter_frame_prefixes
 from features.runlog import RunLog
+from router.core.prefix_cache import PrefixCache, turnover
 
 __all__ = ["Dataset", "build_dataset", "lru_replay"]
 
@@ -83,39 +85,43 @@ def lru_replay(
     prompt_tokens: np.ndarray,
     capacity_blocks: int,
     block_tokens: int,
+    completion_tokens: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Replay steps (already in arrival order) through one LRU block cache.
+    """Replay steps (already in arrival order) through one prefix cache, one step at a time.
 
-    Returns (cached tokens per step, cache pressure per step: blocks inserted since the run's
-    previous step / capacity, clipped to [0, 1], NaN on a run's first step)."""
+    The cache is the simulator's node model (``router.core.prefix_cache.PrefixCache``): each step is
+    admitted alone (its ``hash_ids`` hashed, ``ceil((prompt + completion) / block_tokens)`` blocks in
+    all, at most the capacity) and released at once. Returns (cached tokens per step: the leading
+    cached blocks among its full prompt blocks, at most (prompt - 1) tokens in whole blocks; cache
+    pressure per step: :func:`~router.core.prefix_cache.turnover` of the blocks inserted since the
+    run's previous step, NaN on a run's first step)."""
     if capacity_blocks < 1:
         raise ValueError(f"cache capacity must be >= 1 block, got {capacity_blocks}")
-    cache: OrderedDict[int, None] = OrderedDict()
-    inserted = 0
+    cache = PrefixCache(capacity_blocks, block_tokens)
+    admit, release = cache.admit, cache.release
     last_seen: dict[Any, int] = {}
     hits = np.zeros(len(hash_lists), dtype=np.float64)
     pressure = np.full(len(hash_lists), np.nan)
+    prompts = [int(x) for x in prompt_tokens]  # int(NaN) raises: token counts must be known
+    outs = [0] * len(prompts) if completion_tokens is None else [int(x) for x in completion_tokens]
     for i, blocks in enumerate(hash_lists):
+        chain = blocks.tolist() if isinstance(blocks, np.ndarray) else [int(b) for b in blocks]
         rid = run_ids[i]
         prev = last_seen.get(rid)
         if prev is not None:
-            pressure[i] = min(1.0, (inserted - prev) / capacity_blocks)
-        lead = 0
-        leading = True
-        for b in blocks:
-            b = int(b)
-            if b in cache:
-                cache.move_to_end(b)
-                if leading:
-                    lead += 1
-            else:
-                leading = False
-                cache[b] = None
-                inserted += 1
-                if len(cache) > capacity_blocks:
-                    cache.popitem(last=False)
-        last_seen[rid] = inserted
-        hits[i] = min(lead * block_tokens, int(prompt_tokens[i]))
+            pressure[i] = turnover(cache.inserted, prev, capacity_blocks)
+        p = prompts[i]
+        n_chain = len(chain)
+        n_blocks = -(-(p + outs[i]) // block_tokens)
+        if n_blocks < n_chain:
+            n_blocks = n_chain
+        if n_blocks > capacity_blocks:
+            n_blocks = capacity_blocks
+        n_hashed = n_chain if n_chain < n_blocks else n_blocks
+        n_lookup = p // block_tokens
+        hits[i] = admit(chain, n_lookup if n_lookup < n_chain else n_chain, p, n_blocks) * block_tokens
+        release(chain, n_hashed, n_blocks - n_hashed)  # nothing else is held: it always fits
+        last_seen[rid] = cache.inserted
     return hits, pressure
 
 
@@ -176,6 +182,7 @@ def build_dataset(
         src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
         arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
         prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
+        completion = np.nan_to_num(steps["completion_tokens"].to_numpy(dtype=np.float64), nan=0.0)
         hash_vals = hl.tolist()
         for s in sorted(set(src[has_hash])):
             idx = np.flatnonzero(has_hash & (src == s))
@@ -186,6 +193,7 @@ def build_dataset(
                 prompt[order],
                 cache_capacity_blocks,
                 block_tokens,
+                completion[order],
             )
             y_cache[order] = hits
             pressure[order] = pr

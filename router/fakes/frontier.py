@@ -8,7 +8,8 @@ the next token, and ``retry-after-ms``); then wait ``ttft_ms`` (times a seeded j
 [1 - jitter, 1 + jitter]) before the first token and ``1 / tokens_per_s`` per further token.
 Prompt caching follows OpenAI's rule: prompts of at least ``cache_min_tokens`` (1024) tokens get
 their longest cached prefix in ``cache_block`` (128) token increments reported as
-``prompt_tokens_details.cached_tokens`` (same block-chain cache as the vLLM fake, large capacity).
+``prompt_tokens_details.cached_tokens`` (the vLLM fake's model, ``router.core.prefix_cache``, with a
+large capacity; a prompt that does not fit beside the requests in flight is served uncached).
 Prices (USD per 1M tokens) are announced in ``x-fake-prices``; a non-streaming response also carries
 its cost in ``x-fake-cost-usd`` = (uncached in x price_in + cached x price_cached_in + out x price_out) / 1e6.
 
@@ -28,8 +29,10 @@ from typing import Any
 from aiohttp import web
 from pydantic import Field
 
-from router.fakes.common import Allocation, Completion, ParsedRequest, PrefixCache, block_hashes
+from router.core.prefix_cache import Allocation, PrefixCache, block_hashes
+from router.fakes.protocol import ParsedRequest
 from router.fakes.server import CommonKnobs, FakeServer, Ticket
+from router.fakes.synth import Completion
 
 __all__ = ["FrontierKnobs", "FakeFrontier"]
 
@@ -128,17 +131,17 @@ class FakeFrontier(FakeServer):
         k = self.knobs
         n = ticket.prompt_tokens
         if k.prompt_cache and n >= k.cache_min_tokens:
-            hashes = block_hashes(req.tokens, k.cache_block)
-            if self.cache.can_allocate(hashes, n, 0):
-                alloc = self.cache.allocate(hashes, n, 0)
+            cache = self.cache
+            alloc = cache.allocate(block_hashes(req.tokens, k.cache_block), n, 0)
+            if alloc is not None:
                 ticket.cached_tokens = alloc.cached_tokens
-                ticket.slot = alloc
+                ticket.slot = (cache, alloc)  # a knob change may replace self.cache meanwhile
         ticket.extra["jitter"] = self._jitter()
 
     def on_finish(self, ticket: Ticket, comp: Completion, ok: bool, ttft: float, end: float) -> None:
-        alloc: Allocation | None = ticket.slot
-        if alloc is not None:
-            self.cache.free(alloc)
+        held: tuple[PrefixCache, Allocation] | None = ticket.slot
+        if held is not None:
+            held[0].free(held[1])
             ticket.slot = None
         if ok:
             self.cost_usd += self.cost(ticket, comp)

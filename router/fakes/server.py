@@ -34,21 +34,9 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from router.fakes.common import (
-    SSE_DONE,
-    Completion,
-    FakeRequestError,
-    ParsedRequest,
-    TokenMemo,
-    chat_response,
-    error_body,
-    new_id,
-    parse_request,
-    sse,
-    stream_chunks,
-    synthesize,
-    usage_chunk,
-)
+from router.fakes.protocol import FakeRequestError, ParsedRequest, TokenMemo, error_body, parse_request
+from router.fakes.responses import SSE_DONE, chat_response, new_id, sse, stream_chunks, usage_chunk
+from router.fakes.synth import Completion, synthesize
 
 __all__ = ["CommonKnobs", "FakeServer", "Ticket", "KnobError"]
 
@@ -128,7 +116,7 @@ class FakeServer:
     kind: ClassVar[str] = "fake"
     knobs_class: ClassVar[type[CommonKnobs]] = CommonKnobs
     response_extra: ClassVar[dict[str, Any]] = {}
-    vllm_shapes: ClassVar[bool] = False  # build vLLM's response/chunk shapes (see fakes.common)
+    vllm_shapes: ClassVar[bool] = False  # build vLLM's response/chunk shapes (see fakes.responses)
     usage_null_in_chunks: ClassVar[bool] = False
     error_types: ClassVar[dict[int, str]] = {}
 

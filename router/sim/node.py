@@ -3,28 +3,32 @@
 Algorithm (one replica):
 
 - **Iterations.** An idle replica starts an iteration when a request arrives (after any other
-  arrivals of the same instant, so they batch). Each iteration takes every decoding request (1 token each), then prefill chunks of
-  the admitted requests still prefilling, then admits waiting requests first-come-first-served, while
-  the chunked-prefill ``token_budget`` and ``max_num_seqs`` allow and the KV cache has room. Its time is
-  the profile's ``a + b*sum(l) + c*sum(l*(s+l)) + d*sum(ctx) + e*batch`` (``l`` a prefill chunk, ``s``
-  the tokens of that request already in KV, ``ctx`` = prompt + generated tokens of a decoding request).
-  The iteration that completes a request's prefill also emits its first token (TTFT).
+  arrivals of the same instant, so they batch). Each iteration takes every decoding request (1 token
+  each), then prefill chunks of the admitted requests still prefilling, then admits waiting requests
+  first-come-first-served, while the chunked-prefill ``token_budget`` and ``max_num_seqs`` allow and
+  the KV cache has room. Its time is the profile's ``a + b*sum(l) + c*sum(l*(s+l)) + d*sum(ctx) +
+  e*batch`` (``l`` a prefill chunk, ``s`` the tokens of that request already in KV, ``ctx`` = prompt
+  + generated tokens of a decoding request). The iteration that completes a request's prefill also
+  emits its first token (TTFT).
 - **Fast-forward.** While the batch is decode-only, its composition cannot change until a request
   finishes or a new one arrives, and iteration j takes ``A + d*n*j`` (``A = a + e*n + d*sum ctx``).
   The replica therefore schedules one event for the ``k`` iterations up to the next completion:
   ``T(k) = k*A + d*n*k*(k-1)/2``. An arrival in between shortens it to the iteration boundary at or
   after the arrival (a stale event is ignored through a generation counter). Results are identical
   to stepping every iteration; the event count per request is ~(prefill chunks + 2).
-- **KV cache and prefix cache.** KV capacity is counted in blocks of ``block_tokens``. A request
-  reserves blocks for prompt + output at admission (no preemption; it waits while they do not fit).
-  Its hashed blocks (``chain``: block-hash ids over its full blocks) are looked up as a prefix chain:
-  the leading blocks already present are hits (``cached`` tokens: whole blocks of at most prompt - 1
-  tokens, as in vLLM, which always computes the last prompt token) and are
-  referenced, not re-allocated. When a request finishes, its hashed blocks stay cached unreferenced in
-  an LRU list (tail blocks first, so a prefix outlives its suffix) and are evicted only when an
-  admission needs room; unhashed (private) blocks are freed at once. ``inserted`` counts the hashed
-  blocks ever newly written into the prefix cache (the simulator's ``local_cache_pressure`` is its
-  growth since a run's previous step / ``capacity``); ``wipes`` counts cache losses (scale-to-zero).
+- **KV cache and prefix cache** (:mod:`router.core.prefix_cache`, the model the fake vLLM and
+  training's replay use too). KV capacity is counted in blocks of ``block_tokens``. A request
+  reserves blocks for prompt + output at admission (``n_blocks``, at most the capacity; no
+  preemption; it waits while they do not fit). Its first ``n_blocks`` ``chain`` blocks (block-hash
+  ids) are hashed: the leading ones already cached are hits (``cached`` tokens: whole blocks among
+  its ``n_lookup`` prompt blocks, at most prompt - 1 tokens, as vLLM always computes the last prompt
+  token) and are referenced, not re-allocated; the rest are private. When a request finishes, its
+  hashed blocks stay cached unreferenced in an LRU list (tail blocks first, so a prefix outlives its
+  suffix) and are evicted only when an admission needs room; private blocks are freed at once.
+  ``inserted`` counts the hashed blocks ever newly written (``local_cache_pressure`` is its growth
+  since a run's previous step / ``capacity``, ``router.core.prefix_cache.turnover``); ``wipes``
+  counts cache losses (scale-to-zero). A request that failed admission is retried only after a
+  release (nothing else makes room).
 - **Scale-to-zero.** With ``scale_to_zero`` a replica starts off; a request for an off replica starts a
   wake (uniform ``wake_s``; a cold start) and waits for it; an idle reaper turns the replica off after
   ``idle_reap_s`` without work (its cache is lost). GPU time is billed while waking or on.
@@ -41,6 +45,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
+from router.core.prefix_cache import Chain, PrefixCache
 from router.sim.engine import EventLoop
 from router.sim.profiles import NodeProfile
 
@@ -126,9 +131,13 @@ class Replica:
         self.fast_forward = fast_forward
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.cache: dict[int, int] = {}  # block id -> reference count
-        self.lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, oldest first
-        self.used = 0  # blocks occupied (cached + private)
+        self.kv = PrefixCache(kv_capacity_blocks, block_tokens)  # KV blocks and the prefix cache
+        # views of ``kv`` that router.sim.whatif reads per step, bound once (kv never rebinds them):
+        # lookup(chain, n_lookup) = leading blocks of chain[:n_lookup] cached (no side effects);
+        # cache = cached block id -> reference count; lru = unreferenced blocks, least recently freed first
+        self.lookup: Callable[[Chain, int], int] = self.kv.lookup
+        self.cache: dict[int, int] = self.kv.ref
+        self.lru: OrderedDict[int, None] = self.kv.lru
         self.busy = False
         self.gen = 0
         # decode-only epoch in flight: start time, iterations, A, d*n
@@ -141,22 +150,25 @@ class Replica:
         self._reap_gen = 0
         self.iterations = 0
         self._releases = 0  # KV releases so far (a failed admission is retried only after one)
-        self.inserted = 0  # hashed blocks newly written into the prefix cache so far
-        self.wipes = 0  # times the whole cache was lost (scale-to-zero reaps)
 
     # ------------------------------------------------------------------ observation (router's view)
-    def lookup(self, chain: tuple[int, ...] | list[int], n_lookup: int) -> int:
-        """Leading blocks of ``chain[:n_lookup]`` present in the prefix cache (no side effects)."""
-        cache = self.cache
-        n = 0
-        for i in range(n_lookup):
-            if chain[i] not in cache:
-                break
-            n += 1
-        return n
-
     def kv_usage(self) -> float:
-        return (self.used - len(self.lru)) / self.capacity
+        return self.kv.kv_usage()
+
+    @property
+    def used(self) -> int:
+        """Blocks occupied (cached, referenced or not, + private)."""
+        return self.kv.occupied
+
+    @property
+    def inserted(self) -> int:
+        """Hashed blocks newly written into the prefix cache so far."""
+        return self.kv.inserted
+
+    @property
+    def wipes(self) -> int:
+        """Times the whole cache was lost (scale-to-zero reaps)."""
+        return self.kv.wipes
 
     def wake_remaining(self, t: float) -> float:
         if self.state == "on":
@@ -232,72 +244,21 @@ class Replica:
         # Only a release can make room, so a request that failed since the last release fails again.
         if req.n_private == -self._releases - 1:
             return False
-        cache, lru, chain = self.cache, self.lru, req.chain
+        chain = req.chain
         n_blocks = req.n_blocks if req.n_blocks < self.capacity else self.capacity
-        n_hashed = len(chain) if len(chain) < n_blocks else n_blocks
-        hit = -1
-        present_free = 0  # present blocks we would pull out of the LRU list
-        n_new = 0
-        get = cache.get
-        for i in range(n_hashed):
-            rc = get(chain[i])
-            if rc is None:
-                n_new += 1
-                if hit < 0:
-                    hit = i
-            elif rc == 0:
-                present_free += 1
+        hit = self.kv.admit(chain, req.n_lookup, req.prompt, n_blocks)
         if hit < 0:
-            hit = n_hashed
-        lim = (
-            req.n_lookup
-            if req.n_lookup < (req.prompt - 1) // self.block_tokens
-            else (req.prompt - 1) // self.block_tokens
-        )
-        if hit > lim:  # as vLLM: at least the last prompt token is computed, hits are whole blocks
-            hit = lim
-        n_private = n_blocks - n_hashed
-        need = n_new + n_private
-        free = self.capacity - self.used
-        if need > free + len(lru) - present_free:
             req.n_private = -self._releases - 1  # remember the failure (reset on success below)
             return False
-        for i in range(n_hashed):
-            b = chain[i]
-            rc = get(b)
-            if rc is not None:
-                if rc == 0:
-                    del lru[b]
-                cache[b] = rc + 1
-        evict = need - free
-        while evict > 0:
-            b, _ = lru.popitem(last=False)
-            del cache[b]
-            self.used -= 1
-            evict -= 1
-        if n_new:
-            self.inserted += n_new
-            for i in range(n_hashed):
-                b = chain[i]
-                if b not in cache:
-                    cache[b] = 1
-        self.used += need
-        req.n_private = n_private
+        n_hashed = len(chain) if len(chain) < n_blocks else n_blocks
+        req.n_private = n_blocks - n_hashed
         req.n_hashed = n_hashed
-        req.cached = hit * self.block_tokens
-        req.prefilled = req.cached
+        req.cached = req.prefilled = hit * self.block_tokens
         return True
 
     def _release(self, req: Request) -> None:
         self._releases += 1
-        cache, lru, chain = self.cache, self.lru, req.chain
-        for i in range(req.n_hashed - 1, -1, -1):
-            b = chain[i]
-            rc = cache[b] - 1
-            cache[b] = rc
-            if rc == 0:
-                lru[b] = None
-        self.used -= req.n_private
+        self.kv.release(req.chain, req.n_hashed, req.n_private)
 
     # ------------------------------------------------------------------ iterations
     def _start(self, t: float) -> None:
@@ -413,10 +374,7 @@ class Replica:
         self.billed_s += t - self.on_since
         self.state = "off"
         self._releases += 1
-        self.wipes += 1
-        self.cache.clear()
-        self.lru.clear()
-        self.used = 0
+        self.kv.wipe()
 
     def finalize(self, t_end: float) -> None:
         """Close the billing period at ``t_end`` (call once at the end of a simulation)."""
