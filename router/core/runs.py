@@ -18,7 +18,8 @@ an ``epoch`` that changes when the cache was lost (restart, scale-to-zero). At a
 track remembers the reading of the run's local replica (the last one that served it), advanced by
 the step's own computed tokens when the counter lags behind them (a scraped counter does); at the
 run's next step the pressure is the counter's growth since then over the capacity, clipped to
-[0, 1], and 1 when the epoch changed or the counter went backwards; None (a NaN feature) before
+[0, 1] (:func:`router.core.prefix_cache.turnover`, the one definition training uses too), and 1
+when the epoch changed or the counter went backwards; None (a NaN feature) before
 the run was served locally or when the counter is unknown.
 
 Knobs: ``RunTracker(max_runs, max_steps)``.
@@ -33,8 +34,9 @@ from typing import Generic, TypeVar
 
 from features.extract import StepAggregate
 from features.prefix import RunPrefix, StepView
+from router.core.prefix_cache import turnover
 
-__all__ = ["CacheReading", "RunTrack", "RunTracker", "turnover"]
+__all__ = ["CacheReading", "RunTrack", "RunTracker"]
 
 T = TypeVar("T", bound="RunTrack")
 
@@ -47,14 +49,6 @@ class CacheReading:
     capacity_tokens: float | None  # the cache's size in tokens (None: unknown)
     epoch: int = 0  # changes whenever the whole cache was lost
     lags: bool = True  # the counter may not yet include a step that just ended (a scraped counter)
-
-
-def turnover(now: float, mark: float, capacity: float) -> float:
-    """Share of a cache of ``capacity`` turned over since ``mark``: clip((now - mark) / capacity, 0, 1)."""
-    d = now - mark
-    if d <= 0:
-        return 0.0
-    return d / capacity if d < capacity else 1.0
 
 
 @dataclass(slots=True)
@@ -90,9 +84,12 @@ class RunTrack:
         cap = reading.capacity_tokens
         if not cap:
             return None
-        if reading.epoch != self.cache_epoch or reading.computed_tokens < self.cache_seen:
-            return 1.0
-        return turnover(reading.computed_tokens, self.cache_mark, cap)
+        now = reading.computed_tokens
+        if reading.epoch != self.cache_epoch or now < self.cache_seen:
+            return 1.0  # the cache was lost (wipe, restart) since the run's previous step
+        if now <= self.cache_mark:
+            return 0.0  # a lagging counter has not caught up with the run's own last step yet
+        return turnover(now, self.cache_mark, cap)
 
     def mark_cache(
         self,

@@ -26,9 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ArrivalError", "run_starts", "DATA_DIR", "SHARED_DIR"]
+__all__ = ["ArrivalError", "run_starts", "SHARED_DIR"]
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 SHARED_DIR = Path("/work/shared/data")
 
 
@@ -36,8 +35,17 @@ class ArrivalError(ValueError):
     """A bad arrival spec or missing arrival data (one line)."""
 
 
-def _azure_code_times(data_dir: Path, shared_dir: Path) -> np.ndarray:
-    sample = data_dir / "azure_2023.parquet"
+def _samples(data_dir: Path | None) -> Path:
+    """``data_dir``, else the shipped samples (a checkout or an installed package)."""
+    if data_dir is not None:
+        return data_dir
+    from features.samples import samples_dir
+
+    return samples_dir()
+
+
+def _azure_code_times(data_dir: Path | None, shared_dir: Path) -> np.ndarray:
+    sample = _samples(data_dir) / "azure_2023.parquet"
     if sample.exists():
         from features.runlog import read_runlog
 
@@ -55,11 +63,13 @@ def _azure_code_times(data_dir: Path, shared_dir: Path) -> np.ndarray:
     return np.sort(s)
 
 
-def _servegen_rates(category: str, data_dir: Path, shared_dir: Path) -> tuple[np.ndarray, np.ndarray, float]:
+def _servegen_rates(
+    category: str, data_dir: Path | None, shared_dir: Path
+) -> tuple[np.ndarray, np.ndarray, float]:
     """(window starts, aggregate req/s, window length) for a ServeGen language category."""
     import pandas as pd
 
-    sample = data_dir / f"servegen_{category.replace('-', '_')}.parquet"
+    sample = _samples(data_dir) / f"servegen_{category.replace('-', '_')}.parquet"
     if sample.exists():
         from features.runlog import read_runlog
 
@@ -110,7 +120,7 @@ def run_starts(
     seed: int = 0,
     speedup: float = 1.0,
     mean_steps_per_run: float = 1.0,
-    data_dir: Path = DATA_DIR,
+    data_dir: Path | None = None,
     shared_dir: Path = SHARED_DIR,
 ) -> np.ndarray:
     """Start time of each of ``n_runs`` runs (float64 seconds, min 0) under arrival process ``spec``."""
