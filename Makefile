@@ -21,9 +21,10 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy features models router/policy
+	$(VENV)/bin/mypy features models router training runroute
 
 # pytest exits 5 when it collects no tests; that is a failure for us too (a suite that tests nothing).
 test: lint typecheck

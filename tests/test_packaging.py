@@ -37,7 +37,22 @@ def _pip(*args: str, cwd: Path) -> None:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    _pip("wheel", "--no-deps", "-q", str(ROOT), "-w", str(out), cwd=out)
+    # build from a copy of the tracked files: setuptools writes build/ and *.egg-info into the
+    # source tree it builds, which must stay clean
+    import shutil
+    import subprocess
+
+    src = tmp_path_factory.mktemp("src") / "runroute"
+    files = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True)
+        .stdout.decode()
+        .split("\0")
+    )
+    for rel in filter(None, files):
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
+    _pip("wheel", "--no-deps", "-q", str(src), "-w", str(out), cwd=out)
     (whl,) = out.glob("runroute-*.whl")
     return whl
 

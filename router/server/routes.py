@@ -1,0 +1,244 @@
+"""The sidecar's endpoints besides the hot path: models, health, readiness, metrics, capacity, runs, admin.
+
+``GET /v1/models``, ``GET /health``, ``GET /ready`` (every tier reachable and a bundle serving),
+``GET /metrics`` (Prometheus text; scraped figures and the capacity gauges refreshed on each
+scrape), ``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for the next 5/15/60
+minutes, the replica count that holds the SLO at that forecast, expected spill and reject shares),
+``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end`` (gives back the run's admission slot and
+leaves an ``ended`` tombstone in the store for ``store.ttl_s``), ``POST /admin/reload``.
+Every error is the OpenAI error shape with a code (:mod:`router.server.errors`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from router.core.engine import StepEngine
+from router.policy.types import RunState
+from router.server.errors import ProxyError, error_response
+from router.server.proxy import Backend, Proxy
+from router.server.upstream import UpstreamError
+
+__all__ = ["Parts", "register_routes", "json_response"]
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+@dataclass
+class Parts:
+    """The app's parts the endpoints use (built by :func:`router.server.app.create_app`)."""
+
+    proxy: Proxy
+    engine: StepEngine
+    holder: Any
+    metrics: Any
+    writer: Any
+    scraper: Any
+    store: Any
+    admission: Any
+    upstream: Any
+    backends: list[Backend]
+    wall: Callable[[], float]
+
+
+def register_routes(app: FastAPI, parts: Parts) -> None:
+    """Add every endpoint but the hot path's handler (which :class:`_RouterApp` short-cuts)."""
+    proxy, holder, metrics, writer = parts.proxy, parts.holder, parts.metrics, parts.writer
+    scraper, st, admission, up = parts.scraper, parts.store, parts.admission, parts.upstream
+    backends, engine, wall = parts.backends, parts.engine, parts.wall
+
+    # also routed normally (so the route table is complete); _RouterApp short-cuts it
+    app.router.routes.append(Route("/v1/chat/completions", proxy.chat, methods=["POST"]))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_exc(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail))
+
+    def guarded(request: Request) -> Response | None:
+        try:
+            proxy.check_auth(request)
+        except ProxyError as e:
+            return error_response(e.status, e.code, e.message)
+        return None
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        if (r := guarded(request)) is not None:
+            return r
+        now = int(time.time())
+        data = [{"id": "auto", "object": "model", "created": now, "owned_by": "runroute"}]
+        seen = set()
+        for b in backends:
+            if b.model not in seen:
+                seen.add(b.model)
+                data.append(
+                    {"id": b.model, "object": "model", "created": now, "owned_by": f"runroute:{b.tier}"}
+                )
+        return json_response({"object": "list", "data": data})
+
+    @app.get("/health")
+    async def health() -> Response:
+        return json_response({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        async def reach(b: Backend) -> bool:
+            url = b.root + ("/health" if b.tier == "local" else "/v1/models")
+            try:
+                status, _ = await up.get(b.tier, url, 1.0)
+            except UpstreamError:
+                return False
+            return status < 500
+
+        ok = await asyncio.gather(*(reach(b) for b in backends))
+        reachable = {b.name: r for b, r in zip(backends, ok, strict=True)}
+        tiers_ok = all(
+            any(reachable[b.name] for b in backends if b.tier == t) for t in {b.tier for b in backends}
+        )
+        serving = holder.current
+        body = {
+            "ready": serving is not None and tiers_ok,
+            "bundle": serving.version if serving is not None else None,
+            "bundle_error": holder.last_error,
+            "backends": reachable,
+        }
+        return json_response(body, 200 if body["ready"] else 503)
+
+    @app.get("/metrics")
+    async def prom() -> Response:
+        for b in backends:
+            metrics.inflight.labels(b.name).set(b.inflight)
+        for name, stt in scraper.stats.items():
+            metrics.healthy.labels(name).set(1 if stt.healthy else 0)
+            metrics.running.labels(name).set(stt.running)
+            metrics.waiting.labels(name).set(stt.waiting)
+            metrics.kv_usage.labels(name).set(stt.kv_usage)
+        if admission is not None:
+            metrics.set_capacity(await admission.capacity(scraper.stats))
+        metrics.store_degraded.set(1 if getattr(st, "degraded", False) else 0)
+        metrics.runlog_overflow.inc(max(0, writer.overflowed - _overflow_seen[0]))
+        _overflow_seen[0] = writer.overflowed
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    _overflow_seen = [0]
+
+    @app.get("/v1/capacity")
+    async def capacity(request: Request) -> Response:
+        if (r := guarded(request)) is not None:
+            return r
+        if admission is None:
+            return error_response(404, "no_local_tier", "capacity figures need a local tier")
+        cap = await admission.capacity(scraper.stats)
+        metrics.set_capacity(cap)
+        return json_response(cap)
+
+    @app.get("/v1/runs/{run_id}")
+    async def get_run(run_id: str, request: Request) -> Response:
+        if (r := guarded(request)) is not None:
+            return r
+        h = proxy.runs.get(run_id)
+        if h is None:
+            return error_response(404, "run_not_found", f"run {run_id!r} is not known to this router")
+        state = await st.get(run_id)
+        entries = list(h.entries)
+        return json_response(
+            {
+                "run_id": run_id,
+                "id_source": h.id_source,
+                "ended": h.ended,
+                "n_steps": len(entries),
+                "pinned": {"tier": state.tier, "replica": state.replica} if state else None,
+                "switches": state.switches if state else None,
+                "admission": (
+                    {"verdict": state.admitted, "priority": state.priority, "tenant": state.tenant}
+                    if state
+                    else None
+                ),
+                "tiers": sorted({e["tier"] for e in entries if e["tier"]}),
+                "replicas": sorted({e["replica"] for e in entries if e["replica"]}),
+                "steps": entries,
+            }
+        )
+
+    @app.post("/v1/runs/{run_id}/end")
+    async def end_run(run_id: str, request: Request) -> Response:
+        if (r := guarded(request)) is not None:
+            return r
+        h = proxy.runs.get(run_id)
+        state = await st.get(run_id)
+        if h is None:
+            if state is not None and state.admitted not in (None, "ended"):
+                # a run served by another router replica: give back its slot, leave the tombstone
+                holds = engine.run_ended(state)
+                if admission is not None:
+                    await admission.release(state, holds)
+                await st.put(RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen))
+                return json_response({"run_id": run_id, "ended": True, "n_steps": state.steps_seen})
+            return error_response(404, "run_not_found", f"run {run_id!r} is not known to this router")
+        raw = await request.body()
+        try:
+            body = orjson.loads(raw) if raw.strip() else {}
+        except orjson.JSONDecodeError:
+            return error_response(400, "invalid_json", "request body is not valid JSON")
+        if not isinstance(body, dict):
+            return error_response(422, "body_not_object", "request body must be a JSON object")
+        outcome = body.get("outcome", "unknown")
+        reward = body.get("reward")
+        if outcome not in ("success", "failure", "unknown"):
+            return error_response(422, "invalid_outcome", "'outcome' must be success, failure or unknown")
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+            return error_response(422, "invalid_reward", "'reward' must be a number")
+        entries = list(h.entries)
+        started = entries[0]["arrival_s"] if entries else None
+        ended = wall()
+        writer.submit(
+            {
+                "record": "run",
+                "run_id": run_id,
+                "source": "runroute",
+                "started_at": started,
+                "ended_at": max(ended, started or ended),
+                "outcome": outcome,
+                "reward": reward,
+                "n_steps": len(entries),
+            }
+        )
+        h.ended = True
+        if state is not None and state.admitted != "ended":
+            holds = engine.run_ended(state)
+            if admission is not None:
+                await admission.release(state, holds)
+            # a tombstone (kept store.ttl_s) tells other routers' idle sweeps the slot is given back
+            await st.put(RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen))
+        else:
+            await st.delete(run_id)
+        return json_response({"run_id": run_id, "ended": True, "n_steps": len(entries), "outcome": outcome})
+
+    @app.post("/admin/reload")
+    async def reload(request: Request) -> Response:
+        if (r := guarded(request)) is not None:
+            return r
+        if not holder.has_source:
+            return error_response(
+                503, "bundle_not_loaded", "no bundle source configured (bundle.path / mlflow_uri)"
+            )
+        try:
+            serving = await holder.reload()
+        except Exception as e:  # noqa: BLE001 - refused: the old bundle keeps serving
+            old = holder.current.version if holder.current else None
+            return error_response(409, "bundle_refused", f"bundle refused, still serving {old}: {e}")
+        return json_response({"reloaded": True, "version": serving.version})

@@ -1,0 +1,142 @@
+"""Wiring of the sidecar's parts from its settings: backends, the run-state store, the step engine.
+
+- :func:`make_backends`: one :class:`~router.server.proxy.Backend` per local replica and one for the
+  frontier, with the headers (auth) and the :class:`~router.policy.types.BackendState` template the
+  policy prices them with;
+- :func:`make_store`: ``memory`` -> :class:`~router.server.state.InProcessStore`; ``redis`` ->
+  :class:`~router.server.state_redis.RedisStore` behind
+  :class:`~router.server.state_redis.FallbackStore` (keeps serving from local pins while Redis is
+  down, resyncs when it returns);
+- :func:`make_engine`: the :class:`~router.core.engine.StepEngine` with its admission gate (the
+  traffic model on the injected clocks, the per-tenant spill budget) and the store-backed
+  :class:`~router.server.admission.LiveAdmission` (None without a local tier).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from router.core.engine import StepEngine
+from router.policy.types import BackendState
+from router.server.proxy import Backend
+from router.server.scrape import Scraper
+from router.server.settings import RouterSettings
+
+__all__ = ["make_backends", "make_store", "make_engine"]
+
+
+def make_backends(s: RouterSettings) -> list[Backend]:
+    out = []
+    if s.local is not None:
+        hdr = {"content-type": "application/json"}
+        if s.local.api_key_env:
+            import os
+
+            key = os.environ.get(s.local.api_key_env)
+            if key:
+                hdr["authorization"] = f"Bearer {key}"
+        for name, url in zip(s.local.names or [], s.local.urls, strict=True):
+            tmpl = BackendState(
+                name=name,
+                tier="local",
+                model=s.local.model,
+                max_context=s.local.max_context,
+                prefill_s_per_token=s.local.prefill_s_per_token,
+                ttft_base_s=s.local.ttft_base_s,
+                gpu_usd_per_hour=s.local.gpu_usd_per_hour,
+            )
+            out.append(Backend(name, "local", s.local.model, url, hdr, tmpl))
+    if s.frontier is not None:
+        f = s.frontier
+        hdr = {"content-type": "application/json"}
+        key = f.api_key()
+        if key:
+            hdr["authorization"] = f"Bearer {key}"
+        tmpl = BackendState(
+            name=f.name,
+            tier="frontier",
+            model=f.model,
+            max_context=f.max_context,
+            price_in_per_m=f.price_in_per_m,
+            price_cached_in_per_m=f.price_cached_in_per_m,
+            price_out_per_m=f.price_out_per_m,
+            ttft_base_s=f.ttft_base_s,
+        )
+        out.append(Backend(f.name, "frontier", f.model, f.url, hdr, tmpl))
+    return out
+
+
+def make_store(s: RouterSettings) -> Any:
+    """``memory``: InProcessStore. ``redis``: RedisStore behind FallbackStore (keeps serving from
+    local pins while Redis is down, resyncs when it returns)."""
+    from router.server.state import InProcessStore
+
+    if s.store.kind == "memory":
+        return InProcessStore(ttl_s=s.store.ttl_s)
+    from router.server.state_redis import FallbackStore, RedisStore
+
+    return FallbackStore(
+        RedisStore(
+            s.store.redis_url,
+            key_prefix=s.store.key_prefix,
+            ttl_s=s.store.ttl_s,
+            admit_ttl_s=s.store.admit_ttl_s,
+        ),
+        InProcessStore(ttl_s=s.store.ttl_s),
+    )
+
+
+def make_engine(
+    s: RouterSettings,
+    store: Any,
+    scraper: Scraper,
+    backends: list[Backend],
+    budget_hook: Any,
+    clock: Callable[[], float],
+    wall: Callable[[], float],
+) -> tuple[StepEngine, Any]:
+    """The step engine of this app and its store-backed admission (None without a local tier)."""
+    from router.core.admission import AdmissionGate, TenantSpillBudget
+    from router.core.capacity import ArrivalForecaster
+    from router.core.traffic import TrafficModel
+    from router.server.admission import LiveAdmission
+
+    hist = s.server.run_history_steps
+    if s.local is None:
+        return StepEngine(max_steps=hist), None
+    a = s.admission
+    cfg = a.controller_config(s.local)
+    local = [b.name for b in backends if b.tier == "local"]
+    frontier = [b.name for b in backends if b.tier == "frontier"]
+    traffic = TrafficModel(
+        local,
+        tau_s=a.rate_tau_s,
+        prefill_weight=cfg.work_prefill_weight,
+        min_rate_steps=a.min_rate_steps,
+        forecaster=ArrivalForecaster(
+            bucket_s=a.forecast_bucket_s, alpha=a.forecast_alpha, min_history_s=a.forecast_min_history_s
+        ),
+        clock=clock,
+        wall=wall,
+    )
+    budget = None
+    if budget_hook is None and (a.tenant_spill_limits or a.default_tenant_spill_limit is not None):
+        budget = TenantSpillBudget(a.tenant_spill_limits, a.default_tenant_spill_limit)
+    gate = AdmissionGate(cfg, traffic, budget_hook=budget_hook, tenant_budget=budget)
+
+    def healthy() -> tuple[list[str], bool]:
+        stats = scraper.stats
+        return [n for n in local if n not in stats or stats[n].healthy], bool(frontier)
+
+    live = LiveAdmission(
+        gate,
+        store,
+        key=a.counter_key,
+        idle_release_s=a.idle_release_s or s.store.ttl_s,
+        sweep_s=a.sweep_s,
+        healthy=healthy,
+        horizons_s=a.horizons_s,
+        default_run_s=a.default_run_s,
+    )
+    return StepEngine(admission=gate, max_steps=hist), live
