@@ -22,8 +22,10 @@ Algorithm:
   processes pinned there; idle sidecars waiting on core 1 count as other, about 1 %).
 - Checks: issue 13's "Done when" at the highest rate (``ADDED_P50_MAX_MS``, ``ADDED_P99_MAX_MS``,
   ``VS_REF_P50_MAX_MS``), printed as met / not met per mode; figures, not asserts.
-- The sidecar's ``x-runroute-step`` header is compared with the step the client sent: a mismatch means
-  the sidecar did not hold the run's history (it is counted, not hidden).
+- The sidecar's ``x-runroute-step`` header is compared with the step the client sent (``step≠``): a
+  mismatch means the sidecar did not hold the run's history, or, under overload, that two steps of one
+  run overlapped (a run's turn comes every ``runs / rate`` s; latency above that lets its next step
+  reach the sidecar first). Counted, not hidden.
 
 Knobs: none of its own (the bench's ``--compare-steps``, ``--step-window``).
 """
