@@ -242,6 +242,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     cmp_steps = [int(x) for x in a.compare_steps.split(",")]
     if max(cmp_steps) + a.step_window >= a.steps:
         raise SystemExit(f"realistic: --steps {a.steps} is too short for --compare-steps {a.compare_steps}")
+    if a.ref_tree is not None:  # absolute: the sidecar runs with a scratch folder as its cwd
+        a.ref_tree = a.ref_tree.resolve()
     if a.ref_tree is not None and not (a.ref_tree / "runroute" / "cli.py").exists():
         raise SystemExit(f"realistic: --ref-tree {a.ref_tree} is not a runroute checkout")
     if shutil.which("taskset") is None:
