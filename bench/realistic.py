@@ -17,7 +17,8 @@ Algorithm:
 3. Cells = reps x modes x rates; within a cell every system runs back to back (order rotated per cell), each
    one ``realistic_load.py`` process pinned to core 0 sending the *same* schedule (Poisson, same seed)
    of (run, step) bodies from 2 KB to 200 KB, open loop, latency from the scheduled send time. Before
-   each system's turn the bench waits until that system is idle (< 5 % CPU); its CPU over the cell is
+   each system's turn the bench waits until all systems and the backend are idle (< 5 % of a core
+   together), so one's backlog does not land in another's cell; its CPU over the cell is
    read from /proc (:mod:`sut_procs`) and divided by the requests sent.
 4. Report (:mod:`realistic_report`): per (mode, rate, system) p50/p99 and added p50/p99 over direct,
    TTFB, errors, achieved rate, CPU ms per request; ``runroute`` against ``ref`` (the old code, same
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                     if s.proc is not None and s.proc.poll() is not None:  # crashed: report, do not hide
                         crashed.setdefault(s.label, _crash_note(s, work))
                     else:
-                        cells.append(_cell(a, s, backend.pid, (rep, mode, rate), a.seed + ci, out))
+                        cells.append(_cell(a, s, systems, backend.pid, (rep, mode, rate), a.seed + ci, out))
                     progress.advance(task)
         for s in systems:
             if s.stateful and s.label not in crashed:
@@ -366,35 +367,36 @@ def _report_from(path: Path) -> int:
 
 
 def _cell(
-    a: argparse.Namespace, s: System, backend_pid: int, key: tuple[int, str, float], seed: int, out: Path
+    a: argparse.Namespace,
+    s: System,
+    systems: list[System],
+    backend_pid: int,
+    key: tuple[int, str, float],
+    seed: int,
+    out: Path,
 ) -> dict:
-    watch = s.pid or backend_pid
-    idle = wait_idle(watch, a.idle_max)
+    """One system's turn in a cell: wait until every system is idle, run the load, read CPU from /proc."""
+    suts = [x.pid for x in systems if x.pid]  # every SUT is pinned to core 1, idle ones included
+    idle = wait_idle([*suts, backend_pid], a.idle_max)
     rep, mode, rate = key
     rec_path = out / f"rec-{s.label}-{mode}-{rate:g}-r{rep}.jsonl"
     extra = ["--rate", str(rate), "--duration", str(a.duration), "--drain", str(a.drain), "--seed", str(seed)]
     extra += ["--out", str(rec_path)] + (["--stream"] if mode == "s" else [])
-    c0 = {"sut": cpu_seconds(s.pid) if s.pid else None, "backend": cpu_seconds(backend_pid)}
+    c0 = {p: cpu_seconds(p) for p in [*suts, backend_pid]}
     ch0, busy0 = os.times(), core_busy()
     t0 = time.monotonic()
     res = _run_lines(_loadgen(a, s, out / f"state-{s.label}.json", extra), a.duration + a.drain + 90)
-    cell = {
-        "system": s.label,
-        "rep": rep,
-        "mode": mode,
-        "rate": rate,
-        "seed": seed,
-        "records": rec_path.name,
-        **res,
-    }
     wall, busy1, ch1 = time.monotonic() - t0, core_busy(), os.times()
-    cell["wall_s"] = round(wall, 2)
-    cell["idle_wait_s"] = round(idle, 2)
-    cell["cpu_sut_s"] = round(cpu_seconds(s.pid) - c0["sut"], 3) if s.pid else None
-    cell["cpu_backend_s"] = round(cpu_seconds(backend_pid) - c0["backend"], 3)
+    used = {p: cpu_seconds(p) - c for p, c in c0.items()}
+    cell: dict[str, Any] = {"system": s.label, "rep": rep, "mode": mode, "rate": rate, "seed": seed}
+    cell.update(records=rec_path.name, **res)
+    cell["wall_s"], cell["idle_wait_s"] = round(wall, 2), round(idle, 2)
+    cell["cpu_sut_s"] = round(used[s.pid], 3) if s.pid else None
+    cell["cpu_other_suts_s"] = round(sum(v for p, v in used.items() if p not in (s.pid, backend_pid)), 3)
+    cell["cpu_backend_s"] = round(used[backend_pid], 3)
     client = (ch1.children_user + ch1.children_system) - (ch0.children_user + ch0.children_system)
     # what processes outside this bench (and steal) took from each core, as a share of the cell
-    ours = {0: cell["cpu_backend_s"] + client, 1: cell["cpu_sut_s"] or 0.0}
+    ours = {0: used[backend_pid] + client, 1: sum(v for p, v in used.items() if p != backend_pid)}
     cell["other_share"] = {
         c: round(max(0.0, busy1[c] - busy0[c] - ours[c]) / wall, 3) for c in ours if c in busy1
     }

@@ -19,7 +19,7 @@ Algorithm:
 - Disturbed cells (marked ``*``): the load generator sent its p99 request more than ``LAG_DISTURBED_MS``
   late, or other processes (or steal) took more than ``OTHER_SHARE_DISTURBED`` of core 0 or core 1
   during the cell (``other % c0/c1``: per-core busy time from /proc/stat minus the bench's own
-  processes pinned there; idle sidecars waiting on core 1 count as other, about 1 %).
+  processes pinned there, the idle systems waiting on core 1 included).
 - Checks: issue 13's "Done when" at the highest rate (``ADDED_P50_MAX_MS``, ``ADDED_P99_MAX_MS``,
   ``VS_REF_P50_MAX_MS``), printed as met / not met per mode; figures, not asserts.
 - The sidecar's ``x-runroute-step`` header is compared with the step the client sent (``step≠``): a

@@ -117,28 +117,30 @@ def cpu_seconds(pid: int) -> float:
 
 
 def core_busy() -> dict[int, float]:
-    """Busy seconds of each CPU since boot from /proc/stat (user, nice, system, irq, softirq, steal).
+    """Busy seconds of each CPU since boot from /proc/stat: user, nice, system and steal.
 
     Over a cell, a core's busy time minus the bench's own processes on it is the load of *other*
-    processes there (other helpers on a shared machine) plus hypervisor steal."""
+    processes there (other helpers on a shared machine) plus hypervisor steal. irq and softirq are
+    left out: they are mostly the bench's own loopback traffic, which no process is charged for."""
     out: dict[int, float] = {}
     for line in Path("/proc/stat").read_text().splitlines():
         name, *vals = line.split()
         if name.startswith("cpu") and name[3:].isdigit():
             v = [int(x) for x in vals]
-            out[int(name[3:])] = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / TICK
+            out[int(name[3:])] = (v[0] + v[1] + v[2] + v[7]) / TICK
     return out
 
 
-def wait_idle(pid: int, max_s: float, below: float = 0.05, window_s: float = 0.5) -> float:
-    """Wait (at most ``max_s``) until ``pid`` uses less than ``below`` of a core over ``window_s``.
+def wait_idle(pids: list[int], max_s: float, below: float = 0.05, window_s: float = 0.5) -> float:
+    """Wait (at most ``max_s``) until ``pids`` together use less than ``below`` of a core over ``window_s``.
 
-    Returns the seconds waited, so a backlog left by an overloaded cell does not leak into the next."""
+    Returns the seconds waited, so a backlog left by an overloaded cell (or a sidecar still writing
+    its run log after priming) does not leak into the next cell."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < max_s:
-        c0 = cpu_seconds(pid)
+        c0 = sum(cpu_seconds(p) for p in pids)
         time.sleep(window_s)
-        if cpu_seconds(pid) - c0 < below * window_s:
+        if sum(cpu_seconds(p) for p in pids) - c0 < below * window_s:
             break
     return time.monotonic() - t0
 
