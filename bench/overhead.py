@@ -27,6 +27,10 @@ default a temp dir), ``--peers`` (the bench-peers folder), ``--skip-direct``, ``
 peers' bare FastAPI+aiohttp pass-through in this same run, pinned the same way: on a shared machine
 its figures show how much of the added latency is the machine, not the router).
 
+``--realistic`` (first or anywhere on the line) runs the realistic mode instead, with its own options
+(:mod:`realistic`, bench/realistic.py: 1,000 concurrent runs whose bodies grow from 2 KB to 200 KB,
+beside the bare pass-through and, with ``--ref-tree``, another checkout's sidecar).
+
 Usage: ``.venv/bin/python bench/overhead.py [--duration 8]`` (about 3-4 minutes with defaults).
 """
 
@@ -36,47 +40,20 @@ import argparse
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
 import yaml
 
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sut_procs import free_port, stop, wait_ready  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT.parent / "shared" / "bench-peers"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"overhead: not ready after {timeout_s:.0f} s: {url}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def peer_rows(peers: Path) -> list[str]:
@@ -88,7 +65,13 @@ def peer_rows(peers: Path) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    if "--realistic" in sys.argv[1:]:  # its own module and options (bench/realistic.py)
+        import realistic
+
+        return realistic.main([x for x in sys.argv[1:] if x != "--realistic"])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], epilog="--realistic: see bench/realistic.py"
+    )
     ap.add_argument("--rates", default="50,200,400")
     ap.add_argument("--modes", default="ns,s")
     ap.add_argument("--duration", type=float, default=8.0)
