@@ -98,9 +98,9 @@ def main() -> int:
     if not a.bundle.exists():
         sys.path.insert(0, str(ROOT))
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        from runroute.commands.serve import _train_default_bundle
+        from runroute.commands.serve import train_default_bundle
 
-        _train_default_bundle(a.bundle)
+        train_default_bundle(a.bundle)
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     bport, rport = free_port(), free_port()

@@ -142,9 +142,9 @@ def _ensure_bundle(path: Path) -> None:
         return
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from runroute.commands.serve import _train_default_bundle
+    from runroute.commands.serve import train_default_bundle
 
-    _train_default_bundle(path)
+    train_default_bundle(path)
 
 
 def _ref_python(a: argparse.Namespace) -> str:

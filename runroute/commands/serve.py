@@ -21,7 +21,7 @@ import typer
 
 from runroute.errors import CliError
 
-__all__ = ["register", "DEFAULT_BUNDLE", "DEFAULT_LOGS"]
+__all__ = ["register", "train_default_bundle", "DEFAULT_BUNDLE", "DEFAULT_LOGS"]
 
 DEFAULT_BUNDLE = Path("runroute-bundle")
 DEFAULT_LOGS = Path("runroute-logs")
@@ -33,7 +33,7 @@ _TRAIN_FILES = (
 )
 
 
-def _train_default_bundle(out: Path) -> None:
+def train_default_bundle(out: Path) -> None:
     from features.samples import samples_dir
     from training.train import TrainConfig, run_training
 
@@ -93,7 +93,7 @@ def _demo_settings(stack, server: dict[str, object]):
     from router.server.settings import RouterSettings
 
     if not DEFAULT_BUNDLE.exists():
-        _train_default_bundle(DEFAULT_BUNDLE)
+        train_default_bundle(DEFAULT_BUNDLE)
     typer.echo("runroute: starting demo backends (fake vLLM x2, fake frontier) ...")
     v0 = stack.enter_context(start_fake_process("vllm", model="local-model", name="fake-vllm-0"))
     v1 = stack.enter_context(start_fake_process("vllm", model="local-model", name="fake-vllm-1"))
