@@ -185,13 +185,10 @@ class RouterProc:
 
 @pytest.fixture(scope="module")
 def redis_proc(tmp_path_factory) -> Iterator[RedisProc]:
-    if REDIS_BIN is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server); Redis tests need it")
+    if REDIS_BIN is None:  # .ci/run installs it: a missing one is a broken environment, never a skip
+        pytest.fail("redis-server is not installed (apt-get install redis-server); Redis tests need it")
     r = RedisProc(_free_port(), tmp_path_factory.mktemp("redis"))
-    try:
-        r.start()
-    except RuntimeError as e:
-        pytest.skip(f"cannot start a private redis-server: {e}")
+    r.start()
     try:
         yield r
     finally:
@@ -539,8 +536,6 @@ ADM_LIMIT_PER_REPLICA = 2
 @pytest.fixture(scope="module")
 def adm_routers(tmp_path_factory, redis_proc, fakes, bundle_dir) -> Iterator[list[RouterProc]]:
     """Two routers with a hard admission cap (2 runs per replica, no spill), on their own Redis db."""
-    if "admission" not in RouterSettings.model_fields:
-        pytest.skip("RouterSettings has no 'admission' section: live admission is not wired in the sidecar")
     tmp = tmp_path_factory.mktemp("adm")
     cfg = router_config(
         tmp,
@@ -719,11 +714,6 @@ def test_redis_outage_no_5xx_degraded_then_resync(live: Cluster):
     gauges_after = {w: gauge(c.metrics(w), DEGRADED_METRIC) for w in "ab"}
     c.assert_upstreams_match(since, counts)
 
-    if any(v is None for v in (*gauges_before.values(), *gauges_during.values(), *gauges_after.values())):
-        pytest.xfail(
-            f"/metrics exposes no {DEGRADED_METRIC} gauge (router/server/metrics.py + router/server/app.py do not "
-            "export FallbackStore.degraded yet); everything else in this test passed"
-        )
     assert gauges_before == {"a": 0.0, "b": 0.0}
     assert gauges_during == {"a": 1.0, "b": 1.0}
     assert gauges_after == {"a": 0.0, "b": 0.0}

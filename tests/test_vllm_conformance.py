@@ -55,10 +55,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         _unavailable(
             f"test model absent at {model}: run `make test-vllm` (or runroute make-test-model {model})"
         )
-    try:
-        from router.fakes.launch import fake_in_thread
-    except ImportError as e:
-        pytest.skip(f"router.fakes not available: {e}")
+    from router.fakes.launch import fake_in_thread
+
     cfg = LocalNodeConfig(
         model=str(model),
         port=_free_port(),

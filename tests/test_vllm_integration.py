@@ -240,11 +240,9 @@ def _router_metric(text: str, name: str) -> float:
 def test_run_through_router_stays_on_its_replica_and_metrics_agree(
     replicas: list[LocalNode], tmp_path: Path
 ) -> None:
-    try:
-        from router.server.app import create_app, serve_in_thread
-        from router.server.settings import RouterSettings
-    except ImportError as e:  # the sidecar is built in its own issue
-        pytest.skip(f"router.server.app not available: {e}")
+    from router.server.app import create_app, serve_in_thread
+    from router.server.settings import RouterSettings
+
     settings = RouterSettings(
         local={"urls": [n.base_url for n in replicas], "model": MODEL, "max_context": 8192},
         policy={"kind": "session-sticky"},
