@@ -21,8 +21,10 @@ background); ``admission_budget_hook`` (``tenant -> bool``) replaces the per-ten
 built from settings. ``clock`` (monotonic) and ``wall`` (epoch) are injected into the engine, the
 traffic model and the run log.
 
-Endpoints: ``POST /v1/chat/completions`` (:mod:`router.server.proxy`, short-cutting the middleware
-stack) and the rest (:mod:`router.server.routes`).
+Endpoints: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``
+(:mod:`router.server.proxy`, short-cutting the middleware stack) and the rest
+(:mod:`router.server.routes`). The idle-run sweep (:mod:`router.server.lifecycle`) runs in the
+background every ``identity.sweep_s``.
 """
 
 from __future__ import annotations
@@ -62,22 +64,19 @@ def _json(obj: Any, status: int = 200) -> Response:
 
 
 class _RouterApp(FastAPI):
-    """FastAPI, except that ``POST /v1/chat/completions`` skips the middleware stack.
+    """FastAPI, except that the hot paths (``POST /v1/chat/completions``, ``/v1/responses``,
+    ``/v1/messages``) skip the middleware stack.
 
     The hot path answers every error itself (OpenAI-style); an unexpected exception still becomes
     a 500 ``internal_error`` here. Measured: the stack's per-``send`` wrappers cost ~10 us per SSE
     chunk and ~40 us per request on this machine type.
     """
 
-    hot_path: Any = None
+    hot_paths: dict[str, Any] = {}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if (
-            self.hot_path is not None
-            and scope["type"] == "http"
-            and scope["path"] == "/v1/chat/completions"
-            and scope["method"] == "POST"
-        ):
+        hot = self.hot_paths.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if hot is not None:
             started = False
 
             async def tracking_send(msg: Any) -> None:
@@ -86,10 +85,10 @@ class _RouterApp(FastAPI):
                 await send(msg)
 
             try:
-                response = await self.hot_path(Request(scope, receive))
+                response = await hot(Request(scope, receive))
                 await response(scope, receive, tracking_send)
             except Exception:
-                log.exception("unhandled error on the chat-completions path")
+                log.exception("unhandled error on the hot path %s", scope["path"])
                 if not started:
                     await error_response(500, "internal_error", "internal router error")(scope, receive, send)
             return
@@ -176,6 +175,7 @@ def create_app(
         holder.start()
         if admission is not None:
             admission.start()
+        proxy.lifecycle.start()
         # the bundle, settings and imported modules live for the whole process: move them out of the
         # collector's generations so a full collection under load does not walk them (tail latency)
         gc.collect()
@@ -183,6 +183,7 @@ def create_app(
         try:
             yield
         finally:
+            await proxy.lifecycle.stop()
             if admission is not None:
                 await admission.stop()
             await scraper.stop()
@@ -192,7 +193,7 @@ def create_app(
             await st.close()
 
     app = _RouterApp(title="runroute", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.hot_path = proxy.chat
+    app.hot_paths = {"/v1/chat/completions": proxy.chat, "/v1/responses": proxy.responses, "/v1/messages": proxy.messages}
     app.state.proxy = proxy
     app.state.holder = holder
     app.state.metrics = metrics

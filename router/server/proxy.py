@@ -1,31 +1,39 @@
-"""The hot path: ``POST /v1/chat/completions`` — read, run the step engine, forward, relay, record.
+"""The hot path: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages`` — read, run the
+step engine, forward, relay, record; the same code for every protocol.
 
-Algorithm per request (the decisions are the step engine's, :mod:`router.core.engine`; this module
-does the I/O around it):
+Algorithm per request (the decisions are the step engine's, :mod:`router.core.engine`; the protocol
+details are the adapter's, :mod:`router.server.protocol`; this module does the I/O around them):
 
-1. Auth (optional bearer keys), body size limit (``Content-Length`` checked before reading, the
-   stream counted while reading), one ``orjson.loads`` and validation (:mod:`router.server.chat`).
-2. Run identity (:mod:`router.server.identity`) and the run's track (:class:`RunHistory`, bounded
-   by ``server.run_history_runs`` / ``run_history_steps``); under a per-run lock (so concurrent
-   steps of one run see each other's pin): the run's pin from the run-state store, the step the
-   engine sees (:func:`router.server.proto.step_request`), fresh backend states (scraped health,
-   running, waiting, KV usage + this router's in-flight counts), and for a new run the store's
-   active-run count; then ``engine.plan``. An admission slot claim the plan asks for goes to the
-   store's atomic counter (:class:`router.server.admission.LiveAdmission`) and back to the engine;
-   a rejected new run answers 429 ``run_rejected_overload`` with ``Retry-After`` and nothing is
-   stored; otherwise ``engine.commit`` and the pin is stored.
-3. Forward the client's bytes with only ``model`` rewritten (:func:`router.server.proto.rewrite_body`).
-   Streaming: the first upstream chunk is awaited before the client's headers are sent (so a failure
-   before the first byte can still fall back), then :class:`router.server.relay.SSERelay` relays it.
+1. Auth (optional client keys: ``Authorization: Bearer``, ``x-api-key`` or ``api-key``), body size
+   limit (``Content-Length`` checked before reading, the stream counted while reading), one
+   ``orjson.loads`` and validation (``adapter.read``; bad input is a 4xx in the protocol's shape).
+2. Run identity (:class:`router.server.lifecycle.RunLifecycle`) and the run's track
+   (:class:`RunHistory`, bounded by ``server.run_history_runs`` / ``run_history_steps``); under a
+   per-run lock (so concurrent steps of one run see each other's pin): the run's pin from the
+   run-state store, the step the engine sees (``adapter.step_request``), fresh backend states
+   (:class:`router.server.backends.BackendSet`: local replicas + the frontier the request's model
+   maps to), and for a new run the store's active-run count; then ``engine.plan``. An admission
+   slot claim the plan asks for goes to the store's atomic counter
+   (:class:`router.server.admission.LiveAdmission`) and back to the engine; a rejected new run
+   answers 429 ``run_rejected_overload`` with ``Retry-After`` (the predicted time until a slot
+   frees) and nothing is stored; otherwise ``engine.commit`` and the pin is stored.
+3. Forward (``adapter.outbound``): to a backend that speaks the client's protocol, the client's
+   bytes with only ``model`` rewritten (the fast path); otherwise a translation
+   (:mod:`router.server.translate`). Streaming: the first upstream chunk is awaited before the
+   client's headers are sent (so a failure before the first byte can still fall back), then
+   :class:`router.server.relay.SSERelay` relays it through the adapter's capture.
 4. Fallback: a connect error, a timeout or a 5xx before the first byte retries once on the other
    tier when ``fallback.enabled`` (and ``on_requested_model`` for concrete-model requests) through
    ``engine.fallback`` (reason ``fallback-<kind>``, pinned there); otherwise 502/503/504.
 5. Record: ``engine.finish`` with what the upstream reported (usage incl. cached tokens, tool calls,
    TTFT for streams, latency) -> the run's summary (``GET /v1/runs/{id}``), the run-log ``step``
-   record to the background writer (prompt text only with ``runlog.log_prompts``), metrics.
+   record (``protocol`` = chat / responses / messages) to the background writer (prompt text only
+   with ``runlog.log_prompts``), metrics; ``adapter.remember`` keeps a Responses answer for
+   ``previous_response_id`` chaining.
 
-Clocks are injected (``clock``: monotonic seconds for the engine; ``wall``: epoch seconds for the
-run log; ``perf``: latency), so tests drive time.
+Hooks for other layers (metrics, tracing, validation) are the small methods ``_route``,
+``_call``, ``_forward``, ``_finish``. Clocks are injected (``clock``: monotonic seconds for the
+engine; ``wall``: epoch seconds for the run log; ``perf``: latency), so tests drive time.
 """
 
 from __future__ import annotations
@@ -49,32 +57,20 @@ from router.core.record import StepResult, step_entry
 from router.core.runs import CacheReading, RunTrack, RunTracker
 from router.policy.admission import PRIORITIES
 from router.policy.types import BackendState, RunState
-from router.server import chat as proto
-from router.server.errors import ProxyError, error_response
-from router.server.identity import run_id_for
+from router.server.backends import Backend, BackendSet
+from router.server.chat import ChatAdapter
+from router.server.errors import ProxyError
+from router.server.lifecycle import RunLifecycle
+from router.server.messages import MessagesAdapter
+from router.server.protocol import Adapter, ClientRequest, pick_protocol
 from router.server.relay import SSERelay
+from router.server.responses import ResponsesAdapter, ResponseStore
 from router.server.upstream import UpstreamError
 
 __all__ = ["Backend", "RunHistory", "Proxy"]
 
 log = logging.getLogger("runroute.proxy")
-
-
-@dataclass
-class Backend:
-    """One upstream the router may send a step to, with its live in-flight count."""
-
-    name: str
-    tier: str
-    model: str
-    root: str
-    headers: dict[str, str]
-    state_template: BackendState
-    inflight: int = 0
-
-    @property
-    def chat_url(self) -> str:
-        return self.root + "/v1/chat/completions"
+_FORWARD_HEADERS = {"messages": ("anthropic-beta",), "responses": ("openai-beta",), "chat": ()}
 
 
 @dataclass(slots=True)
@@ -85,6 +81,14 @@ class RunHistory(RunTrack):
     entries: deque[dict[str, Any]] = field(default_factory=deque)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     ended: bool = False
+    inflight: int = 0  # steps of this run being served now (the idle sweep leaves it alone)
+    served_opening: bool = False  # an opening step (no assistant turn yet) was answered
+    tenant: str | None = None
+    protocols: set[str] = field(default_factory=set)
+
+    @property
+    def busy(self) -> bool:
+        return self.inflight > 0
 
 
 @dataclass(slots=True)
@@ -95,11 +99,13 @@ class _Step:
     run: RunState
     hist: RunHistory
     backend: Backend
-    req: proto.ChatRequest
+    req: ClientRequest
+    proto: Any
     t0: float
     arrival_s: float
-    capture: proto.Capture
+    capture: Any
     ttft_s: float | None = None
+    done: bool = False
 
 
 class Proxy:
@@ -132,8 +138,10 @@ class Proxy:
         self.writer = writer
         self.m = metrics
         self.clock, self.wall, self.perf = clock, wall, perf
-        self.backends = {b.name: b for b in backends}
-        self.models = {b.model: b.tier for b in backends}
+        local = getattr(settings, "local", None)
+        self.set = BackendSet(backends, scraper, getattr(local, "kv_cache_tokens", None))
+        self.backends = self.set.all
+        self.models = self.set.models
         self.keys = settings.server.client_keys()
         self.max_body = settings.server.max_body_bytes
         self.tracker: RunTracker[RunHistory] = RunTracker(
@@ -141,8 +149,22 @@ class Proxy:
             settings.server.run_history_steps,
             factory=RunHistory.new,  # type: ignore[arg-type]
         )
-        local = getattr(settings, "local", None)
-        self.kv_cache_tokens: int | None = getattr(local, "kv_cache_tokens", None)
+        ident = settings.identity
+        self.lifecycle = RunLifecycle(
+            tracker=self.tracker,
+            store=store,
+            engine=engine,
+            admission=admission,
+            writer=writer,
+            identity=ident,
+            clock=clock,
+            wall=wall,
+        )
+        self.adapters: dict[str, Any] = {
+            "chat": ChatAdapter(),
+            "responses": ResponsesAdapter(ResponseStore(ident.response_store_entries)),
+            "messages": MessagesAdapter(),
+        }
         if engine.cache_reader is None:
             engine.cache_reader = self.cache_reading
 
@@ -154,8 +176,9 @@ class Proxy:
     def check_auth(self, request: Request) -> None:
         if not self.keys:
             return
-        auth = request.headers.get("authorization", "")
-        token = auth[7:] if auth[:7].lower() == "bearer " else ""
+        h = request.headers
+        auth = h.get("authorization", "")
+        token = auth[7:] if auth[:7].lower() == "bearer " else (h.get("x-api-key") or h.get("api-key") or "")
         if not token or not any(hmac.compare_digest(token, k) for k in self.keys):
             raise ProxyError(401, "invalid_api_key", "missing or invalid API key (Authorization: Bearer ...)")
 
@@ -180,39 +203,10 @@ class Proxy:
         return b"".join(parts)
 
     def cache_reading(self, replica: str) -> CacheReading | None:
-        """A local replica's prefix-cache counter from the latest scrape (vLLM ``queries - hits``
-        in tokens; capacity ``local.kv_cache_tokens`` else the scraped ``cache_config_info``)."""
-        st = self.scraper.stats.get(replica) if self.scraper is not None else None
-        if st is None or not st.scraped:
-            return None
-        return CacheReading(st.computed_tokens, self.kv_cache_tokens or st.cache_tokens or None)
+        return self.set.cache_reading(replica)
 
-    def backend_states(self) -> list[BackendState]:
-        """Fresh backend states: scraped health/load + this router's in-flight count."""
-        stats = self.scraper.stats if self.scraper is not None else {}
-        out = []
-        for b in self.backends.values():
-            t = b.state_template
-            st = stats.get(b.name)
-            out.append(
-                BackendState(
-                    name=b.name,
-                    tier=t.tier,
-                    model=t.model,
-                    healthy=st.healthy if st is not None else t.healthy,
-                    max_context=t.max_context,
-                    running=(int(st.running) if st is not None else 0) + b.inflight,
-                    waiting=int(st.waiting) if st is not None else 0,
-                    kv_usage=st.kv_usage if st is not None else 0.0,
-                    price_in_per_m=t.price_in_per_m,
-                    price_cached_in_per_m=t.price_cached_in_per_m,
-                    price_out_per_m=t.price_out_per_m,
-                    prefill_s_per_token=t.prefill_s_per_token,
-                    ttft_base_s=t.ttft_base_s,
-                    gpu_usd_per_hour=t.gpu_usd_per_hour,
-                )
-            )
-        return out
+    def backend_states(self, backends: list[Backend] | None = None) -> list[BackendState]:
+        return self.set.states(list(self.backends.values()) if backends is None else backends)
 
     def _state_of(self, plan: StepPlan, name: str) -> BackendState | None:
         for b in plan.snapshot.backends:
@@ -220,7 +214,7 @@ class Proxy:
                 return b
         return None
 
-    def _priority_tenant(self, request: Request, body: dict[str, Any]) -> tuple[str, str | None]:
+    def _priority_tenant(self, request: Request, body: dict[str, Any], user: str | None) -> tuple[str, str | None]:
         a = self.s.admission
         raw = request.headers.get(a.priority_header)
         prio = a.default_priority if raw is None else raw.strip().lower()
@@ -230,11 +224,20 @@ class Proxy:
         if tenant is None:
             meta = body.get("metadata")
             t = meta.get("tenant") if isinstance(meta, dict) else None
-            tenant = t if isinstance(t, str) and t else None
+            tenant = t if isinstance(t, str) and t else user
         return prio, tenant
 
-    # ------------------------------------------------------------------ endpoint
+    # ------------------------------------------------------------------ endpoints
     async def chat(self, request: Request) -> Response:
+        return await self.handle(request, self.adapters["chat"])
+
+    async def responses(self, request: Request) -> Response:
+        return await self.handle(request, self.adapters["responses"])
+
+    async def messages(self, request: Request) -> Response:
+        return await self.handle(request, self.adapters["messages"])
+
+    async def handle(self, request: Request, proto: Adapter) -> Response:
         t0 = self.perf()
         arrival = self.wall()
         try:
@@ -243,14 +246,19 @@ class Proxy:
                 raw = await self._read_body(request)
             except ClientDisconnect:
                 return Response(status_code=499)
-            req = proto.read_request(raw, self.models)
-            return await self._route(request, req, t0, arrival)
+            req = proto.read(raw, self.models, self.set.aliases)
+            fwd = {k: v for k in ("anthropic-beta", "openai-beta") if (v := request.headers.get(k))}
+            if fwd:
+                req.extra["headers"] = fwd
+            return await self._route(request, proto, req, t0, arrival)
         except ProxyError as e:
-            return error_response(e.status, e.code, e.message, e.headers)
+            return proto.error_response(e.status, e.code, e.message, e.headers)
 
-    async def _route(self, request: Request, req: proto.ChatRequest, t0: float, arrival: float) -> Response:
+    async def _route(
+        self, request: Request, proto: Adapter, req: ClientRequest, t0: float, arrival: float
+    ) -> Response:
         body = req.body
-        run_id, id_source = run_id_for(request.headers.get("x-run-id"), body)
+        run_id, id_source, user = self.lifecycle.resolve(request.headers, proto, req)
         serving = self.holder.current
         if serving is None:
             raise ProxyError(503, "bundle_not_loaded", "no model bundle is loaded")
@@ -259,6 +267,25 @@ class Proxy:
         if created:
             hist.id_source = id_source
             hist.entries = deque(maxlen=self.tracker.max_steps)
+        hist.inflight += 1
+        try:
+            return await self._plan_and_forward(request, proto, req, hist, t0, arrival, now, user, serving)
+        finally:
+            hist.inflight -= 1
+
+    async def _plan_and_forward(
+        self,
+        request: Request,
+        proto: Adapter,
+        req: ClientRequest,
+        hist: RunHistory,
+        t0: float,
+        arrival: float,
+        now: float,
+        user: str | None,
+        serving: Any,
+    ) -> Response:
+        run_id = hist.run_id
         engine = self.engine
         # one decision at a time per run (get -> decide -> put), so concurrent steps of a run,
         # even with a remote store, see each other's pin
@@ -266,17 +293,21 @@ class Proxy:
             run = await self.store.get(run_id) or RunState(run_id=run_id)
             if run.admitted == "ended":  # the run id was ended before: a new run
                 run = RunState(run_id=run_id, steps_seen=run.steps_seen)
-            prio, tenant = self._priority_tenant(request, body)
+            hist.ended = False
+            prio, tenant = self._priority_tenant(request, req.body, user)
+            hist.tenant = hist.tenant or tenant
+            hist.protocols.add(proto.name)
             # the estimate builds on the previous step's counts only when this router saw it
             fresh = hist.base.steps and hist.next_step >= run.steps_seen
             sreq = proto.step_request(req, hist.last_tokens if fresh else None, priority=prio, tenant=tenant)
             adm = self.admission
             active = await adm.active() if adm is not None and run.admitted is None else 0
+            candidates = self.set.for_request(req.requested, req.model_alias, run.replica)
             plan = engine.plan(
                 run,
                 hist,
                 sreq,
-                self.backend_states(),
+                self.set.states(candidates),
                 now=now,
                 policy=serving.policy,
                 predictor=serving.predictor,
@@ -301,7 +332,7 @@ class Proxy:
                 engine.commit(plan, run, hist, None)
                 await self.store.put(run)
                 none = Backend("", decision.tier, "", "", {}, BackendState("", "local", ""))
-                ctx = _Step(plan, run, hist, none, req, t0, arrival, proto.Capture())
+                ctx = _Step(plan, run, hist, none, req, proto, t0, arrival, proto.capture(req, req.protocol))
                 self._finish(ctx, 503, "no_healthy_backend")
                 raise ProxyError(
                     503, "no_healthy_backend", f"no healthy backend available ({decision.reason})"
@@ -311,13 +342,14 @@ class Proxy:
                 self.m.flaps.inc()
             await self.store.put(run)
         self.m.child(self.m.decisions, decision.tier, decision.reason).inc()
-        ctx = _Step(plan, run, hist, backend, req, t0, arrival, proto.Capture(strip_usage=req.strip_usage))
+        ctx = _Step(plan, run, hist, backend, req, proto, t0, arrival, None)
         return await self._forward(ctx)
 
     def _reject(self, plan: StepPlan, run: RunState) -> None:
         ad = plan.admission_decision
         assert ad is not None
-        retry = max(1, math.ceil(plan.retry_after_s or self.s.admission.retry_after_min_s))
+        wait = plan.retry_after_s if plan.retry_after_s is not None else self.s.admission.retry_after_min_s
+        retry = max(1, math.ceil(wait))
         self.m.child(self.m.requests, "none", "429").inc()
         raise ProxyError(
             429,
@@ -327,11 +359,26 @@ class Proxy:
             f"retry after {retry}s",
             {
                 "retry-after": str(retry),
+                "retry-after-ms": str(max(1, math.ceil(wait * 1000))),
+                "x-should-retry": "true",
                 "x-runroute-run-id": run.run_id,
                 "x-runroute-reason": plan.decision.reason,
                 "x-runroute-admission": "reject",
             },
         )
+
+    def _outbound(self, ctx: _Step) -> tuple[str, bytes, dict[str, str]]:
+        """URL, body and headers for ctx.backend (the fast path or a translation); sets the capture."""
+        b, req = ctx.backend, ctx.req
+        bp = pick_protocol(req.protocol, b.urls)
+        model = req.model_alias if b.pass_model and req.model_alias else b.model
+        body = ctx.proto.outbound(req, bp, model, b.name)
+        ctx.capture = ctx.proto.capture(req, bp)
+        headers = b.headers
+        fwd = _FORWARD_HEADERS.get(bp, ())
+        if fwd and req.extra.get("headers"):
+            headers = {**headers, **{k: v for k, v in req.extra["headers"].items() if k in fwd}}
+        return b.urls[bp], body, headers
 
     async def _call(self, ctx: _Step) -> tuple[Any, Any, bytes | None]:
         """Send to ctx.backend. Returns (response, chunk iterator, first chunk) or raises UpstreamError.
@@ -339,8 +386,8 @@ class Proxy:
         Non-2xx responses come back with iterator None and the whole body as ``first``.
         """
         b = ctx.backend
-        fwd = proto.rewrite_body(ctx.req.raw, ctx.req.body, b.model, ctx.req.stream)
-        resp = await self.upstream.post(b.tier, b.chat_url, fwd, b.headers)
+        url, body, headers = self._outbound(ctx)
+        resp = await self.upstream.post(b.tier, url, body, headers)
         if resp.status >= 300 or not ctx.req.stream:
             return resp, None, await resp.read()
         it = resp.iter_chunks().__aiter__()
@@ -380,7 +427,9 @@ class Proxy:
                 break
             d = None
             if allow_fb and attempt == 0:
-                d = self.engine.fallback(ctx.plan, ctx.run, b.name, kind, self.backend_states())
+                d = self.engine.fallback(
+                    ctx.plan, ctx.run, b.name, kind, self.backend_states(self._fallback_candidates(ctx))
+                )
             if d is None:
                 status, code = {
                     "timeout": (504, "upstream_timeout"),
@@ -388,7 +437,7 @@ class Proxy:
                 }.get(kind, (502, "upstream_error"))
                 detail = f" (upstream status {resp.status})" if resp is not None else ""
                 self._finish(ctx, status, code)
-                return error_response(
+                return ctx.proto.error_response(
                     status, code, f"{b.tier} upstream {b.name} failed: {kind}{detail}", self._headers(ctx)
                 )
             attempt += 1
@@ -409,16 +458,7 @@ class Proxy:
             ctx.ttft_s = None
 
         if it is None:  # non-streaming, or a non-2xx status in either mode
-            data = first or b""
-            if resp.status == 200:
-                ctx.capture.json(data)
-            self._finish(ctx, resp.status, None if resp.status < 400 else f"upstream_{resp.status}")
-            return Response(
-                data,
-                status_code=resp.status,
-                media_type=resp.headers.get("content-type", "application/json"),
-                headers=self._headers(ctx),
-            )
+            return self._unary(ctx, resp, first or b"")
         backend = ctx.backend
 
         def inflight(n: int) -> None:
@@ -427,17 +467,37 @@ class Proxy:
         def stream_error() -> None:
             self.m.child(self.m.upstream_errors, backend.tier, "stream").inc()
 
+        cap = ctx.capture
         return SSERelay(
             resp,
             it,
             first or b"",
             self._headers(ctx),
-            ctx.capture.event,
+            cap.event,
             lambda status, code: self._finish(ctx, status, code),
             on_stream_error=stream_error,
             label=f"{backend.tier} upstream {backend.name}",
             inflight=inflight,
+            markers=cap.markers,
+            finish_stream=cap.finish_stream,
+            error_event=ctx.proto.stream_error,
         )
+
+    def _fallback_candidates(self, ctx: _Step) -> list[Backend]:
+        return self.set.for_request(ctx.req.requested, ctx.req.model_alias, None)
+
+    def _unary(self, ctx: _Step, resp: Any, data: bytes) -> Response:
+        status = resp.status
+        media = resp.headers.get("content-type", "application/json")
+        if status == 200:
+            data = ctx.capture.json(data)
+            if ctx.capture.translating:
+                media = "application/json"
+        elif ctx.capture.translating:  # the backend's error, in the client's protocol
+            data = ctx.proto.error_body(status, f"upstream_{status}", _error_message(data))
+            media = "application/json"
+        self._finish(ctx, status, None if status < 400 else f"upstream_{status}")
+        return Response(data, status_code=status, media_type=media, headers=self._headers(ctx))
 
     def _headers(self, ctx: _Step) -> dict[str, str]:
         p = ctx.plan
@@ -457,8 +517,9 @@ class Proxy:
     # ------------------------------------------------------------------ record
     def _finish(self, ctx: _Step, status: int, error_code: str | None) -> None:
         latency = self.perf() - ctx.t0
-        prompt, cached, completion = ctx.capture.counts()
-        names, keys = ctx.capture.tools()
+        cap = ctx.capture
+        prompt, cached, completion = cap.counts()
+        names, keys = cap.tools()
         b = ctx.backend
         res = StepResult(
             status=status,
@@ -482,10 +543,18 @@ class Proxy:
             arrival_s=ctx.arrival_s,
         )
         ctx.hist.entries.append(step_entry(rec, ctx.plan.fallback_from, ctx.plan.decision.switched))
+        if status == 200:
+            if ctx.req.extra.get("opening"):
+                ctx.hist.served_opening = True
+            remember = getattr(ctx.proto, "remember", None)
+            if remember is not None:
+                remember(ctx.req, cap, ctx.run.run_id, b.name)
         if self.writer is not None:
             out = dict(rec.__dict__)
             if self.s.runlog.log_prompts:
-                out["prompt_text"] = orjson.dumps(ctx.req.body.get("messages")).decode()
+                body = ctx.req.body
+                prompt_part = body.get("messages") if "messages" in body else body.get("input")
+                out["prompt_text"] = orjson.dumps(prompt_part).decode()
             self.writer.submit(out)
         m = self.m
         tier = b.tier or "none"
@@ -499,3 +568,15 @@ class Proxy:
             m.child(m.slo_steps, "yes" if latency <= self.s.slo.step_latency_s else "no").inc()
         if ctx.ttft_s is not None:
             m.child(m.ttft, tier).observe(ctx.ttft_s)
+
+
+def _error_message(data: bytes) -> str:
+    """The message of an upstream error body (OpenAI or Anthropic shape), else its start."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data[:200].decode("utf-8", "replace")
+    err = obj.get("error") if isinstance(obj, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return err["message"]
+    return data[:200].decode("utf-8", "replace")

@@ -4,8 +4,10 @@
 ``GET /metrics`` (Prometheus text; scraped figures and the capacity gauges refreshed on each
 scrape), ``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for the next 5/15/60
 minutes, the replica count that holds the SLO at that forecast, expected spill and reject shares),
-``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end`` (gives back the run's admission slot and
-leaves an ``ended`` tombstone in the store for ``store.ttl_s``), ``POST /admin/reload``.
+``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end`` (:meth:`router.server.lifecycle.RunLifecycle.end`:
+gives back the run's admission slot and leaves an ``ended`` tombstone in the store for
+``store.ttl_s``), ``POST /v1/messages/count_tokens`` (forwarded to the Anthropic frontier when one is
+configured, else the sidecar's estimate; Anthropic's error shape), ``POST /admin/reload``.
 Every error is the OpenAI error shape with a code (:mod:`router.server.errors`).
 """
 
@@ -27,7 +29,8 @@ from starlette.routing import Route
 from router.core.engine import StepEngine
 from router.policy.types import RunState
 from router.server.errors import ProxyError, error_response
-from router.server.proxy import Backend, Proxy
+from router.server.backends import Backend
+from router.server.proxy import Proxy
 from router.server.upstream import UpstreamError
 
 __all__ = ["Parts", "register_routes", "json_response"]
@@ -60,8 +63,14 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
     scraper, st, admission, up = parts.scraper, parts.store, parts.admission, parts.upstream
     backends, engine, wall = parts.backends, parts.engine, parts.wall
 
-    # also routed normally (so the route table is complete); _RouterApp short-cuts it
+    # also routed normally (so the route table is complete); _RouterApp short-cuts them
     app.router.routes.append(Route("/v1/chat/completions", proxy.chat, methods=["POST"]))
+    app.router.routes.append(Route("/v1/responses", proxy.responses, methods=["POST"]))
+    app.router.routes.append(Route("/v1/messages", proxy.messages, methods=["POST"]))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        return await count_message_tokens(proxy, up, request)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_exc(request: Request, exc: StarletteHTTPException) -> Response:
@@ -178,17 +187,6 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
     async def end_run(run_id: str, request: Request) -> Response:
         if (r := guarded(request)) is not None:
             return r
-        h = proxy.runs.get(run_id)
-        state = await st.get(run_id)
-        if h is None:
-            if state is not None and state.admitted not in (None, "ended"):
-                # a run served by another router replica: give back its slot, leave the tombstone
-                holds = engine.run_ended(state)
-                if admission is not None:
-                    await admission.release(state, holds)
-                await st.put(RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen))
-                return json_response({"run_id": run_id, "ended": True, "n_steps": state.steps_seen})
-            return error_response(404, "run_not_found", f"run {run_id!r} is not known to this router")
         raw = await request.body()
         try:
             body = orjson.loads(raw) if raw.strip() else {}
@@ -202,31 +200,10 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             return error_response(422, "invalid_outcome", "'outcome' must be success, failure or unknown")
         if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
             return error_response(422, "invalid_reward", "'reward' must be a number")
-        entries = list(h.entries)
-        started = entries[0]["arrival_s"] if entries else None
-        ended = wall()
-        writer.submit(
-            {
-                "record": "run",
-                "run_id": run_id,
-                "source": "runroute",
-                "started_at": started,
-                "ended_at": max(ended, started or ended),
-                "outcome": outcome,
-                "reward": reward,
-                "n_steps": len(entries),
-            }
-        )
-        h.ended = True
-        if state is not None and state.admitted != "ended":
-            holds = engine.run_ended(state)
-            if admission is not None:
-                await admission.release(state, holds)
-            # a tombstone (kept store.ttl_s) tells other routers' idle sweeps the slot is given back
-            await st.put(RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen))
-        else:
-            await st.delete(run_id)
-        return json_response({"run_id": run_id, "ended": True, "n_steps": len(entries), "outcome": outcome})
+        done = await proxy.lifecycle.end(run_id, outcome=outcome, reward=reward, reason="client")
+        if done is None:
+            return error_response(404, "run_not_found", f"run {run_id!r} is not known to this router")
+        return json_response(done)
 
     @app.post("/admin/reload")
     async def reload(request: Request) -> Response:
@@ -242,3 +219,36 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             old = holder.current.version if holder.current else None
             return error_response(409, "bundle_refused", f"bundle refused, still serving {old}: {e}")
         return json_response({"reloaded": True, "version": serving.version})
+
+
+async def count_message_tokens(proxy: Proxy, up: Any, request: Request) -> Response:
+    """``POST /v1/messages/count_tokens``: the Anthropic frontier's count, else the estimate."""
+    from router.server.messages import count_tokens_estimate, validate
+
+    proto = proxy.adapters["messages"]
+    try:
+        proxy.check_auth(request)
+        raw = await request.body()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise ProxyError(400, "invalid_json", "request body is not valid JSON") from None
+        validate(body, need_max_tokens=False)
+    except ProxyError as e:
+        return proto.error_response(e.status, e.code, e.message)
+    for b in proxy.set.frontiers:
+        url = b.urls.get("messages")
+        if url is None:
+            continue
+        fwd = dict(body)
+        alias = fwd.get("model")
+        fwd["model"] = alias if b.pass_model and isinstance(alias, str) and b.patterns(alias) else b.model
+        try:
+            resp = await up.post(b.tier, url + "/count_tokens", orjson.dumps(fwd), b.headers)
+            data = await resp.read()
+        except UpstreamError:
+            break
+        if resp.status == 200:
+            return Response(data, media_type="application/json")
+        break
+    return json_response({"input_tokens": count_tokens_estimate(body)})

@@ -13,10 +13,27 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   ids, default ``local-0..``), ``max_context``, ``kv_cache_tokens`` (one replica's KV cache size in
   tokens, the denominator of the ``local_cache_pressure`` feature; unset = each replica's scraped
   ``vllm:cache_config_info`` ``num_gpu_blocks x block_size``; the feature is NaN when neither is known).
-- ``frontier``: the frontier tier: ``url`` (OpenAI-compatible base, ``/v1`` optional), ``model``,
+- ``local.protocols``: the client APIs a replica serves itself (vLLM: ``chat``, ``responses``,
+  ``messages``); a request in another protocol is translated to chat.
+- ``frontier`` (one) and/or ``frontiers`` (a list; names unique): frontier backends. Each has a
+  ``kind``: ``openai`` (``url`` base, Bearer key; chat + responses), ``anthropic`` (Messages,
+  ``x-api-key`` + ``anthropic-version``), ``azure`` (``url`` = the resource, ``deployment``,
+  ``api_version``, ``api-key`` header; chat + responses), ``openai-compatible`` (any base URL with
+  ``chat_path`` / ``responses_path`` (unset = not served) and ``auth_header`` / ``auth_scheme``,
+  e.g. Gemini's ``/v1beta/openai``); ``model`` (sent upstream), ``models`` (names or fnmatch
+  patterns a client may request that map to this entry while the policy still chooses the tier,
+  e.g. ``claude-*``; ``pass_model: true`` sends the client's name upstream), ``default`` (the frontier the policy escalates auto requests to; the first
+  entry when none says so), prices per 1M tokens (``price_in_per_m``, ``price_cached_in_per_m``,
+  ``price_cache_write_per_m``: Anthropic's cache-write price, unset = the input price),
   ``api_key_env`` (the *name* of the env var holding the key; the key itself never appears in
-  config or logs). A frontier tier whose key variable is unset or empty is refused at load time
+  config or logs). A frontier whose key variable is unset or empty is refused at load time
   unless ``allow_no_key: true`` (fakes on loopback only).
+- ``identity``: run identity and lifecycle (:mod:`router.server.identity`): ``idle_end_s`` (a run
+  idle this long is ended, its admission slot released; default 900 s = 1.25 x the largest
+  tool-pause p99 of the shipped run logs (Mooncake 690 s; tau2-bench 4.6 s), rounded up to a
+  minute), ``reopen_gap_s`` (an identical opening after this idle gap starts a new run),
+  ``sweep_s`` (how often idle runs are looked for; 0 = never), ``response_store_entries``
+  (Responses chains kept for ``previous_response_id``), ``session_header``.
 - ``policy``: the decision layer's config, a discriminated union on ``kind`` (``learned``,
   ``always-local``, ``always-frontier``, ``per-step-threshold``, ``session-sticky``,
   ``stall-escalation``), validated by :mod:`router.policy.config`.
@@ -67,6 +84,7 @@ __all__ = [
     "ScrapeSettings",
     "StoreSettings",
     "AdmissionSettings",
+    "IdentitySettings",
     "RouterSettings",
     "SettingsError",
 ]
@@ -90,6 +108,9 @@ class _Strict(BaseModel):
 class LocalTier(_Strict):
     urls: list[str] = Field(min_length=1)
     model: str = "local-model"
+    protocols: list[Literal["chat", "responses", "messages"]] = Field(
+        default_factory=lambda: ["chat", "responses", "messages"], min_length=1
+    )
     names: list[str] | None = None
     max_context: int = Field(default=32768, gt=0)
     api_key_env: str | None = None  # optional key for a vLLM started with --api-key
@@ -116,15 +137,30 @@ class LocalTier(_Strict):
 
 class FrontierTier(_Strict):
     url: str
+    kind: Literal["openai", "anthropic", "azure", "openai-compatible"] = "openai"
     model: str = "frontier-model"
     name: str = "frontier"
+    models: list[str] = Field(default_factory=list)  # requested names / fnmatch patterns mapped here
+    pass_model: bool = False  # send the client's model name (matched by ``models``) instead of ``model``
+    default: bool = False
     api_key_env: str | None = "OPENAI_API_KEY"
     allow_no_key: bool = False  # only for loopback fakes
     max_context: int = Field(default=131072, gt=0)
     price_in_per_m: float = Field(default=2.0, ge=0)
     price_cached_in_per_m: float = Field(default=0.5, ge=0)
+    price_cache_write_per_m: float | None = Field(default=None, ge=0)  # None = price_in_per_m
     price_out_per_m: float = Field(default=8.0, ge=0)
     ttft_base_s: float = Field(default=0.4, ge=0)
+    # azure
+    deployment: str | None = None
+    api_version: str = "2024-10-21"
+    # openai-compatible: paths under url (None = not served), auth header and scheme ("" = raw key)
+    chat_path: str | None = "/v1/chat/completions"
+    responses_path: str | None = None
+    auth_header: str = "authorization"
+    auth_scheme: str = "Bearer"
+    # anthropic
+    anthropic_version: str = "2023-06-01"
 
     @field_validator("url")
     @classmethod
@@ -133,6 +169,10 @@ class FrontierTier(_Strict):
 
     @model_validator(mode="after")
     def _key(self) -> FrontierTier:
+        if self.kind == "azure" and not self.deployment:
+            raise ValueError("frontier kind 'azure' needs deployment")
+        if self.kind == "openai-compatible" and self.chat_path is None and self.responses_path is None:
+            raise ValueError("frontier kind 'openai-compatible' needs chat_path and/or responses_path")
         if not self.allow_no_key:
             if not self.api_key_env:
                 raise ValueError("frontier.api_key_env must name the env var holding the API key")
@@ -145,6 +185,39 @@ class FrontierTier(_Strict):
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def endpoints(self) -> tuple[dict[str, str], dict[str, str]]:
+        """``(protocol -> URL, headers)`` of this frontier (module docstring, ``kind``)."""
+        key = self.api_key()
+        hdr = {"content-type": "application/json"}
+        u = self.url
+        if self.kind == "anthropic":
+            if key:
+                hdr["x-api-key"] = key
+            hdr["anthropic-version"] = self.anthropic_version
+            return {"messages": u + "/v1/messages"}, hdr
+        if self.kind == "azure":
+            if key:
+                hdr["api-key"] = key
+            base = f"{u}/openai/deployments/{self.deployment}"
+            q = f"?api-version={self.api_version}"
+            return {"chat": f"{base}/chat/completions{q}", "responses": f"{u}/openai/responses{q}"}, hdr
+        if key:
+            hdr[self.auth_header.lower()] = f"{self.auth_scheme} {key}".strip() if self.auth_scheme else key
+        if self.kind == "openai":
+            return {"chat": u + "/v1/chat/completions", "responses": u + "/v1/responses"}, hdr
+        urls = {}
+        if self.chat_path:
+            urls["chat"] = u + "/" + self.chat_path.lstrip("/")
+        if self.responses_path:
+            urls["responses"] = u + "/" + self.responses_path.lstrip("/")
+        return urls, hdr
+
+    def serves(self, name: str) -> bool:
+        """Whether a client's requested model name maps to this entry (``models`` patterns)."""
+        from fnmatch import fnmatchcase
+
+        return any(fnmatchcase(name, p) for p in self.models)
 
 
 class BundleSource(_Strict):
@@ -272,6 +345,16 @@ class AdmissionSettings(AdmissionConfig):
         return AdmissionConfig(**{**data, **upd})
 
 
+class IdentitySettings(_Strict):
+    """Run identity and lifecycle knobs (the module docstring says how the defaults were derived)."""
+
+    idle_end_s: float = Field(default=900.0, gt=0)
+    reopen_gap_s: float = Field(default=600.0, gt=0)
+    sweep_s: float = Field(default=15.0, ge=0)
+    response_store_entries: int = Field(default=20000, gt=0)
+    session_header: str = "x-claude-code-session-id"
+
+
 def _validate_policy(v: Any) -> Any:
     """Validate through router.policy.config's discriminated union (the one registry of policies)."""
     from router.policy.config import parse_policy_config
@@ -288,6 +371,8 @@ class RouterSettings(BaseSettings):
 
     local: LocalTier | None = None
     frontier: FrontierTier | None = None
+    frontiers: list[FrontierTier] = Field(default_factory=list)
+    identity: IdentitySettings = Field(default_factory=IdentitySettings)
     policy: Any = Field(default_factory=lambda: {"kind": "learned"})
     bundle: BundleSource = Field(default_factory=BundleSource)
     slo: SLOSettings = Field(default_factory=SLOSettings)
@@ -306,11 +391,21 @@ class RouterSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _tiers(self) -> RouterSettings:
-        if self.local is None and self.frontier is None:
+        if self.local is None and not self.frontier_list:
             raise ValueError("configure at least one tier (local and/or frontier)")
+        names = [f.name for f in self.frontier_list]
+        if len(set(names)) != len(names):
+            raise ValueError("frontier names must be unique (frontiers[].name)")
         if self.policy_kind == "learned" and self.bundle.path is None and self.bundle.mlflow_uri is None:
             raise ValueError("policy kind 'learned' needs bundle.path or bundle.mlflow_uri")
         return self
+
+    @property
+    def frontier_list(self) -> list[FrontierTier]:
+        """Every configured frontier, the default first (``default: true``, else the first listed)."""
+        out = ([self.frontier] if self.frontier is not None else []) + list(self.frontiers)
+        out.sort(key=lambda f: not f.default)
+        return out
 
     @property
     def policy_kind(self) -> str:
