@@ -75,7 +75,11 @@ class _RouterApp(FastAPI):
     hot_paths: dict[str, Any] = {}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        hot = self.hot_paths.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        hot = (
+            self.hot_paths.get(scope["path"])
+            if scope["type"] == "http" and scope["method"] == "POST"
+            else None
+        )
         if hot is not None:
             started = False
 
@@ -193,7 +197,11 @@ def create_app(
             await st.close()
 
     app = _RouterApp(title="runroute", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.hot_paths = {"/v1/chat/completions": proxy.chat, "/v1/responses": proxy.responses, "/v1/messages": proxy.messages}
+    app.hot_paths = {
+        "/v1/chat/completions": proxy.chat,
+        "/v1/responses": proxy.responses,
+        "/v1/messages": proxy.messages,
+    }
     app.state.proxy = proxy
     app.state.holder = holder
     app.state.metrics = metrics

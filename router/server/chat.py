@@ -297,7 +297,9 @@ class ChatAdapter:
     def stream_error(self, status: int, code: str, message: str) -> bytes:
         return b"data: " + error_body(status, code, message) + b"\n\n"
 
-    def error_response(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Any:
+    def error_response(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> Any:
         return error_response(status, code, message, headers)
 
 

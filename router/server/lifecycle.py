@@ -45,7 +45,13 @@ class RunLifecycle(BackgroundTask):
         clock: Callable[[], float],
         wall: Callable[[], float],
     ):
-        self.tracker, self.store, self.engine, self.admission, self.writer = tracker, store, engine, admission, writer
+        self.tracker, self.store, self.engine, self.admission, self.writer = (
+            tracker,
+            store,
+            engine,
+            admission,
+            writer,
+        )
         self.idle_end_s = identity.idle_end_s
         self.sweep_s = identity.sweep_s
         self.session_header = identity.session_header.lower()
@@ -61,7 +67,9 @@ class RunLifecycle(BackgroundTask):
         idle = None if h.last_end_s is None or h.busy else self.clock() - h.last_end_s
         return h.ended, idle, h.served_opening
 
-    def resolve(self, headers: Mapping[str, str], proto: Any, req: ClientRequest) -> tuple[str, str, str | None]:
+    def resolve(
+        self, headers: Mapping[str, str], proto: Any, req: ClientRequest
+    ) -> tuple[str, str, str | None]:
         """``(run_id, source, user)`` of a request (module docstring)."""
         user = proto.user(req)
         found = explicit_id(headers.get("x-run-id"), req.body)
@@ -112,7 +120,13 @@ class RunLifecycle(BackgroundTask):
             await self._release(state)
         elif state is None:
             await self.store.delete(run_id)
-        return {"run_id": run_id, "ended": True, "n_steps": len(entries), "outcome": outcome, "end_reason": reason}
+        return {
+            "run_id": run_id,
+            "ended": True,
+            "n_steps": len(entries),
+            "outcome": outcome,
+            "end_reason": reason,
+        }
 
     async def _release(self, state: RunState) -> None:
         holds = self.engine.run_ended(state)
@@ -126,7 +140,10 @@ class RunLifecycle(BackgroundTask):
         return [
             rid
             for rid, h in list(self.tracker.runs.items())
-            if not h.ended and not h.busy and h.last_end_s is not None and now - h.last_end_s > self.idle_end_s
+            if not h.ended
+            and not h.busy
+            and h.last_end_s is not None
+            and now - h.last_end_s > self.idle_end_s
         ]
 
     async def sweep_once(self) -> int:

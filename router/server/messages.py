@@ -106,7 +106,9 @@ def validate(body: Any, *, need_max_tokens: bool = True) -> None:
         if not isinstance(m, dict):
             raise _bad(f"messages.{i}: must be an object", "invalid_messages")
         if m.get("role") not in ("user", "assistant"):
-            raise _bad(f"messages.{i}.role: must be 'user' or 'assistant', got {m.get('role')!r}", "invalid_role")
+            raise _bad(
+                f"messages.{i}.role: must be 'user' or 'assistant', got {m.get('role')!r}", "invalid_role"
+            )
         c = m.get("content")
         if isinstance(c, str):
             continue
@@ -127,7 +129,8 @@ def validate(body: Any, *, need_max_tokens: bool = True) -> None:
             raise _bad("system: must be a string or a list of text blocks", "invalid_system")
     tools = body.get("tools")
     if tools is not None and (
-        not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools)
+        not isinstance(tools, list)
+        or not all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools)
     ):
         raise _bad("tools: must be a list of objects with a name", "invalid_tools")
     stream = body.get("stream", False)

@@ -112,7 +112,9 @@ def json_error(body: bytes, status: int, headers: dict[str, str] | None) -> Resp
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
-def resolve_model(model: Any, models: Mapping[str, str], aliases: Any, default: str = "auto") -> tuple[str | None, str | None]:
+def resolve_model(
+    model: Any, models: Mapping[str, str], aliases: Any, default: str = "auto"
+) -> tuple[str | None, str | None]:
     """``(requested, alias)`` of a body's ``model``: a model a backend serves is *requested* (the
     policy is bypassed); a name config maps to a frontier entry (``aliases(name) -> backend name``)
     is an *alias* (the policy still chooses the tier); ``auto`` is neither. Raises ProxyError 404

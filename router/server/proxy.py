@@ -48,12 +48,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from router.core.engine import StepEngine, StepPlan
-from router.core.record import StepResult, step_entry
 from router.core.runs import CacheReading, RunTrack, RunTracker
 from router.policy.admission import PRIORITIES
 from router.policy.types import BackendState, RunState
@@ -65,6 +63,7 @@ from router.server.messages import MessagesAdapter
 from router.server.protocol import Adapter, ClientRequest, pick_protocol
 from router.server.relay import SSERelay
 from router.server.responses import ResponsesAdapter, ResponseStore
+from router.server.stepio import StepContext, StepIO
 from router.server.upstream import UpstreamError
 
 __all__ = ["Backend", "RunHistory", "Proxy"]
@@ -91,24 +90,7 @@ class RunHistory(RunTrack):
         return self.inflight > 0
 
 
-@dataclass(slots=True)
-class _Step:
-    """Everything the proxy holds about one step while it is being served."""
-
-    plan: StepPlan
-    run: RunState
-    hist: RunHistory
-    backend: Backend
-    req: ClientRequest
-    proto: Any
-    t0: float
-    arrival_s: float
-    capture: Any
-    ttft_s: float | None = None
-    done: bool = False
-
-
-class Proxy:
+class Proxy(StepIO):
     """Owns the request path; built by :func:`router.server.app.create_app` from injected parts."""
 
     def __init__(
@@ -214,7 +196,9 @@ class Proxy:
                 return b
         return None
 
-    def _priority_tenant(self, request: Request, body: dict[str, Any], user: str | None) -> tuple[str, str | None]:
+    def _priority_tenant(
+        self, request: Request, body: dict[str, Any], user: str | None
+    ) -> tuple[str, str | None]:
         a = self.s.admission
         raw = request.headers.get(a.priority_header)
         prio = a.default_priority if raw is None else raw.strip().lower()
@@ -257,7 +241,6 @@ class Proxy:
     async def _route(
         self, request: Request, proto: Adapter, req: ClientRequest, t0: float, arrival: float
     ) -> Response:
-        body = req.body
         run_id, id_source, user = self.lifecycle.resolve(request.headers, proto, req)
         serving = self.holder.current
         if serving is None:
@@ -332,7 +315,9 @@ class Proxy:
                 engine.commit(plan, run, hist, None)
                 await self.store.put(run)
                 none = Backend("", decision.tier, "", "", {}, BackendState("", "local", ""))
-                ctx = _Step(plan, run, hist, none, req, proto, t0, arrival, proto.capture(req, req.protocol))
+                ctx = StepContext(
+                    plan, run, hist, none, req, proto, t0, arrival, proto.capture(req, req.protocol)
+                )
                 self._finish(ctx, 503, "no_healthy_backend")
                 raise ProxyError(
                     503, "no_healthy_backend", f"no healthy backend available ({decision.reason})"
@@ -342,7 +327,7 @@ class Proxy:
                 self.m.flaps.inc()
             await self.store.put(run)
         self.m.child(self.m.decisions, decision.tier, decision.reason).inc()
-        ctx = _Step(plan, run, hist, backend, req, proto, t0, arrival, None)
+        ctx = StepContext(plan, run, hist, backend, req, proto, t0, arrival, None)
         return await self._forward(ctx)
 
     def _reject(self, plan: StepPlan, run: RunState) -> None:
@@ -367,7 +352,7 @@ class Proxy:
             },
         )
 
-    def _outbound(self, ctx: _Step) -> tuple[str, bytes, dict[str, str]]:
+    def _outbound(self, ctx: StepContext) -> tuple[str, bytes, dict[str, str]]:
         """URL, body and headers for ctx.backend (the fast path or a translation); sets the capture."""
         b, req = ctx.backend, ctx.req
         bp = pick_protocol(req.protocol, b.urls)
@@ -380,7 +365,7 @@ class Proxy:
             headers = {**headers, **{k: v for k, v in req.extra["headers"].items() if k in fwd}}
         return b.urls[bp], body, headers
 
-    async def _call(self, ctx: _Step) -> tuple[Any, Any, bytes | None]:
+    async def _call(self, ctx: StepContext) -> tuple[Any, Any, bytes | None]:
         """Send to ctx.backend. Returns (response, chunk iterator, first chunk) or raises UpstreamError.
 
         Non-2xx responses come back with iterator None and the whole body as ``first``.
@@ -401,7 +386,7 @@ class Proxy:
         ctx.ttft_s = self.perf() - ctx.t0
         return resp, it, first
 
-    async def _forward(self, ctx: _Step) -> Response:
+    async def _forward(self, ctx: StepContext) -> Response:
         allow_fb = self.s.fallback.enabled and (
             ctx.req.requested is None or self.s.fallback.on_requested_model
         )
@@ -483,100 +468,5 @@ class Proxy:
             error_event=ctx.proto.stream_error,
         )
 
-    def _fallback_candidates(self, ctx: _Step) -> list[Backend]:
+    def _fallback_candidates(self, ctx: StepContext) -> list[Backend]:
         return self.set.for_request(ctx.req.requested, ctx.req.model_alias, None)
-
-    def _unary(self, ctx: _Step, resp: Any, data: bytes) -> Response:
-        status = resp.status
-        media = resp.headers.get("content-type", "application/json")
-        if status == 200:
-            data = ctx.capture.json(data)
-            if ctx.capture.translating:
-                media = "application/json"
-        elif ctx.capture.translating:  # the backend's error, in the client's protocol
-            data = ctx.proto.error_body(status, f"upstream_{status}", _error_message(data))
-            media = "application/json"
-        self._finish(ctx, status, None if status < 400 else f"upstream_{status}")
-        return Response(data, status_code=status, media_type=media, headers=self._headers(ctx))
-
-    def _headers(self, ctx: _Step) -> dict[str, str]:
-        p = ctx.plan
-        h = {
-            "x-runroute-run-id": ctx.run.run_id,
-            "x-runroute-tier": ctx.backend.tier,
-            "x-runroute-replica": ctx.backend.name,
-            "x-runroute-reason": p.decision.reason,
-            "x-runroute-step": str(p.step),
-        }
-        if p.fallback_from:
-            h["x-runroute-fallback-from"] = p.fallback_from
-        if p.admission in ("admit-local", "spill"):
-            h["x-runroute-admission"] = p.admission
-        return h
-
-    # ------------------------------------------------------------------ record
-    def _finish(self, ctx: _Step, status: int, error_code: str | None) -> None:
-        latency = self.perf() - ctx.t0
-        cap = ctx.capture
-        prompt, cached, completion = cap.counts()
-        names, keys = cap.tools()
-        b = ctx.backend
-        res = StepResult(
-            status=status,
-            error_code=error_code,
-            prompt_tokens=prompt,
-            cached_tokens=cached,
-            completion_tokens=completion,
-            tool_calls=names,
-            tool_call_keys=keys,
-            ttft_s=ctx.ttft_s,
-            latency_s=latency,
-        )
-        rec = self.engine.finish(
-            ctx.plan,
-            ctx.hist,
-            res,
-            now=self.clock(),
-            tier=b.tier or None,
-            replica=b.name or None,
-            model=b.model or None,
-            arrival_s=ctx.arrival_s,
-        )
-        ctx.hist.entries.append(step_entry(rec, ctx.plan.fallback_from, ctx.plan.decision.switched))
-        if status == 200:
-            if ctx.req.extra.get("opening"):
-                ctx.hist.served_opening = True
-            remember = getattr(ctx.proto, "remember", None)
-            if remember is not None:
-                remember(ctx.req, cap, ctx.run.run_id, b.name)
-        if self.writer is not None:
-            out = dict(rec.__dict__)
-            if self.s.runlog.log_prompts:
-                body = ctx.req.body
-                prompt_part = body.get("messages") if "messages" in body else body.get("input")
-                out["prompt_text"] = orjson.dumps(prompt_part).decode()
-            self.writer.submit(out)
-        m = self.m
-        tier = b.tier or "none"
-        m.child(m.requests, tier, str(status)).inc()
-        if status == 200:
-            short = names or rec.completion_tokens <= self.s.slo.short_step_tokens
-            m.child(m.step_latency, tier, "short" if short else "long").observe(latency)
-            m.child(m.prompt_tokens, tier).inc(rec.prompt_tokens)
-            if rec.cached_tokens:
-                m.child(m.cache_hit_tokens, tier, b.name).inc(rec.cached_tokens)
-            m.child(m.slo_steps, "yes" if latency <= self.s.slo.step_latency_s else "no").inc()
-        if ctx.ttft_s is not None:
-            m.child(m.ttft, tier).observe(ctx.ttft_s)
-
-
-def _error_message(data: bytes) -> str:
-    """The message of an upstream error body (OpenAI or Anthropic shape), else its start."""
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return data[:200].decode("utf-8", "replace")
-    err = obj.get("error") if isinstance(obj, dict) else None
-    if isinstance(err, dict) and isinstance(err.get("message"), str):
-        return err["message"]
-    return data[:200].decode("utf-8", "replace")

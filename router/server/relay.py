@@ -137,7 +137,13 @@ class SSERelay(Response):
             if disconnected:
                 status, code = 499, "client_cancelled"
             else:
-                end = self._tail if self.markers is not None else (self.event(self._tail) or b"") if self._tail.strip() else b""
+                end = (
+                    self._tail
+                    if self.markers is not None
+                    else (self.event(self._tail) or b"")
+                    if self._tail.strip()
+                    else b""
+                )
                 if self.finish_stream is not None and status == 200:
                     end += self.finish_stream()
                 await send({"type": "http.response.body", "body": end, "more_body": False})

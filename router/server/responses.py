@@ -116,11 +116,18 @@ def validate(body: Any) -> None:
                 )
             c = it.get("content")
             if not isinstance(c, (str, list)) or (
-                isinstance(c, list) and not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in c)
+                isinstance(c, list)
+                and not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in c)
             ):
-                raise _bad(f"Invalid 'input[{i}].content': expected a string or content parts.", "invalid_content")
-        elif t == "function_call" and not (isinstance(it.get("name"), str) and isinstance(it.get("call_id"), str)):
-            raise _bad(f"Invalid 'input[{i}]': a function_call needs 'call_id' and 'name'.", "invalid_input_item")
+                raise _bad(
+                    f"Invalid 'input[{i}].content': expected a string or content parts.", "invalid_content"
+                )
+        elif t == "function_call" and not (
+            isinstance(it.get("name"), str) and isinstance(it.get("call_id"), str)
+        ):
+            raise _bad(
+                f"Invalid 'input[{i}]': a function_call needs 'call_id' and 'name'.", "invalid_input_item"
+            )
         elif t == "function_call_output" and not isinstance(it.get("call_id"), str):
             raise _bad(f"Invalid 'input[{i}]': a function_call_output needs 'call_id'.", "invalid_input_item")
     tools = body.get("tools")
@@ -186,7 +193,8 @@ class ResponsesAdapter:
         tools = body.get("tools")
         if previous_total is None:
             est = sum(_item_tokens(it) for it in items) + text_tokens(
-                content_chars(body.get("instructions")) + (len(orjson.dumps(tools)) if isinstance(tools, list) else 0)
+                content_chars(body.get("instructions"))
+                + (len(orjson.dumps(tools)) if isinstance(tools, list) else 0)
             )
             if body.get("previous_response_id"):  # a chain this router did not see: the chain's size
                 est += self.store.chain_tokens(body["previous_response_id"])
@@ -276,7 +284,13 @@ class ResponsesAdapter:
         prev = req.body.get("previous_response_id")
         self.store.put(
             rid,
-            StoredResponse(run_id, backend, prev if isinstance(prev, str) else None, input_items(req.body), cap.output_items()),
+            StoredResponse(
+                run_id,
+                backend,
+                prev if isinstance(prev, str) else None,
+                input_items(req.body),
+                cap.output_items(),
+            ),
         )
 
     def error_body(self, status: int, code: str, message: str) -> bytes:
@@ -286,7 +300,9 @@ class ResponsesAdapter:
         err = {"type": "error", "code": code, "message": message, "param": None, "sequence_number": 0}
         return b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"
 
-    def error_response(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Any:
+    def error_response(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> Any:
         return error_response(status, code, message, headers)
 
 
@@ -361,7 +377,11 @@ class ResponsesReader:
     """Usage, tool calls and the id of a Responses answer (JSON or SSE); passes bytes through."""
 
     response: dict[str, Any] | None = None
-    markers: tuple[bytes, ...] | None = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"')
+    markers: tuple[bytes, ...] | None = (
+        b'"response.completed"',
+        b'"response.incomplete"',
+        b'"response.failed"',
+    )
     translating: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 

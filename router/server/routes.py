@@ -27,9 +27,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from router.core.engine import StepEngine
-from router.policy.types import RunState
-from router.server.errors import ProxyError, error_response
 from router.server.backends import Backend
+from router.server.errors import ProxyError, error_response
 from router.server.proxy import Proxy
 from router.server.upstream import UpstreamError
 
@@ -61,7 +60,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
     """Add every endpoint but the hot path's handler (which :class:`_RouterApp` short-cuts)."""
     proxy, holder, metrics, writer = parts.proxy, parts.holder, parts.metrics, parts.writer
     scraper, st, admission, up = parts.scraper, parts.store, parts.admission, parts.upstream
-    backends, engine, wall = parts.backends, parts.engine, parts.wall
+    backends = parts.backends
 
     # also routed normally (so the route table is complete); _RouterApp short-cuts them
     app.router.routes.append(Route("/v1/chat/completions", proxy.chat, methods=["POST"]))

@@ -55,7 +55,9 @@ def text_of(content: Any) -> str | None:
         return content
     if isinstance(content, list):
         return "".join(
-            p["text"] if isinstance(p, dict) and isinstance(p.get("text"), str) else (p if isinstance(p, str) else "")
+            p["text"]
+            if isinstance(p, dict) and isinstance(p.get("text"), str)
+            else (p if isinstance(p, str) else "")
             for p in content
         )
     return str(content)

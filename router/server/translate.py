@@ -57,7 +57,12 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS = 4096
-_FINISH_TO_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
+_FINISH_TO_STOP = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "content_filter": "refusal",
+}
 _STOP_TO_FINISH = {
     "end_turn": "stop",
     "max_tokens": "length",
@@ -88,7 +93,9 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        return "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
     return "" if content is None else str(content)
 
 
@@ -133,7 +140,12 @@ def responses_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
         t = it.get("type", "message")
         if t == "message":
             role = it.get("role")
-            msgs.append({"role": role if role != "developer" else "system", "content": _chat_content(it.get("content"))})
+            msgs.append(
+                {
+                    "role": role if role != "developer" else "system",
+                    "content": _chat_content(it.get("content")),
+                }
+            )
         elif t == "function_call":
             call = {
                 "id": it["call_id"],
@@ -232,7 +244,10 @@ def messages_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
                 {
                     "id": b.get("id"),
                     "type": "function",
-                    "function": {"name": b.get("name"), "arguments": orjson.dumps(b.get("input") or {}).decode()},
+                    "function": {
+                        "name": b.get("name"),
+                        "arguments": orjson.dumps(b.get("input") or {}).decode(),
+                    },
                 }
                 for b in c
                 if b.get("type") == "tool_use"
@@ -344,13 +359,24 @@ def chat_to_messages(body: dict[str, Any], model: str) -> dict[str, Any]:
                 blocks.append({"type": "tool_use", "id": tc.get("id"), "name": fn.get("name"), "input": args})
             add("assistant", blocks)
         elif role in ("tool", "function"):
-            add("user", [{"type": "tool_result", "tool_use_id": m.get("tool_call_id"), "content": _text(m.get("content"))}])
+            add(
+                "user",
+                [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": m.get("tool_call_id"),
+                        "content": _text(m.get("content")),
+                    }
+                ],
+            )
     if turns and turns[-1]["content"]:
         turns[-1]["content"][-1] = {**turns[-1]["content"][-1], "cache_control": {"type": "ephemeral"}}
     mt = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
     out: dict[str, Any] = {"model": model, "max_tokens": mt, "messages": turns}
     if system:
-        out["system"] = [{"type": "text", "text": "\n\n".join(system), "cache_control": {"type": "ephemeral"}}]
+        out["system"] = [
+            {"type": "text", "text": "\n\n".join(system), "cache_control": {"type": "ephemeral"}}
+        ]
     tools = body.get("tools")
     if tools:
         out["tools"] = [
@@ -462,12 +488,23 @@ def message_item(text: str, item_id: str, status: str = "completed") -> dict[str
         "id": item_id,
         "status": status,
         "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else [],
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        if status == "completed"
+        else [],
     }
 
 
-def call_item(call_id: str, name: str, arguments: str, item_id: str, status: str = "completed") -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments, "status": status}
+def call_item(
+    call_id: str, name: str, arguments: str, item_id: str, status: str = "completed"
+) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
 
 
 def chat_to_responses_json(obj: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
@@ -475,7 +512,9 @@ def chat_to_responses_json(obj: dict[str, Any], req: dict[str, Any]) -> dict[str
     ch = (obj.get("choices") or [{}])[0]
     msg = ch.get("message") or {}
     finish = ch.get("finish_reason")
-    r = response_shell(req, str(obj.get("model", "")), new_id("resp_"), "incomplete" if finish == "length" else "completed")
+    r = response_shell(
+        req, str(obj.get("model", "")), new_id("resp_"), "incomplete" if finish == "length" else "completed"
+    )
     if finish == "length":
         r["incomplete_details"] = {"reason": "max_output_tokens"}
     out = r["output"]
@@ -483,7 +522,9 @@ def chat_to_responses_json(obj: dict[str, Any], req: dict[str, Any]) -> dict[str
         out.append(message_item(str(msg["content"]), new_id("msg_")))
     for tc in msg.get("tool_calls") or ():
         fn = tc.get("function") or {}
-        out.append(call_item(str(tc.get("id")), str(fn.get("name")), str(fn.get("arguments") or ""), new_id("fc_")))
+        out.append(
+            call_item(str(tc.get("id")), str(fn.get("name")), str(fn.get("arguments") or ""), new_id("fc_"))
+        )
     r["usage"] = responses_usage_from_chat(obj.get("usage"))
     return r
 
@@ -501,7 +542,9 @@ def chat_to_messages_json(obj: dict[str, Any]) -> dict[str, Any]:
             args = orjson.loads(fn.get("arguments") or "{}")
         except orjson.JSONDecodeError:
             args = {}
-        content.append({"type": "tool_use", "id": str(tc.get("id")), "name": str(fn.get("name")), "input": args})
+        content.append(
+            {"type": "tool_use", "id": str(tc.get("id")), "name": str(fn.get("name")), "input": args}
+        )
     return {
         "id": new_id("msg_"),
         "type": "message",
@@ -522,7 +565,10 @@ def messages_to_chat_json(obj: dict[str, Any]) -> dict[str, Any]:
         {
             "id": str(b.get("id")),
             "type": "function",
-            "function": {"name": str(b.get("name")), "arguments": orjson.dumps(b.get("input") or {}).decode()},
+            "function": {
+                "name": str(b.get("name")),
+                "arguments": orjson.dumps(b.get("input") or {}).decode(),
+            },
         }
         for b in blocks
         if b.get("type") == "tool_use"
@@ -535,6 +581,13 @@ def messages_to_chat_json(obj: dict[str, Any]) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": str(obj.get("model", "")),
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": stop_to_finish(obj.get("stop_reason"))}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": stop_to_finish(obj.get("stop_reason")),
+            }
+        ],
         "usage": chat_usage_from_messages(obj.get("usage") or {}),
     }

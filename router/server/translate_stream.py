@@ -103,7 +103,12 @@ class ChatToResponses:
                     self._ev(out, "response.output_item.added", output_index=self.text_idx, item=item)
                     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
                     self._ev(
-                        out, "response.content_part.added", item_id=item["id"], output_index=self.text_idx, content_index=0, part=part
+                        out,
+                        "response.content_part.added",
+                        item_id=item["id"],
+                        output_index=self.text_idx,
+                        content_index=0,
+                        part=part,
                     )
                 it = self.items[self.text_idx]
                 it["_text"] += d["content"]
@@ -121,14 +126,26 @@ class ChatToResponses:
                 fn = tc.get("function") or {}
                 if k not in self.calls:
                     self.calls[k] = len(self.items)
-                    item = call_item(str(tc.get("id") or new_id("call_")), str(fn.get("name") or ""), "", new_id("fc_"), "in_progress")
+                    item = call_item(
+                        str(tc.get("id") or new_id("call_")),
+                        str(fn.get("name") or ""),
+                        "",
+                        new_id("fc_"),
+                        "in_progress",
+                    )
                     self.items.append(item)
                     self._ev(out, "response.output_item.added", output_index=self.calls[k], item=dict(item))
                 it = self.items[self.calls[k]]
                 piece = fn.get("arguments") or ""
                 if piece:
                     it["arguments"] += piece
-                    self._ev(out, "response.function_call_arguments.delta", item_id=it["id"], output_index=self.calls[k], delta=piece)
+                    self._ev(
+                        out,
+                        "response.function_call_arguments.delta",
+                        item_id=it["id"],
+                        output_index=self.calls[k],
+                        delta=piece,
+                    )
             if ch.get("finish_reason"):
                 self.finish = ch["finish_reason"]
         return out
@@ -144,8 +161,23 @@ class ChatToResponses:
             if it["type"] == "message":
                 text = it.pop("_text")
                 part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-                self._ev(out, "response.output_text.done", item_id=it["id"], output_index=i, content_index=0, text=text, logprobs=[])
-                self._ev(out, "response.content_part.done", item_id=it["id"], output_index=i, content_index=0, part=part)
+                self._ev(
+                    out,
+                    "response.output_text.done",
+                    item_id=it["id"],
+                    output_index=i,
+                    content_index=0,
+                    text=text,
+                    logprobs=[],
+                )
+                self._ev(
+                    out,
+                    "response.content_part.done",
+                    item_id=it["id"],
+                    output_index=i,
+                    content_index=0,
+                    part=part,
+                )
                 done = message_item(text, it["id"])
             else:
                 self._ev(
@@ -195,7 +227,12 @@ class ChatToMessages:
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0},
+                "usage": {
+                    "input_tokens": 0,
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": 0,
+                    "output_tokens": 0,
+                },
             }
             out.append({"type": "message_start", "message": msg})
 
@@ -220,8 +257,20 @@ class ChatToMessages:
                     self._close_block(out)
                     self.block, self.kind = self.n, "text"
                     self.n += 1
-                    out.append({"type": "content_block_start", "index": self.block, "content_block": {"type": "text", "text": ""}})
-                out.append({"type": "content_block_delta", "index": self.block, "delta": {"type": "text_delta", "text": d["content"]}})
+                    out.append(
+                        {
+                            "type": "content_block_start",
+                            "index": self.block,
+                            "content_block": {"type": "text", "text": ""},
+                        }
+                    )
+                out.append(
+                    {
+                        "type": "content_block_delta",
+                        "index": self.block,
+                        "delta": {"type": "text_delta", "text": d["content"]},
+                    }
+                )
             for tc in d.get("tool_calls") or ():
                 k = tc.get("index", 0)
                 fn = tc.get("function") or {}
@@ -230,7 +279,12 @@ class ChatToMessages:
                     self.calls[k] = self.block = self.n
                     self.kind = f"tool{k}"
                     self.n += 1
-                    cb = {"type": "tool_use", "id": str(tc.get("id") or new_id("toolu_")), "name": str(fn.get("name") or ""), "input": {}}
+                    cb = {
+                        "type": "tool_use",
+                        "id": str(tc.get("id") or new_id("toolu_")),
+                        "name": str(fn.get("name") or ""),
+                        "input": {},
+                    }
                     out.append({"type": "content_block_start", "index": self.block, "content_block": cb})
                 if fn.get("arguments"):
                     out.append(
@@ -297,7 +351,12 @@ class MessagesToChat:
             b = obj.get("content_block") or {}
             if b.get("type") == "tool_use":
                 k = self.calls[obj.get("index", 0)] = len(self.calls)
-                head = {"index": k, "id": b.get("id"), "type": "function", "function": {"name": b.get("name"), "arguments": ""}}
+                head = {
+                    "index": k,
+                    "id": b.get("id"),
+                    "type": "function",
+                    "function": {"name": b.get("name"), "arguments": ""},
+                }
                 return [self._chunk({"tool_calls": [head]})]
             if b.get("type") == "text" and b.get("text"):
                 return [self._chunk({"content": b["text"]})]
@@ -308,7 +367,11 @@ class MessagesToChat:
                 return [self._chunk({"content": d.get("text", "")})]
             if d.get("type") == "input_json_delta" and obj.get("index", 0) in self.calls:
                 k = self.calls[obj.get("index", 0)]
-                return [self._chunk({"tool_calls": [{"index": k, "function": {"arguments": d.get("partial_json", "")}}]})]
+                return [
+                    self._chunk(
+                        {"tool_calls": [{"index": k, "function": {"arguments": d.get("partial_json", "")}}]}
+                    )
+                ]
             return []
         if t == "message_delta":
             self.usage.update({k: v for k, v in (obj.get("usage") or {}).items() if v is not None})

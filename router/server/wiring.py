@@ -65,7 +65,17 @@ def make_backends(s: RouterSettings) -> list[Backend]:
             ttft_base_s=f.ttft_base_s,
         )
         out.append(
-            Backend(f.name, "frontier", f.model, f.url, hdr, tmpl, urls=urls, patterns=f.serves, pass_model=f.pass_model)
+            Backend(
+                f.name,
+                "frontier",
+                f.model,
+                f.url,
+                hdr,
+                tmpl,
+                urls=urls,
+                patterns=f.serves,
+                pass_model=f.pass_model,
+            )
         )
     return out
 
