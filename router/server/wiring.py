@@ -130,6 +130,7 @@ def make_engine(
         forecaster=ArrivalForecaster(
             bucket_s=a.forecast_bucket_s, alpha=a.forecast_alpha, min_history_s=a.forecast_min_history_s
         ),
+        idle_end_s=s.identity.idle_end_s,
         clock=clock,
         wall=wall,
     )
