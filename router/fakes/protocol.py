@@ -170,6 +170,7 @@ class ParsedRequest:
     response_format: dict[str, Any] | None
     seed: int
     segments: list[str] | None = None  # the template's segments (tools, messages, generation prompt)
+    tool_results: int = 0  # tool messages in the request (the run's tool turns so far)
 
 
 def parse_request(raw: bytes, memo: TokenMemo | None = None) -> ParsedRequest:
@@ -242,4 +243,5 @@ def parse_body(body: dict[str, Any], memo: TokenMemo | None = None) -> ParsedReq
         response_format=rf if rf and rf.get("type") != "text" else None,
         seed=seed,
         segments=segments,
+        tool_results=sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "tool"),
     )

@@ -16,7 +16,8 @@ delay before the first byte; ``error_rate`` / ``error_status`` injected failures
 mid-body aborts; ``seed`` for the failure-injection RNG; ``default_tokens`` completion length when the
 request sets no max_tokens; ``max_tokens_cap`` the longest completion; ``tool_call_rate`` chance of a
 tool call under tool_choice "auto"; ``strict_model`` refuse requests naming another model (404, as
-the real servers do); ``max_concurrency`` requests served at once (0 = unlimited), the rest wait FIFO.
+the real servers do); ``max_concurrency`` requests served at once (0 = unlimited), the rest wait FIFO; ``max_tool_turns``
+(0 = never) answers with text once a request carries that many tool results (a run that finishes).
 
 Extra endpoints for tests and demos: ``GET /fake/state`` (counters and knobs, JSON) and
 ``POST /fake/config`` (JSON object of knob updates, validated; the response is the new knob set).
@@ -72,6 +73,7 @@ class CommonKnobs(BaseModel):
     tool_call_rate: float = Field(1.0, ge=0, le=1)
     strict_model: bool = True
     max_concurrency: int = Field(0, ge=0)
+    max_tool_turns: int = Field(0, ge=0)  # answer with text once a request carries this many tool results
 
 
 def validate_knobs(cls: type[BaseModel], values: dict[str, Any]) -> Any:
@@ -422,6 +424,8 @@ class FakeServer:
                 st.models_seen[req.model] = st.models_seen.get(req.model, 0) + 1
                 if k.strict_model and req.model != k.model:
                     raise self.model_not_found(req.model)
+            if k.max_tool_turns and req.tool_results >= k.max_tool_turns:
+                req.tool_choice = "none"  # the agent's task is done: a final text answer
             comp = synthesize(
                 req,
                 default_tokens=k.default_tokens,
