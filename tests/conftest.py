@@ -51,9 +51,16 @@ def proto_fakes():
     with (
         fake_in_thread("vllm", name="v0", **knobs) as v0,
         fake_in_thread("vllm", name="v1", **knobs) as v1,
-        fake_in_thread("frontier", model="frontier-model", zero_latency=True, api_key="sk-oa", max_tool_turns=3) as oa,
         fake_in_thread(
-            "anthropic", model="claude-fake", zero_latency=True, api_key="sk-an", strict_model=False, max_tool_turns=3
+            "frontier", model="frontier-model", zero_latency=True, api_key="sk-oa", max_tool_turns=3
+        ) as oa,
+        fake_in_thread(
+            "anthropic",
+            model="claude-fake",
+            zero_latency=True,
+            api_key="sk-an",
+            strict_model=False,
+            max_tool_turns=3,
         ) as an,
     ):
         yield {"v0": v0, "v1": v1, "openai": oa, "anthropic": an}

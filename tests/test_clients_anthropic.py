@@ -54,7 +54,10 @@ def _tool_loop(client: anthropic.Anthropic, run_tag: str, stream: bool) -> list[
         if not uses:
             break
         msgs.append(
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "ok"} for u in uses]}
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "ok"} for u in uses],
+            }
         )
     return out
 
@@ -70,7 +73,9 @@ def test_anthropic_sdk_tool_run_is_pinned_with_cached_tokens_logged(tmp_path, si
         assert len({h["x-runroute-replica"] for h, _ in res}) == 1
         assert len({h["x-runroute-run-id"] for h, _ in res}) == 1
         assert all(m.usage.cache_read_input_tokens > 0 for _, m in res[1:])
-        count = client.messages.count_tokens(model="claude-test", system=SYSTEM, messages=[{"role": "user", "content": "hi"}])
+        count = client.messages.count_tokens(
+            model="claude-test", system=SYSTEM, messages=[{"role": "user", "content": "hi"}]
+        )
         assert count.input_tokens > 100
     steps = read_steps(tmp_path).steps
     assert steps["protocol"].unique().tolist() == ["messages"]
@@ -84,8 +89,15 @@ def test_messages_client_on_the_anthropic_frontier_reads_its_prompt_cache(tmp_pa
     with sidecar(policy={"kind": "always-frontier"}) as (url, app):
         client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
         sysblk = [{"type": "text", "text": SYSTEM * 3, "cache_control": {"type": "ephemeral"}}]
-        msgs = [{"role": "user", "content": [{"type": "text", "text": "go", "cache_control": {"type": "ephemeral"}}]}]
-        first = client.messages.with_raw_response.create(model="claude-test-opus", max_tokens=32, system=sysblk, messages=msgs, tools=TOOLS)
+        msgs = [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "go", "cache_control": {"type": "ephemeral"}}],
+            }
+        ]
+        first = client.messages.with_raw_response.create(
+            model="claude-test-opus", max_tokens=32, system=sysblk, messages=msgs, tools=TOOLS
+        )
         m1 = first.parse()
         assert first.headers["x-runroute-replica"] == "claude"  # the alias maps to the Anthropic entry
         assert m1.usage.cache_creation_input_tokens > 1000 and m1.usage.cache_read_input_tokens == 0
@@ -93,10 +105,19 @@ def test_messages_client_on_the_anthropic_frontier_reads_its_prompt_cache(tmp_pa
             {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m1.content]},
             {
                 "role": "user",
-                "content": [{"type": "tool_result", "tool_use_id": m1.content[0].id, "content": "ok", "cache_control": {"type": "ephemeral"}}],
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": m1.content[0].id,
+                        "content": "ok",
+                        "cache_control": {"type": "ephemeral"},
+                    }
+                ],
             },
         ]
-        m2 = client.messages.create(model="claude-test-opus", max_tokens=32, system=sysblk, messages=msgs, tools=TOOLS)
+        m2 = client.messages.create(
+            model="claude-test-opus", max_tokens=32, system=sysblk, messages=msgs, tools=TOOLS
+        )
         assert m2.usage.cache_read_input_tokens >= m1.usage.cache_creation_input_tokens
     steps = read_steps(tmp_path).steps
     assert steps["cached_tokens"].tolist()[1] == m2.usage.cache_read_input_tokens
@@ -108,15 +129,24 @@ def test_messages_client_on_the_anthropic_frontier_reads_its_prompt_cache(tmp_pa
     "body,code",
     [
         (b"{not json", "invalid_json"),
-        (b'{"model": "claude-x", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}', "invalid_role"),
+        (
+            b'{"model": "claude-x", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}',
+            "invalid_role",
+        ),
         (
             b'{"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "hologram"}]}]}',
             "invalid_block_type",
         ),
         (b'{"model": "claude-x", "messages": [{"role": "user", "content": "x"}]}', "invalid_max_tokens"),
         (b'{"model": "claude-x", "max_tokens": 5, "messages": []}', "invalid_messages"),
-        (b'{"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": 3}]}', "invalid_content"),
-        (b'{"model": "nope", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}', "model_not_found"),
+        (
+            b'{"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": 3}]}',
+            "invalid_content",
+        ),
+        (
+            b'{"model": "nope", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}',
+            "model_not_found",
+        ),
     ],
 )
 def test_bad_messages_get_anthropic_errors(sidecar, body, code):
@@ -129,7 +159,9 @@ def test_bad_messages_get_anthropic_errors(sidecar, body, code):
         # the SDK raises its own typed error for it, not a connection or server error
         with pytest.raises(anthropic.APIStatusError) as ei:
             anthropic.Anthropic(base_url=url, api_key="x", max_retries=0).messages.create(
-                model="claude-x", max_tokens=5, messages=[{"role": "robot", "content": "x"}]  # type: ignore[typeddict-item]
+                model="claude-x",
+                max_tokens=5,
+                messages=[{"role": "robot", "content": "x"}],  # type: ignore[typeddict-item]
             )
         assert ei.value.status_code == 400
         r = httpx.post(url + "/v1/messages/count_tokens", json={"messages": "x"})
@@ -139,7 +171,9 @@ def test_bad_messages_get_anthropic_errors(sidecar, body, code):
 def test_claude_code_cli_completes_a_pinned_tool_run(tmp_path, sidecar):
     claude = claude_binary()
     if claude is None:
-        pytest.skip("Claude Code CLI not installed: .ci/run installs @anthropic-ai/claude-code into .clients/")
+        pytest.skip(
+            "Claude Code CLI not installed: .ci/run installs @anthropic-ai/claude-code into .clients/"
+        )
     work = tmp_path / "work"
     work.mkdir()
     (work / "notes.txt").write_text("refund policy: 30 days\n")
@@ -155,7 +189,15 @@ def test_claude_code_cli_completes_a_pinned_tool_run(tmp_path, sidecar):
             "DISABLE_TELEMETRY": "1",
         }
         p = subprocess.run(
-            [claude, "-p", "read notes.txt and summarise it", "--tools", "Read,Glob", "--output-format", "json"]
+            [
+                claude,
+                "-p",
+                "read notes.txt and summarise it",
+                "--tools",
+                "Read,Glob",
+                "--output-format",
+                "json",
+            ]
             + ["--session-id", sid, "--max-turns", "8", "--no-session-persistence"],
             cwd=work,
             env=env,
