@@ -157,7 +157,7 @@ def responses_view(
 def responses_usage(n: int, cached: int, out: int) -> dict[str, Any]:
     return {
         "input_tokens": n,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": out,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": n + out,

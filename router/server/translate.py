@@ -445,7 +445,7 @@ def responses_usage_from_chat(u: dict[str, Any] | None) -> dict[str, Any]:
     o = int(u.get("completion_tokens") or 0)
     return {
         "input_tokens": p,
-        "input_tokens_details": {"cached_tokens": c},
+        "input_tokens_details": {"cached_tokens": c, "cache_write_tokens": 0},
         "output_tokens": o,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": p + o,
