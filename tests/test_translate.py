@@ -44,11 +44,22 @@ CHAT_ANSWER = {
             "message": {
                 "role": "assistant",
                 "content": "let me look",
-                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q":"x"}'}}],
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "search", "arguments": '{"q":"x"}'},
+                    }
+                ],
             },
         }
     ],
-    "usage": {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107, "prompt_tokens_details": {"cached_tokens": 64}},
+    "usage": {
+        "prompt_tokens": 100,
+        "completion_tokens": 7,
+        "total_tokens": 107,
+        "prompt_tokens_details": {"cached_tokens": 64},
+    },
 }
 
 
@@ -62,7 +73,9 @@ def test_responses_request_to_chat_is_a_valid_chat_request():
             {"type": "function_call_output", "call_id": "c1", "output": "found"},
             {"type": "reasoning", "id": "rs_1", "summary": []},
         ],
-        "tools": [{"type": "function", "name": "search", "description": "d", "parameters": SCHEMA, "strict": True}],
+        "tools": [
+            {"type": "function", "name": "search", "description": "d", "parameters": SCHEMA, "strict": True}
+        ],
         "tool_choice": {"type": "function", "name": "search"},
         "text": {"format": {"type": "json_schema", "name": "A", "schema": SCHEMA, "strict": True}},
         "max_output_tokens": 50,
@@ -75,7 +88,12 @@ def test_responses_request_to_chat_is_a_valid_chat_request():
     assert m[1] == {"role": "user", "content": "find x"}
     assert m[2]["role"] == "assistant" and m[2]["tool_calls"][0]["id"] == "c1"
     assert m[3] == {"role": "tool", "tool_call_id": "c1", "content": "found"}
-    assert out["tools"][0]["function"] == {"name": "search", "description": "d", "parameters": SCHEMA, "strict": True}
+    assert out["tools"][0]["function"] == {
+        "name": "search",
+        "description": "d",
+        "parameters": SCHEMA,
+        "strict": True,
+    }
     assert out["tool_choice"] == {"type": "function", "function": {"name": "search"}}
     assert out["response_format"]["json_schema"]["schema"] == SCHEMA and out["max_tokens"] == 50
 
@@ -86,7 +104,13 @@ def test_messages_request_to_chat_and_chat_request_to_messages():
         "max_tokens": 64,
         "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
         "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAA"}}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "hi"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAA"}},
+                ],
+            },
             {
                 "role": "assistant",
                 "content": [
@@ -94,7 +118,12 @@ def test_messages_request_to_chat_and_chat_request_to_messages():
                     {"type": "tool_use", "id": "tu1", "name": "search", "input": {"q": "x"}},
                 ],
             },
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": "boom", "is_error": True}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "tu1", "content": "boom", "is_error": True}
+                ],
+            },
         ],
         "tools": [{"name": "search", "description": "d", "input_schema": SCHEMA}],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
@@ -114,8 +143,12 @@ def test_messages_request_to_chat_and_chat_request_to_messages():
     MSG_PARAMS.validate_python(back)
     assert back["system"][0]["text"] == "sys" and back["system"][0]["cache_control"] == {"type": "ephemeral"}
     assert [t["role"] for t in back["messages"]] == ["user", "assistant", "user"]
-    assert back["messages"][1]["content"] == [{"type": "tool_use", "id": "tu1", "name": "search", "input": {"q": "x"}}]
-    assert back["messages"][2]["content"][-1]["cache_control"] == {"type": "ephemeral"}  # the prefix is cached
+    assert back["messages"][1]["content"] == [
+        {"type": "tool_use", "id": "tu1", "name": "search", "input": {"q": "x"}}
+    ]
+    assert back["messages"][2]["content"][-1]["cache_control"] == {
+        "type": "ephemeral"
+    }  # the prefix is cached
     assert back["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
     assert back["metadata"] == {"user_id": "u-1"} and back["stop_sequences"] == ["END"]
 
@@ -127,7 +160,9 @@ def test_untranslatable_parts_are_a_400():
         responses_to_chat({"input": "x", "tools": [{"type": "web_search"}]}, "m")
     assert e.value.status == 400 and e.value.code == "untranslatable"
     with pytest.raises(ProxyError):
-        messages_to_chat({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document"}]}]}, "m")
+        messages_to_chat(
+            {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document"}]}]}, "m"
+        )
 
 
 def test_answers_translate_to_valid_sdk_objects_with_usage():
@@ -137,10 +172,14 @@ def test_answers_translate_to_valid_sdk_objects_with_usage():
     assert call.type == "function_call" and call.call_id == "call_1" and call.arguments == '{"q":"x"}'
     assert r.usage.input_tokens == 100 and r.usage.input_tokens_details.cached_tokens == 64  # type: ignore[union-attr]
     m = Message.model_validate(chat_to_messages_json(CHAT_ANSWER))
-    assert m.stop_reason == "tool_use" and m.content[1].type == "tool_use" and m.content[1].input == {"q": "x"}  # type: ignore[union-attr]
+    assert (
+        m.stop_reason == "tool_use" and m.content[1].type == "tool_use" and m.content[1].input == {"q": "x"}
+    )  # type: ignore[union-attr]
     assert (m.usage.input_tokens, m.usage.cache_read_input_tokens, m.usage.output_tokens) == (36, 64, 7)
     c = ChatCompletion.model_validate(messages_to_chat_json(m.model_dump()))
-    assert c.choices[0].finish_reason == "tool_calls" and c.choices[0].message.tool_calls[0].id == call.call_id  # type: ignore[index]
+    assert (
+        c.choices[0].finish_reason == "tool_calls" and c.choices[0].message.tool_calls[0].id == call.call_id
+    )  # type: ignore[index]
     assert c.usage.prompt_tokens == 100 and c.usage.prompt_tokens_details.cached_tokens == 64  # type: ignore[union-attr]
 
 
@@ -148,13 +187,26 @@ def _chat_stream() -> list[bytes]:
     base = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
 
     def ch(delta, finish=None):
-        return b"data: " + orjson.dumps({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        return b"data: " + orjson.dumps(
+            {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        )
 
     return [
         ch({"role": "assistant", "content": ""}),
         ch({"content": "hel"}),
         ch({"content": "lo"}),
-        ch({"tool_calls": [{"index": 0, "id": "call_9", "type": "function", "function": {"name": "search", "arguments": ""}}]}),
+        ch(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "call_9",
+                        "type": "function",
+                        "function": {"name": "search", "arguments": ""},
+                    }
+                ]
+            }
+        ),
         ch({"tool_calls": [{"index": 0, "function": {"arguments": '{"q":'}}]}),
         ch({"tool_calls": [{"index": 0, "function": {"arguments": '"y"}'}}]}),
         ch({}, "tool_calls"),
@@ -191,8 +243,14 @@ def test_chat_stream_to_messages_events_accumulate_in_the_anthropic_sdk():
     parsed = [MSG_EVENT.validate_python(o) for _, o in evs]
     kinds = [e.type for e in parsed]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
-    text = "".join(e.delta.text for e in parsed if e.type == "content_block_delta" and e.delta.type == "text_delta")
-    args = "".join(e.delta.partial_json for e in parsed if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
+    text = "".join(
+        e.delta.text for e in parsed if e.type == "content_block_delta" and e.delta.type == "text_delta"
+    )
+    args = "".join(
+        e.delta.partial_json
+        for e in parsed
+        if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    )
     starts = [e.content_block for e in parsed if e.type == "content_block_start"]
     assert text == "hello" and orjson.loads(args) == {"q": "y"}
     assert [b.type for b in starts] == ["text", "tool_use"] and starts[1].id == "call_9"
@@ -203,35 +261,81 @@ def test_chat_stream_to_messages_events_accumulate_in_the_anthropic_sdk():
 
 def test_messages_stream_to_chat_chunks_are_valid():
     evs = [
-        {"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "c", "content": [], "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 10, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 5, "output_tokens": 1}}},
+        {
+            "type": "message_start",
+            "message": {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "c",
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": 10,
+                    "cache_read_input_tokens": 90,
+                    "cache_creation_input_tokens": 5,
+                    "output_tokens": 1,
+                },
+            },
+        },
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}},
         {"type": "content_block_stop", "index": 0},
-        {"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "tu", "name": "search", "input": {}}},
-        {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": '{"q": "z"}'}},
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "tool_use", "id": "tu", "name": "search", "input": {}},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": '{"q": "z"}'},
+        },
         {"type": "content_block_stop", "index": 1},
-        {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None}, "usage": {"output_tokens": 12}},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+            "usage": {"output_tokens": 12},
+        },
         {"type": "message_stop"},
     ]
     raw = [b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) for e in evs]
-    req = ClientRequest("chat", b"", {"messages": [], "stream": True, "stream_options": {"include_usage": True}}, None, True)
+    req = ClientRequest(
+        "chat", b"", {"messages": [], "stream": True, "stream_options": {"include_usage": True}}, None, True
+    )
     cap = translating_capture(req, "messages")
     out = b"".join(cap.event(e) or b"" for e in raw) + cap.finish_stream()
     assert out.endswith(b"data: [DONE]\n\n")
-    chunks = [ChatCompletionChunk.model_validate(o) for _, o in (parse_event(e) for e in out.split(b"\n\n")) if o]
+    chunks = [
+        ChatCompletionChunk.model_validate(o) for _, o in (parse_event(e) for e in out.split(b"\n\n")) if o
+    ]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "ok"
-    assert chunks[-1].usage.prompt_tokens == 105 and chunks[-1].usage.prompt_tokens_details.cached_tokens == 90  # type: ignore[union-attr]
+    assert (
+        chunks[-1].usage.prompt_tokens == 105 and chunks[-1].usage.prompt_tokens_details.cached_tokens == 90
+    )  # type: ignore[union-attr]
     assert cap.counts() == (105, 90, 12)
 
 
 # ------------------------------------------------------------------ end to end through the sidecar
 def test_responses_and_messages_clients_on_a_chat_only_local_tier(tmp_path, sidecar, proto_fakes):
     before = dict(proto_fakes["v0"].server.stats.protocols), dict(proto_fakes["v1"].server.stats.protocols)
-    with sidecar(local={"urls": [proto_fakes["v0"].url, proto_fakes["v1"].url], "model": "local-model", "protocols": ["chat"]}) as (url, app):
+    with sidecar(
+        local={
+            "urls": [proto_fakes["v0"].url, proto_fakes["v1"].url],
+            "model": "local-model",
+            "protocols": ["chat"],
+        }
+    ) as (url, app):
         oa = OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         prev, items, n = None, [{"role": "user", "content": "go " * 50}], 0
         for _ in range(5):
-            with oa.responses.stream(model="auto", input=items, previous_response_id=prev, tools=[{"type": "function", "name": "search", "parameters": SCHEMA}]) as st:  # type: ignore[arg-type]
+            with oa.responses.stream(
+                model="auto",
+                input=items,
+                previous_response_id=prev,
+                tools=[{"type": "function", "name": "search", "parameters": SCHEMA}],
+            ) as st:  # type: ignore[arg-type]
                 for _ev in st:
                     pass
                 r = st.get_final_response()
@@ -239,12 +343,22 @@ def test_responses_and_messages_clients_on_a_chat_only_local_tier(tmp_path, side
             calls = [o for o in r.output if o.type == "function_call"]
             if not calls:
                 break
-            prev, items = r.id, [{"type": "function_call_output", "call_id": calls[0].call_id, "output": "ok"}]
+            prev, items = (
+                r.id,
+                [{"type": "function_call_output", "call_id": calls[0].call_id, "output": "ok"}],
+            )
         assert n == 4 and r.output_text and r.usage.input_tokens_details.cached_tokens > 0  # type: ignore[union-attr]
         an = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
-        m = an.messages.create(model="claude-x", max_tokens=500, messages=[{"role": "user", "content": "hi " * 40}], tools=[{"name": "search", "input_schema": SCHEMA}])
+        m = an.messages.create(
+            model="claude-x",
+            max_tokens=500,
+            messages=[{"role": "user", "content": "hi " * 40}],
+            tools=[{"name": "search", "input_schema": SCHEMA}],
+        )
         assert m.stop_reason == "tool_use" and m.content[0].type == "tool_use"
-        with an.messages.stream(model="claude-x", max_tokens=500, messages=[{"role": "user", "content": "yo " * 40}]) as ms:
+        with an.messages.stream(
+            model="claude-x", max_tokens=500, messages=[{"role": "user", "content": "yo " * 40}]
+        ) as ms:
             final = ms.get_final_message()  # the SDK's own accumulation of the translated stream
         assert final.content[0].type == "text" and final.content[0].text and final.usage.output_tokens > 0  # type: ignore[union-attr]
     after = proto_fakes["v0"].server.stats.protocols, proto_fakes["v1"].server.stats.protocols
@@ -255,13 +369,26 @@ def test_responses_and_messages_clients_on_a_chat_only_local_tier(tmp_path, side
 def test_chat_and_responses_clients_on_the_anthropic_frontier(tmp_path, sidecar, proto_fakes):
     with sidecar(policy={"kind": "always-frontier"}) as (url, app):
         oa = OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-        raw = oa.chat.completions.with_raw_response.create(model="claude-x", messages=[{"role": "system", "content": "s " * 800}, {"role": "user", "content": "go"}], tools=[{"type": "function", "function": {"name": "search", "parameters": SCHEMA}}])
+        raw = oa.chat.completions.with_raw_response.create(
+            model="claude-x",
+            messages=[{"role": "system", "content": "s " * 800}, {"role": "user", "content": "go"}],
+            tools=[{"type": "function", "function": {"name": "search", "parameters": SCHEMA}}],
+        )
         c = raw.parse()
         assert raw.headers["x-runroute-replica"] == "claude" and c.choices[0].message.tool_calls
-        stream = oa.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "hi"}], stream=True, stream_options={"include_usage": True})
+        stream = oa.chat.completions.create(
+            model="claude-x",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         chunks = list(stream)
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
-        r = oa.responses.create(model="claude-x", input="hello", tools=[{"type": "function", "name": "search", "parameters": SCHEMA}])
+        r = oa.responses.create(
+            model="claude-x",
+            input="hello",
+            tools=[{"type": "function", "name": "search", "parameters": SCHEMA}],
+        )
         assert r.output[0].type == "function_call" and r.usage.output_tokens > 0  # type: ignore[union-attr]
     steps = __import__("conftest").read_steps(tmp_path).steps
     assert set(steps["protocol"]) == {"chat", "responses"} and (steps["tier"] == "frontier").all()
