@@ -2,8 +2,8 @@
 ``cache_control`` breakpoints with cache-write and cache-read prices, Anthropic's errors and stream.
 
 Algorithm per request (besides the frontier fake's rate limit, latency and failure injection,
-:mod:`router.fakes.frontier`): ``x-api-key`` must equal ``api_key`` when one is set (401
-``authentication_error``); the ``anthropic-version`` header is required (400). Prompt caching
+:mod:`router.fakes.frontier`): the key (``x-api-key``, or ``Authorization: Bearer`` as the
+anthropic SDK 2.x sends it) must equal ``api_key`` when one is set (401 ``authentication_error``); the ``anthropic-version`` header is required (400). Prompt caching
 follows Anthropic's rule at the fakes' template granularity (a segment = the tools block, the
 system prompt or one message): the prefix up to each segment that carries a ``cache_control``
 breakpoint is written to the cache (kept ``cache_ttl_s``, refreshed on a hit) when it is at least
@@ -66,7 +66,8 @@ class FakeAnthropic(FakeFrontier):
     def precheck(self, request: web.Request, protocol: str = "messages") -> web.Response | None:
         k = self.knobs
         if k.api_key is not None:
-            got = request.headers.get("x-api-key", "")
+            auth = request.headers.get("authorization", "")
+            got = request.headers.get("x-api-key") or (auth[7:] if auth.startswith("Bearer ") else "")
             if not got or not hmac.compare_digest(got.encode(), k.api_key.encode()):
                 self.stats.unauthorized += 1
                 return self.protocol_error("messages", 401, "invalid x-api-key")
