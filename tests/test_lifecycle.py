@@ -118,8 +118,10 @@ def test_retry_after_is_the_predicted_time_a_slot_frees(tmp_path, proto_fakes, s
         r = chat(url, "new", "late")
         assert r.status_code == 429 and r.json()["error"]["code"] == "run_rejected_overload"
         assert int(r.headers["retry-after"]) == 230 and int(r.headers["retry-after-ms"]) == 230000
-        clock.t += 100
-        assert int(chat(url, "new", "late").headers["retry-after"]) == 130
+        assert r.headers["x-should-retry"] == "false"  # > client_retry_max_s: SDKs raise at once
+        clock.t += 200
+        r = chat(url, "new", "late")
+        assert int(r.headers["retry-after"]) == 30 and r.headers["x-should-retry"] == "true"
     with running_sidecar(
         sidecar_settings(
             tmp_path, proto_fakes, small_bundle, policy={"kind": "always-local"}, admission=ADM, local=one

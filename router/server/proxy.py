@@ -345,7 +345,9 @@ class Proxy(StepIO):
             {
                 "retry-after": str(retry),
                 "retry-after-ms": str(max(1, math.ceil(wait * 1000))),
-                "x-should-retry": "true",
+                # the SDKs retry silently on their own (openai: Retry-After up to 120 s, anthropic:
+                # any); past client_retry_max_s they are told not to, so the caller sees the 429 now
+                "x-should-retry": "true" if retry <= self.s.admission.client_retry_max_s else "false",
                 "x-runroute-run-id": run.run_id,
                 "x-runroute-reason": plan.decision.reason,
                 "x-runroute-admission": "reject",

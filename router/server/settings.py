@@ -311,7 +311,9 @@ class AdmissionSettings(AdmissionConfig):
     the measured per-run rate replaces the default; the arrival forecaster's ``forecast_bucket_s``
     (60), ``forecast_alpha`` (0.2), ``forecast_min_history_s`` (86400, then a daily profile);
     ``horizons_s`` (300, 900, 3600) of ``GET /v1/capacity``; ``default_run_s`` (60) mean run
-    duration before any run ended.
+    duration before any run ended; ``client_retry_max_s`` (60): a 429 whose Retry-After is longer
+    says ``x-should-retry: false`` (the openai/anthropic SDKs then raise at once instead of waiting
+    silently), shorter ones ``true``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -331,6 +333,7 @@ class AdmissionSettings(AdmissionConfig):
     forecast_min_history_s: float = Field(default=86400.0, gt=0)
     horizons_s: tuple[float, ...] = (300.0, 900.0, 3600.0)
     default_run_s: float = Field(default=60.0, gt=0)
+    client_retry_max_s: float = Field(default=60.0, ge=0)
 
     def controller_config(self, local: LocalTier | None) -> AdmissionConfig:
         """The controller's :class:`AdmissionConfig`: these knobs, with the local tier's prefill
