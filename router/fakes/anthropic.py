@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from aiohttp import web
 from pydantic import Field
@@ -48,9 +48,9 @@ class AnthropicKnobs(FrontierKnobs):
 
 class FakeAnthropic(FakeFrontier):
     kind = "anthropic"
-    knobs_class = AnthropicKnobs
-    response_extra: dict[str, Any] = {}
-    protocols = ("messages",)
+    knobs_class = AnthropicKnobs  # type: ignore[assignment]
+    response_extra: ClassVar[dict[str, Any]] = {}
+    protocols: ClassVar[tuple[str, ...]] = ("messages",)
     knobs: AnthropicKnobs
 
     def __init__(self, **knobs: Any):

@@ -434,7 +434,7 @@ def messages_events(
 ) -> list[tuple[int, dict[str, Any]]]:
     """``[(output tokens so far, event)]`` of a streamed message (Anthropic's event order)."""
     start_usage = {**usage, "output_tokens": 1}
-    msg = {
+    msg: dict[str, Any] = {
         "id": mid,
         "type": "message",
         "role": "assistant",

@@ -31,7 +31,7 @@ from __future__ import annotations
 import hmac
 import math
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from aiohttp import web
 from pydantic import Field
@@ -74,7 +74,7 @@ class FakeFrontier(FakeServer):
     knobs_class = FrontierKnobs
     response_extra = {"system_fingerprint": "fp_fake", "service_tier": "default"}
     usage_null_in_chunks = True
-    protocols = ("chat", "responses")
+    protocols: ClassVar[tuple[str, ...]] = ("chat", "responses")
     error_types = {
         400: "invalid_request_error",
         401: "invalid_request_error",

@@ -48,7 +48,7 @@ context left (finish "length"); ``base_ms`` (10) fixed time to first token;
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -98,7 +98,11 @@ class FakeVllm(FakeServer):
     knobs_class = VllmKnobs
     response_extra = {"service_tier": None, "system_fingerprint": "vllm-fake"}
     vllm_shapes = True
-    protocols = ("chat", "responses", "messages")  # vLLM serves /v1/responses and /v1/messages too
+    protocols: ClassVar[tuple[str, ...]] = (
+        "chat",
+        "responses",
+        "messages",
+    )  # vLLM serves /v1/responses and /v1/messages too
     error_types = {400: "BadRequestError", 404: "NotFoundError"}
     knobs: VllmKnobs
 

@@ -90,6 +90,10 @@ __all__ = [
 ]
 
 
+ProtocolName = Literal["chat", "responses", "messages"]
+_ALL_PROTOCOLS: tuple[ProtocolName, ...] = ("chat", "responses", "messages")
+
+
 class SettingsError(ValueError):
     """The configuration cannot be used; the message is one line meant for a person."""
 
@@ -108,9 +112,7 @@ class _Strict(BaseModel):
 class LocalTier(_Strict):
     urls: list[str] = Field(min_length=1)
     model: str = "local-model"
-    protocols: list[Literal["chat", "responses", "messages"]] = Field(
-        default_factory=lambda: ["chat", "responses", "messages"], min_length=1
-    )
+    protocols: list[ProtocolName] = Field(default_factory=lambda: list(_ALL_PROTOCOLS), min_length=1)
     names: list[str] | None = None
     max_context: int = Field(default=32768, gt=0)
     api_key_env: str | None = None  # optional key for a vLLM started with --api-key

@@ -160,8 +160,7 @@ def responses_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
             else:
                 msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif t == "function_call_output":
-            out = it.get("output")
-            msgs.append({"role": "tool", "tool_call_id": it["call_id"], "content": _text(out)})
+            msgs.append({"role": "tool", "tool_call_id": it["call_id"], "content": _text(it.get("output"))})
         elif t in ("reasoning", "item_reference", "compaction"):
             continue
         else:
@@ -173,7 +172,7 @@ def responses_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
         for tl in tools:
             if tl.get("type") != "function":
                 raise _untranslatable(f"tool type {tl.get('type')!r}")
-            fn = {"name": tl["name"]}
+            fn: dict[str, Any] = {"name": tl["name"]}
             _copy(tl, fn, "description", "parameters", "strict")
             ctools.append({"type": "function", "function": fn})
         out["tools"] = ctools
@@ -186,7 +185,7 @@ def responses_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
     fmt = text.get("format") if isinstance(text, dict) else None
     if isinstance(fmt, dict):
         if fmt.get("type") == "json_schema":
-            js = {"name": fmt.get("name") or "response"}
+            js: dict[str, Any] = {"name": fmt.get("name") or "response"}
             _copy(fmt, js, "schema", "strict", "description")
             out["response_format"] = {"type": "json_schema", "json_schema": js}
         elif fmt.get("type") == "json_object":
@@ -312,7 +311,7 @@ def _anth_blocks(content: Any) -> list[dict[str, Any]]:
         return []
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
-    out = []
+    out: list[dict[str, Any]] = []
     for p in content:
         t = p.get("type") if isinstance(p, dict) else None
         if t == "text":

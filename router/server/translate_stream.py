@@ -219,7 +219,7 @@ class ChatToMessages:
     def _start(self, out: list[Obj]) -> None:
         if not self.started:
             self.started = True
-            msg = {
+            msg: Obj = {
                 "id": new_id("msg_"),
                 "type": "message",
                 "role": "assistant",

@@ -49,7 +49,7 @@ def make_backends(s: RouterSettings) -> list[Backend]:
                 ttft_base_s=s.local.ttft_base_s,
                 gpu_usd_per_hour=s.local.gpu_usd_per_hour,
             )
-            urls = {p: url + paths[p] for p in s.local.protocols}
+            urls: dict[str, str] = {str(p): url + paths[p] for p in s.local.protocols}
             out.append(Backend(name, "local", s.local.model, url, hdr, tmpl, urls=urls))
     for f in s.frontier_list:
         urls, hdr = f.endpoints()
