@@ -15,13 +15,11 @@ from pydantic import TypeAdapter
 
 from router.server.protocol import ClientRequest
 from router.server.sse import parse_event
-from router.server.translate import (
-    chat_to_messages,
+from router.server.translate import chat_to_messages, messages_to_chat, responses_to_chat
+from router.server.translate_answers import (
     chat_to_messages_json,
     chat_to_responses_json,
-    messages_to_chat,
     messages_to_chat_json,
-    responses_to_chat,
 )
 from router.server.translate_stream import translating_capture
 

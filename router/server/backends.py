@@ -60,13 +60,18 @@ class BackendSet:
         self.kv_cache_tokens = kv_cache_tokens
 
     def alias(self, name: str) -> Backend | None:
+        """The frontier entry a client's model name maps to (``frontiers[].models``)."""
         for b in self.frontiers:
             if b.patterns is not None and b.patterns(name):
                 return b
         return None
 
     def aliases(self, name: str) -> str | None:
+        """The backend a client's model name maps to (a frontier entry, else a local replica whose
+        ``local.models`` patterns match), or None."""
         b = self.alias(name)
+        if b is None:
+            b = next((x for x in self.local if x.patterns is not None and x.patterns(name)), None)
         return b.name if b is not None else None
 
     def cache_reading(self, replica: str) -> CacheReading | None:

@@ -9,7 +9,8 @@
   back at once), and an ``ended`` tombstone in the run-state store (kept ``store.ttl_s``, so other
   routers' sweeps know the slot was given back and a later step starts a new run).
 - the sweep (every ``identity.sweep_s``; 0 = off): every tracked run with no step in flight whose
-  last step ended more than ``identity.idle_end_s`` ago is ended with reason ``idle``. The clock is
+  last step ended (or arrived, for a step still streaming) more than ``identity.idle_end_s`` ago
+  is ended with reason ``idle``. The clock is
   injected, so tests drive it; :meth:`RunLifecycle.sweep_once` runs one pass.
 """
 
@@ -60,11 +61,17 @@ class RunLifecycle(BackgroundTask):
         self.ended_idle = 0
 
     # ------------------------------------------------------------------ identity
+    @staticmethod
+    def _last(h: Any) -> float | None:
+        seen = [t for t in (h.last_end_s, h.last_seen_s) if t is not None]
+        return max(seen) if seen else None
+
     def _status(self, run_id: str) -> tuple[bool, float | None, bool]:
         h = self.tracker.get(run_id)
         if h is None:
             return False, None, False
-        idle = None if h.last_end_s is None or h.busy else self.clock() - h.last_end_s
+        last = self._last(h)
+        idle = None if last is None or h.busy else self.clock() - last
         return h.ended, idle, h.served_opening
 
     def resolve(
@@ -137,14 +144,12 @@ class RunLifecycle(BackgroundTask):
     # ------------------------------------------------------------------ idle sweep
     def idle_runs(self) -> list[str]:
         now = self.clock()
-        return [
-            rid
-            for rid, h in list(self.tracker.runs.items())
-            if not h.ended
-            and not h.busy
-            and h.last_end_s is not None
-            and now - h.last_end_s > self.idle_end_s
-        ]
+        out = []
+        for rid, h in list(self.tracker.runs.items()):
+            last = self._last(h)
+            if not h.ended and not h.busy and last is not None and now - last > self.idle_end_s:
+                out.append(rid)
+        return out
 
     async def sweep_once(self) -> int:
         n = 0

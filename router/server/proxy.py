@@ -84,6 +84,7 @@ class RunHistory(RunTrack):
     served_opening: bool = False  # an opening step (no assistant turn yet) was answered
     tenant: str | None = None
     protocols: set[str] = field(default_factory=set)
+    last_seen_s: float | None = None  # arrival of the latest step (a long stream is not idle)
 
     @property
     def busy(self) -> bool:
@@ -251,6 +252,7 @@ class Proxy(StepIO):
             hist.id_source = id_source
             hist.entries = deque(maxlen=self.tracker.max_steps)
         hist.inflight += 1
+        hist.last_seen_s = now
         try:
             return await self._plan_and_forward(request, proto, req, hist, t0, arrival, now, user, serving)
         finally:

@@ -14,7 +14,9 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   tokens, the denominator of the ``local_cache_pressure`` feature; unset = each replica's scraped
   ``vllm:cache_config_info`` ``num_gpu_blocks x block_size``; the feature is NaN when neither is known).
 - ``local.protocols``: the client APIs a replica serves itself (vLLM: ``chat``, ``responses``,
-  ``messages``); a request in another protocol is translated to chat.
+  ``messages``); a request in another protocol is translated to chat. ``local.models``: model
+  names (fnmatch patterns, e.g. ``claude-*`` for Claude Code without an Anthropic frontier) a
+  client may send; the policy still decides, the local model name is sent upstream.
 - ``frontier`` (one) and/or ``frontiers`` (a list; names unique): frontier backends. Each has a
   ``kind``: ``openai`` (``url`` base, Bearer key; chat + responses), ``anthropic`` (Messages,
   ``x-api-key`` + ``anthropic-version``), ``azure`` (``url`` = the resource, ``deployment``,
@@ -113,6 +115,7 @@ class LocalTier(_Strict):
     urls: list[str] = Field(min_length=1)
     model: str = "local-model"
     protocols: list[ProtocolName] = Field(default_factory=lambda: list(_ALL_PROTOCOLS), min_length=1)
+    models: list[str] = Field(default_factory=list)  # client model names (fnmatch) the local tier accepts
     names: list[str] | None = None
     max_context: int = Field(default=32768, gt=0)
     api_key_env: str | None = None  # optional key for a vLLM started with --api-key
@@ -127,6 +130,11 @@ class LocalTier(_Strict):
     @classmethod
     def _urls(cls, v: list[str]) -> list[str]:
         return [_root(u) for u in v]
+
+    def serves(self, name: str) -> bool:
+        from fnmatch import fnmatchcase
+
+        return any(fnmatchcase(name, p) for p in self.models)
 
     @model_validator(mode="after")
     def _names(self) -> LocalTier:

@@ -35,19 +35,17 @@ from router.server.chat import Capture as ChatReader
 from router.server.messages import MessagesReader
 from router.server.protocol import ClientRequest
 from router.server.sse import DONE, encode, parse_event
-from router.server.translate import (
+from router.server.translate import finish_to_stop, new_id, stop_to_finish
+from router.server.translate_answers import (
     call_item,
     chat_to_messages_json,
     chat_to_responses_json,
     chat_usage_from_messages,
-    finish_to_stop,
     message_item,
     messages_to_chat_json,
     messages_usage_from_chat,
-    new_id,
     response_shell,
     responses_usage_from_chat,
-    stop_to_finish,
 )
 
 __all__ = ["ChatToResponses", "ChatToMessages", "MessagesToChat", "TranslatingCapture", "translating_capture"]

@@ -50,7 +50,8 @@ def make_backends(s: RouterSettings) -> list[Backend]:
                 gpu_usd_per_hour=s.local.gpu_usd_per_hour,
             )
             urls: dict[str, str] = {str(p): url + paths[p] for p in s.local.protocols}
-            out.append(Backend(name, "local", s.local.model, url, hdr, tmpl, urls=urls))
+            patterns = s.local.serves if s.local.models else None
+            out.append(Backend(name, "local", s.local.model, url, hdr, tmpl, urls=urls, patterns=patterns))
     for f in s.frontier_list:
         urls, hdr = f.endpoints()
         tmpl = BackendState(
