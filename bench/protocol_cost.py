@@ -4,7 +4,8 @@ Algorithm: the bodies of ``bench/realistic_load.py`` (one agent run of ``--steps
 200 KB, the same conversation in chat, Responses and Messages) and the answers of
 ``bench/proto_backend.py`` (JSON and the 16-event stream). Per request, timed with
 ``perf_counter_ns`` over ``--reps`` passes of every step: the adapter's ``read`` (parse +
-validation), ``step_request`` (the engine's view), ``outbound`` (the bytes sent upstream) and the
+validation), ``step_request`` (the engine's view: the whole estimate at step 0, then the
+previous step's total + the new turns, as the sidecar does for a run it saw), ``outbound`` (the bytes sent upstream) and the
 capture of the answer (``json``, or every SSE event + ``finish_stream``) plus ``counts``/``tools``.
 Cases: ``chat`` (chat client, chat backend), ``<p> pass`` (the backend speaks ``p``: the fast
 path), ``<p> xlate`` (a chat-only backend: the request and the answer are translated). Prints
@@ -55,10 +56,11 @@ def _time_case(
     models = {"fake-model": "local"}
     out = []
     for _ in range(reps):
-        for raw in bodies:
+        for k, raw in enumerate(bodies):
             t0 = time.perf_counter_ns()
             req = adapter.read(raw, models, None)
-            adapter.step_request(req, None)
+            # as the sidecar: the whole estimate at a run's first step, then previous + new turns
+            adapter.step_request(req, None if k == 0 else 1000 * k)
             adapter.outbound(req, backend, "fake-model", "local-0")
             cap = adapter.capture(req, backend)
             if stream:  # as the SSE relay does: only events with a marker reach the capture

@@ -322,3 +322,12 @@ def test_cache_write_price_raises_the_switch_cost_to_the_frontier():
 
     assert cost(0.0) == pytest.approx(10000 * 3.0e-6)  # no write price: the input price
     assert cost(3.75) == pytest.approx(10000 * 3.75e-6) and math.isfinite(cost(3.75))
+
+
+def test_local_model_patterns_accept_a_clients_model_names(tmp_path, sidecar, proto_fakes):
+    local = {"urls": [proto_fakes["v0"].url], "model": "local-model", "models": ["claude-*"]}
+    with sidecar(local=local, frontiers=[], policy={"kind": "always-local"}) as (url, app):
+        m = {"model": "claude-opus-9", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}
+        r = httpx.post(url + "/v1/messages", json=m, headers={"x-claude-code-session-id": "s-1"})
+        assert r.status_code == 200 and r.headers["x-runroute-run-id"] == "cc-s-1"
+        assert httpx.post(url + "/v1/messages", json={**m, "model": "gpt-4o"}).status_code == 404
