@@ -289,7 +289,9 @@ def test_rewrite_body_keeps_bytes_but_model():
     assert orjson.loads(rewrite_body(raw3, orjson.loads(raw3), "m", False)) == {"model": "m", "messages": []}
     # model last (how the openai SDK orders its body): a byte splice too
     raw4 = b'{"messages":[{"role":"user","content":"hi"}],"metadata":{"model":"x"},"model":"auto"}'
-    assert rewrite_body(raw4, orjson.loads(raw4), "m", False) == raw4.replace(b'"model":"auto"', b'"model":"m"')
+    assert rewrite_body(raw4, orjson.loads(raw4), "m", False) == raw4.replace(
+        b'"model":"auto"', b'"model":"m"'
+    )
     # a nested "model" last in its object is never mistaken for the top-level one
     for raw5 in (
         b'{"model":"auto","messages":[],"metadata":{"q":1,"model":"x"}}',
