@@ -391,3 +391,29 @@ def test_chat_and_responses_clients_on_the_anthropic_frontier(tmp_path, sidecar,
     steps = __import__("conftest").read_steps(tmp_path).steps
     assert set(steps["protocol"]) == {"chat", "responses"} and (steps["tier"] == "frontier").all()
     assert (steps["prompt_tokens"] > 0).all()
+
+
+def test_an_untranslatable_request_is_a_400_in_the_clients_shape_and_is_logged(
+    tmp_path, sidecar, proto_fakes
+):
+    import httpx
+
+    local = {"urls": [proto_fakes["v0"].url], "model": "local-model", "protocols": ["chat"]}
+    with sidecar(local=local, policy={"kind": "always-local"}) as (url, app):
+        body = {"model": "auto", "input": "find it", "tools": [{"type": "web_search"}]}
+        r = httpx.post(url + "/v1/responses", json=body)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "untranslatable"
+        m = {
+            "model": "auto",
+            "max_tokens": 9,
+            "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}],
+        }
+        r = httpx.post(url + "/v1/messages", json=m)
+        assert (
+            r.status_code == 400
+            and r.json()["type"] == "error"
+            and r.json()["error"]["code"] == "untranslatable"
+        )
+        assert all(b.inflight == 0 for b in app.state.proxy.backends.values())
+    steps = __import__("conftest").read_steps(tmp_path).steps
+    assert steps["status"].tolist() == [400, 400] and set(steps["error_code"]) == {"untranslatable"}

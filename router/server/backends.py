@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.core.runs import CacheReading
 from router.policy.types import BackendState
 
 __all__ = ["Backend", "BackendSet"]
@@ -51,13 +50,12 @@ class Backend:
 class BackendSet:
     """All backends of the app and the per-request view of them (module docstring)."""
 
-    def __init__(self, backends: list[Backend], scraper: Any, kv_cache_tokens: int | None):
+    def __init__(self, backends: list[Backend], scraper: Any):
         self.all = {b.name: b for b in backends}
         self.models = {b.model: b.tier for b in backends}
         self.local = [b for b in backends if b.tier == "local"]
         self.frontiers = [b for b in backends if b.tier == "frontier"]
         self.scraper = scraper
-        self.kv_cache_tokens = kv_cache_tokens
 
     def alias(self, name: str) -> Backend | None:
         """The frontier entry a client's model name maps to (``frontiers[].models``)."""
@@ -73,14 +71,6 @@ class BackendSet:
         if b is None:
             b = next((x for x in self.local if x.patterns is not None and x.patterns(name)), None)
         return b.name if b is not None else None
-
-    def cache_reading(self, replica: str) -> CacheReading | None:
-        """A local replica's prefix-cache counter from the latest scrape (vLLM ``queries - hits``
-        in tokens; capacity ``local.kv_cache_tokens`` else the scraped ``cache_config_info``)."""
-        st = self.scraper.stats.get(replica) if self.scraper is not None else None
-        if st is None or not st.scraped:
-            return None
-        return CacheReading(st.computed_tokens, self.kv_cache_tokens or st.cache_tokens or None)
 
     def for_request(self, requested: str | None, alias: str | None, pinned: str | None) -> list[Backend]:
         if requested is not None or len(self.frontiers) <= 1:

@@ -55,7 +55,6 @@ class RunLifecycle(BackgroundTask):
         )
         self.idle_end_s = identity.idle_end_s
         self.sweep_s = identity.sweep_s
-        self.session_header = identity.session_header.lower()
         self.clock, self.wall = clock, wall
         self.openings = OpeningRuns(identity.reopen_gap_s)
         self.ended_idle = 0

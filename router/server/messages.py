@@ -164,6 +164,9 @@ class MessagesAdapter:
     name = "messages"
     path = "/v1/messages"
 
+    def __init__(self, session_header: str = "x-claude-code-session-id"):
+        self.session_header = session_header.lower()
+
     def read(self, raw: bytes, models: Mapping[str, str], aliases: Any = None) -> ClientRequest:
         try:
             body = orjson.loads(raw)
@@ -217,7 +220,7 @@ class MessagesAdapter:
         return system, user, opening
 
     def natural_id(self, req: ClientRequest, headers: Mapping[str, str]) -> tuple[str, str] | None:
-        sid = headers.get("x-claude-code-session-id")
+        sid = headers.get(self.session_header)
         if sid:
             return "cc-" + sid.strip(), "session"
         uid = self._user_id(req)

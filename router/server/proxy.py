@@ -122,7 +122,8 @@ class Proxy(StepIO):
         self.m = metrics
         self.clock, self.wall, self.perf = clock, wall, perf
         local = getattr(settings, "local", None)
-        self.set = BackendSet(backends, scraper, getattr(local, "kv_cache_tokens", None))
+        self.kv_cache_tokens: int | None = getattr(local, "kv_cache_tokens", None)
+        self.set = BackendSet(backends, scraper)
         self.backends = self.set.all
         self.models = self.set.models
         self.keys = settings.server.client_keys()
@@ -146,7 +147,7 @@ class Proxy(StepIO):
         self.adapters: dict[str, Any] = {
             "chat": ChatAdapter(),
             "responses": ResponsesAdapter(ResponseStore(ident.response_store_entries)),
-            "messages": MessagesAdapter(),
+            "messages": MessagesAdapter(ident.session_header),
         }
         if engine.cache_reader is None:
             engine.cache_reader = self.cache_reading
@@ -186,7 +187,12 @@ class Proxy(StepIO):
         return b"".join(parts)
 
     def cache_reading(self, replica: str) -> CacheReading | None:
-        return self.set.cache_reading(replica)
+        """A local replica's prefix-cache counter from the latest scrape (vLLM ``queries - hits``
+        in tokens; capacity ``local.kv_cache_tokens`` else the scraped ``cache_config_info``)."""
+        st = self.scraper.stats.get(replica) if self.scraper is not None else None
+        if st is None or not st.scraped:
+            return None
+        return CacheReading(st.computed_tokens, self.kv_cache_tokens or st.cache_tokens or None)
 
     def backend_states(self, backends: list[Backend] | None = None) -> list[BackendState]:
         return self.set.states(list(self.backends.values()) if backends is None else backends)
@@ -361,8 +367,8 @@ class Proxy(StepIO):
         b, req = ctx.backend, ctx.req
         bp = pick_protocol(req.protocol, b.urls)
         model = req.model_alias if b.pass_model and req.model_alias else b.model
-        body = ctx.proto.outbound(req, bp, model, b.name)
         ctx.capture = ctx.proto.capture(req, bp)
+        body = ctx.proto.outbound(req, bp, model, b.name)
         headers = b.headers
         fwd = _FORWARD_HEADERS.get(bp, ())
         if fwd and req.extra.get("headers"):
@@ -410,6 +416,9 @@ class Proxy(StepIO):
                 if e.kind == "connect" and self.scraper is not None:
                     self.scraper.mark_failed(b.name)
                 resp = it = first = None
+            except ProxyError as e:  # the request cannot be sent there (e.g. untranslatable): a 4xx
+                self._finish(ctx, e.status, e.code)
+                raise
             finally:
                 b.inflight -= 1
             if kind is None:
