@@ -56,7 +56,8 @@ from router.policy.filters import DEFAULT_WEIGHTS, pick
 from router.policy.types import BackendState, RunState
 from router.server.settings import RouterSettings
 from router.server.state import InProcessStore
-from router.server.state_redis import FallbackStore, RedisStore
+from router.server.state_fallback import FallbackStore
+from router.server.state_redis import RedisStore
 
 pytestmark = pytest.mark.redis
 
