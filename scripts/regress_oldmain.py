@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import sys
 import tempfile
 
 import httpx
 import orjson
-
-import os
 
 import router
 

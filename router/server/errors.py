@@ -13,6 +13,7 @@ clients (and tests) can rely on status + ``code``:
                                    know, or one another key started
 404    ``model_not_found``         the body names a model that is neither ``auto`` nor a tier's
 409    ``bundle_refused``          ``/admin/reload`` loaded a bad bundle; the old one keeps serving
+409    ``no_bundle_source``        ``/admin/reload`` with no bundle source configured
 413    ``body_too_large``          the body exceeds ``server.max_body_bytes``
 422    ``body_not_object``         the JSON is not an object
 422    ``invalid_messages``        ``messages`` missing, empty, not a list of objects, or a
@@ -34,7 +35,7 @@ clients (and tests) can rely on status + ``code``:
 502    ``upstream_unreachable``    connect error to the chosen upstream (after any fallback)
 502    ``upstream_error``          the upstream answered 5xx before the first byte
 503    ``no_healthy_backend``      no backend the policy may use is healthy
-503    ``bundle_not_loaded``       no bundle serving, or ``/admin/reload`` with no bundle source
+503    ``bundle_not_loaded``       no bundle serving
 504    ``upstream_timeout``        no response headers within ``timeouts.first_byte_s``
 =====  ==========================  ===========================================================
 

@@ -217,6 +217,7 @@ class Proxy:
         engine, body, run_id = self.engine, req.body, hist.run_id
         pin, index = await self.store.begin_step(run_id, hist.next_step)
         if pin is not None and pin.admitted != "ended" and not self.access.owns(pin.owner, owner):
+            await self.store.unstep(run_id, index)  # another key's run: as if it did not exist
             raise ProxyError(404, "run_not_found", f"run {run_id!r} is not known to this router")
         first = pin is None or pin.admitted == "ended"  # a new run: admitted afresh
         if pin is None:

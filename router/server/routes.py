@@ -289,13 +289,13 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             await st.delete(run_id)
         return json_response({"run_id": run_id, "ended": True, "n_steps": len(entries), "outcome": outcome})
 
-    @app.post("/admin/reload", responses=error_responses(401, 403, 409, 503))
+    @app.post("/admin/reload", responses=error_responses(401, 403, 409))
     async def reload(request: Request) -> Response:
         if (r := check(access.admin, request)) is not None:
             return r
         if not holder.has_source:
             return error_response(
-                503, "bundle_not_loaded", "no bundle source configured (bundle.path / mlflow_uri)"
+                409, "no_bundle_source", "no bundle source configured (bundle.path / mlflow_uri)"
             )
         try:
             serving = await holder.reload()
