@@ -6,14 +6,23 @@ duplicate indices during an outage."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
-from test_state_redis import URL, TcpProxy, _cleanup, _free_port, prefix  # noqa: F401 - fixture
+from test_state_redis import URL, TcpProxy, _cleanup, _free_port
 
 from router.policy.types import RunState
 from router.server.state_fallback import FallbackStore
 from router.server.state_redis import RedisStore
 
 pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def prefix():
+    p = f"test-runroute:{uuid.uuid4().hex}:"
+    yield p
+    await _cleanup(p)
 
 
 def _stores(port: int, prefix: str, n: int = 2) -> list[FallbackStore]:
