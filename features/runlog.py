@@ -424,9 +424,9 @@ def _cross_file_duplicates(results: list[ReadResult], files: list[Path]) -> dict
             key = (rids[i], int(steps[i]))
             seen = first.get(key)
             if seen is None:
-                first[key] = (fi, res.rows[i] if i < len(res.rows) else i + 1)
+                first[key] = (fi, int(res.rows[i]) if i < len(res.rows) else int(i) + 1)
             elif seen[0] != fi:  # within one file read_records already flagged it
-                row = res.rows[i] if i < len(res.rows) else i + 1
+                row = int(res.rows[i]) if i < len(res.rows) else int(i) + 1
                 reason = f"duplicate (run_id, step) (first in {files[seen[0]]}:{seen[1]})"
                 out.setdefault(fi, []).append(BadRow(str(files[fi]), row, reason, _raw_row(f, int(i))))
                 drop.append(i)
