@@ -1,21 +1,106 @@
-"""Shared fixtures of the client tests: a small real bundle, loopback fakes of every protocol, and a
-sidecar factory (real uvicorn, the learned policy) whose run log can be read back after it stops."""
+"""Fixtures of the multi-router tests (tests/test_multi_router*.py; parts in multi_router_support.py)
+and of the protocol/client tests (``small_bundle``, ``proto_fakes``, ``sidecar``; parts in
+protocol_support.py).
+
+Module-scoped: each module that asks for one gets its own private redis-server / fakes / cluster.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
+import yaml
+from multi_router_support import (
+    FAKE_BASE_MS,
+    REDIS_BIN,
+    Cluster,
+    RedisProc,
+    RouterProc,
+    free_port,
+    router_config,
+)
+from protocol_support import running_sidecar, sidecar_settings
 
 from router.fakes.launch import fake_in_thread
-from router.server.app import create_app, serve_in_thread
-from router.server.settings import RouterSettings
 
-TOOL_SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+
+@pytest.fixture(scope="module")
+def redis_proc(tmp_path_factory) -> Iterator[RedisProc]:
+    if REDIS_BIN is None:  # .ci/run installs it: a missing one is a broken environment, never a skip
+        pytest.fail("redis-server is not installed (apt-get install redis-server); Redis tests need it")
+    r = RedisProc(free_port(), tmp_path_factory.mktemp("redis"))
+    r.start()
+    try:
+        yield r
+    finally:
+        r.kill()
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    knobs = dict(model="local-model", base_ms=FAKE_BASE_MS, prefill_ms_per_token=0.0, decode_ms_per_token=0.0)
+    with (
+        fake_in_thread("vllm", name="v0", **knobs) as v0,
+        fake_in_thread("vllm", name="v1", **knobs) as v1,
+        fake_in_thread("frontier", name="fr", model="frontier-model", zero_latency=True) as fr,
+    ):
+        yield v0, v1, fr
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory) -> Path:
+    """A small real bundle whose P(frontier) stays ~0.15 (labels unrelated to the features)."""
+    from features.extract import N_FEATURES
+    from models.bundle import ModelBundle
+    from models.escalation import EscalationClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, N_FEATURES))
+    y = (rng.random(300) < 0.15).astype(int)
+    est = EscalationClassifier(n_estimators=10, calibration="sigmoid", cv=3, n_jobs=1).fit(X, y)
+    out = tmp_path_factory.mktemp("bundle") / "b"
+    ModelBundle(escalation=est, thresholds={"p_frontier_up": 0.95, "p_frontier_down": 0.0}).save(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, redis_proc, fakes, bundle_dir) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("routers")
+    cfg_path = tmp / "runroute.yaml"
+    cfg_path.write_text(yaml.safe_dump(router_config(tmp, fakes, bundle_dir, redis_proc.url)))
+    a = RouterProc("a", cfg_path, free_port(), tmp / "router-a.log")
+    b = RouterProc("b", cfg_path, free_port(), tmp / "router-b.log")
+    client = httpx.Client(timeout=10.0)
+    try:
+        with ThreadPoolExecutor(2) as ex:  # start both at once: start-up is mostly imports
+            for f in [ex.submit(a.start), ex.submit(b.start)]:
+                f.result()
+        yield Cluster(a, b, redis_proc, fakes, client)
+    finally:
+        client.close()
+        a.stop()
+        b.stop()
+
+
+@pytest.fixture
+def live(cluster: Cluster) -> Cluster:
+    """The cluster with Redis and both routers up (an earlier test may have left one down)."""
+    if not cluster.redis.ping():
+        cluster.redis.kill()
+        cluster.redis.start()
+    for r in (cluster.a, cluster.b):
+        if not r.alive():
+            r.start()
+    return cluster
+
+
+# ---------------------------------------------------------------- protocol and client tests
 
 
 @pytest.fixture(scope="session")
@@ -64,57 +149,6 @@ def proto_fakes():
         ) as an,
     ):
         yield {"v0": v0, "v1": v1, "openai": oa, "anthropic": an}
-
-
-def sidecar_settings(tmp_path: Path, fakes: dict[str, Any], bundle: Path, **over: Any) -> RouterSettings:
-    os.environ["RR_TEST_OA_KEY"] = "sk-oa"
-    os.environ["RR_TEST_AN_KEY"] = "sk-an"
-    base: dict[str, Any] = {
-        "local": {"urls": [fakes["v0"].url, fakes["v1"].url], "model": "local-model", "max_context": 200000},
-        "frontiers": [
-            {
-                "kind": "openai",
-                "name": "openai",
-                "url": fakes["openai"].url,
-                "model": "frontier-model",
-                "api_key_env": "RR_TEST_OA_KEY",
-                "models": ["gpt-*"],
-                "default": True,
-            },
-            {
-                "kind": "anthropic",
-                "name": "claude",
-                "url": fakes["anthropic"].url,
-                "model": "claude-fake",
-                "api_key_env": "RR_TEST_AN_KEY",
-                "models": ["claude-*"],
-                "price_in_per_m": 3.0,
-                "price_cached_in_per_m": 0.3,
-                "price_cache_write_per_m": 3.75,
-                "price_out_per_m": 15.0,
-            },
-        ],
-        "policy": {"kind": "learned"},
-        "bundle": {"path": str(bundle), "watch_s": 0},
-        "scrape": {"interval_s": 0},
-        "runlog": {"dir": str(tmp_path / "logs")},
-    }
-    base.update(over)
-    return RouterSettings.load(None, **base)
-
-
-@contextlib.contextmanager
-def running_sidecar(settings: RouterSettings, **kw: Any):
-    """``(url, app)`` of a sidecar on loopback; the run log is flushed when the block exits."""
-    app = create_app(settings, **kw)
-    with serve_in_thread(app) as url:
-        yield url, app
-
-
-def read_steps(tmp_path: Path):
-    from features.runlog import read_runlog
-
-    return read_runlog(sorted((tmp_path / "logs").glob("runlog-*")))
 
 
 @pytest.fixture

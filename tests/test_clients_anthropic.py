@@ -17,7 +17,7 @@ from pathlib import Path
 import anthropic
 import httpx
 import pytest
-from conftest import TOOL_SCHEMA, read_steps
+from protocol_support import TOOL_SCHEMA, read_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = [{"name": "search", "description": "search the docs", "input_schema": TOOL_SCHEMA}]

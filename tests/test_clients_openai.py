@@ -12,8 +12,8 @@ import os
 
 import httpx
 import pytest
-from conftest import TOOL_SCHEMA, read_steps
 from openai import OpenAI
+from protocol_support import TOOL_SCHEMA, read_steps
 from pydantic import BaseModel
 
 SYSTEM = "You are a careful research agent. " + " ".join(f"rule{i}" for i in range(300))

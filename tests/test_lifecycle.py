@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from conftest import read_steps, running_sidecar, sidecar_settings
+from protocol_support import read_steps, running_sidecar, sidecar_settings
 
 from router.fakes.launch import fake_in_thread
 from router.server.identity import idle_end_from_pauses

@@ -388,7 +388,7 @@ def test_chat_and_responses_clients_on_the_anthropic_frontier(tmp_path, sidecar,
             tools=[{"type": "function", "name": "search", "parameters": SCHEMA}],
         )
         assert r.output[0].type == "function_call" and r.usage.output_tokens > 0  # type: ignore[union-attr]
-    steps = __import__("conftest").read_steps(tmp_path).steps
+    steps = __import__("protocol_support").read_steps(tmp_path).steps
     assert set(steps["protocol"]) == {"chat", "responses"} and (steps["tier"] == "frontier").all()
     assert (steps["prompt_tokens"] > 0).all()
 
@@ -415,5 +415,5 @@ def test_an_untranslatable_request_is_a_400_in_the_clients_shape_and_is_logged(
             and r.json()["error"]["code"] == "untranslatable"
         )
         assert all(b.inflight == 0 for b in app.state.proxy.backends.values())
-    steps = __import__("conftest").read_steps(tmp_path).steps
+    steps = __import__("protocol_support").read_steps(tmp_path).steps
     assert steps["status"].tolist() == [400, 400] and set(steps["error_code"]) == {"untranslatable"}

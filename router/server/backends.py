@@ -1,26 +1,39 @@
-"""The upstreams the sidecar routes to, and the backend states the step engine sees for one request.
+"""The sidecar's upstreams as the step engine sees them, and the request-reading helpers of the hot path.
 
-A :class:`Backend` is one local vLLM replica or one frontier entry (``frontier`` / ``frontiers``
-in the settings) with the protocols it speaks (``urls``: protocol -> URL, e.g. an Anthropic
-frontier only ``messages``, an Azure deployment ``chat`` and ``responses``), its auth headers and
-the :class:`~router.policy.types.BackendState` template the policy prices it with (incl. the
-frontier's cache-write price).
-
-:class:`BackendSet` builds the states for one request: the local replicas (scraped health, running,
-waiting and KV usage, plus this router's in-flight counts) and *one* frontier: the entry the
-client's model alias maps to (``frontiers[].models``), else the default entry (the policy chooses
-the tier, config maps the model); a request naming a concrete backend model sees every frontier
-(the policy is bypassed for it). ``aliases(name)`` answers which entry a model name maps to.
+- :class:`Backend`: one upstream (name, tier, model, root URL, headers, the policy's price/latency
+  template incl. a frontier's cache-write price) with this router's live in-flight count, the
+  protocols it speaks (``urls``: protocol -> URL, e.g. an Anthropic frontier only ``messages``, an
+  Azure deployment ``chat`` and ``responses``) and the client model names mapped to it
+  (``patterns``: ``frontiers[].models`` / ``local.models``).
+- :class:`BackendPool`: fresh :class:`~router.policy.types.BackendState` per step = the template +
+  the latest scrape (health, running, waiting, KV usage) + this router's in-flight count; with
+  ``neutral`` (a new run while the shared store is down) no load figures at all, so the placement
+  is the policy's rendezvous hash alone and routers that share no pin still agree on a run's
+  replica. ``for_request``: the backends one request may use: the local replicas and *one*
+  frontier, the entry the client's model alias maps to, else the run's pinned frontier, else the
+  default entry (the policy chooses the tier, config maps the model); a request naming a concrete
+  backend model sees every backend (the policy is bypassed for it). ``cache_reading``: a local
+  replica's prefix-cache counter for the engine (capacity ``local.kv_cache_tokens`` else the
+  scraped ``cache_config_info``).
+- :func:`read_body`: the body under ``max_body`` (``Content-Length`` checked before reading, a
+  chunked body counted while reading; 413 ``body_too_large``).
+- :func:`priority_tenant`: the run's priority class (header, unknown classes -> ``batch``) and
+  tenant (header, else ``metadata.tenant``, else the request's user).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from router.policy.types import BackendState
+from starlette.requests import Request
 
-__all__ = ["Backend", "BackendSet"]
+from router.core.runs import CacheReading
+from router.policy.admission import PRIORITIES
+from router.policy.types import BackendState
+from router.server.errors import ProxyError
+
+__all__ = ["Backend", "BackendPool", "read_body", "priority_tenant", "state_of"]
 
 
 @dataclass
@@ -35,7 +48,7 @@ class Backend:
     state_template: BackendState
     inflight: int = 0
     urls: dict[str, str] = field(default_factory=dict)
-    patterns: Any = None  # FrontierTier.serves (model aliases), None for local replicas
+    patterns: Any = None  # name -> bool: client model names mapped here (None: none)
     pass_model: bool = False  # send the client's aliased model name upstream
 
     def __post_init__(self) -> None:
@@ -47,15 +60,22 @@ class Backend:
         return self.urls.get("chat", self.root + "/v1/chat/completions")
 
 
-class BackendSet:
-    """All backends of the app and the per-request view of them (module docstring)."""
+class BackendPool:
+    """The backends of one app and their per-step states (module docstring)."""
 
-    def __init__(self, backends: list[Backend], scraper: Any):
-        self.all = {b.name: b for b in backends}
+    def __init__(self, backends: list[Backend], scraper: Any, kv_cache_tokens: int | None = None):
+        self.backends = {b.name: b for b in backends}
         self.models = {b.model: b.tier for b in backends}
         self.local = [b for b in backends if b.tier == "local"]
         self.frontiers = [b for b in backends if b.tier == "frontier"]
         self.scraper = scraper
+        self.kv_cache_tokens = kv_cache_tokens
+
+    def cache_reading(self, replica: str) -> CacheReading | None:
+        st = self.scraper.stats.get(replica) if self.scraper is not None else None
+        if st is None or not st.scraped:
+            return None
+        return CacheReading(st.computed_tokens, self.kv_cache_tokens or st.cache_tokens or None)
 
     def alias(self, name: str) -> Backend | None:
         """The frontier entry a client's model name maps to (``frontiers[].models``)."""
@@ -74,17 +94,18 @@ class BackendSet:
 
     def for_request(self, requested: str | None, alias: str | None, pinned: str | None) -> list[Backend]:
         if requested is not None or len(self.frontiers) <= 1:
-            return list(self.all.values())
+            return list(self.backends.values())
         chosen = self.alias(alias) if alias is not None else None
         if chosen is None:
             chosen = next((b for b in self.frontiers if b.name == pinned), self.frontiers[0])
         return [*self.local, chosen]
 
-    def states(self, backends: list[Backend]) -> list[BackendState]:
-        """Fresh backend states: scraped health/load + this router's in-flight count."""
+    def states(self, neutral: bool = False, backends: list[Backend] | None = None) -> list[BackendState]:
         stats = self.scraper.stats if self.scraper is not None else {}
+        if neutral:
+            stats = {n: replace(st, running=0, waiting=0, kv_usage=0.0) for n, st in stats.items()}
         out = []
-        for b in backends:
+        for b in self.backends.values() if backends is None else backends:
             t = b.state_template
             st = stats.get(b.name)
             out.append(
@@ -94,7 +115,7 @@ class BackendSet:
                     model=t.model,
                     healthy=st.healthy if st is not None else t.healthy,
                     max_context=t.max_context,
-                    running=(int(st.running) if st is not None else 0) + b.inflight,
+                    running=(int(st.running) if st is not None else 0) + (0 if neutral else b.inflight),
                     waiting=int(st.waiting) if st is not None else 0,
                     kv_usage=st.kv_usage if st is not None else 0.0,
                     price_in_per_m=t.price_in_per_m,
@@ -107,3 +128,47 @@ class BackendSet:
                 )
             )
         return out
+
+
+def state_of(states: list[BackendState], name: str) -> BackendState | None:
+    for b in states:
+        if b.name == name:
+            return b
+    return None
+
+
+async def read_body(request: Request, max_body: int) -> bytes:
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        try:
+            n = int(cl)
+        except ValueError:
+            raise ProxyError(400, "invalid_json", "bad Content-Length") from None
+        if n > max_body:
+            raise ProxyError(413, "body_too_large", f"body of {n} bytes exceeds the limit of {max_body}")
+        return await request.body()
+    parts, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > max_body:
+            raise ProxyError(413, "body_too_large", f"body exceeds the limit of {max_body} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def priority_tenant(
+    a: Any, request: Request, body: dict[str, Any], user: str | None = None
+) -> tuple[str, str | None]:
+    """``a``: the admission settings (header names, default priority); ``user``: the request's
+    user (chat/Responses ``user``, Messages ``metadata.user_id``), the tenant when nothing else
+    names one."""
+    raw = request.headers.get(a.priority_header)
+    prio = a.default_priority if raw is None else raw.strip().lower()
+    if prio not in PRIORITIES:
+        prio = "batch"  # unknown classes shed first
+    tenant = request.headers.get(a.tenant_header)
+    if tenant is None:
+        meta = body.get("metadata")
+        t = meta.get("tenant") if isinstance(meta, dict) else None
+        tenant = t if isinstance(t, str) and t else user
+    return prio, tenant

@@ -38,6 +38,16 @@ from router.core.record import StepRequest
 from router.server.errors import ProxyError, error_body, error_response
 from router.server.protocol import AUTO_MODELS, ClientRequest, resolve_model
 from router.server.sse import looks_error, text_of
+from router.server.validate import (
+    DEFAULT_MAX_DEPTH,
+    check_depth,
+    check_messages,
+    check_metadata,
+    check_object,
+    check_optional_str,
+    check_stream_options,
+    check_tools,
+)
 
 __all__ = [
     "ChatRequest",
@@ -53,17 +63,22 @@ _MODEL_RE = re.compile(rb'"model"\s*:\s*"(?:[^"\\]|\\.)*"')
 ChatRequest = ClientRequest
 
 
-def read_request(raw: bytes, models: Mapping[str, str], aliases: Any = None) -> ClientRequest:
-    """Parse and validate; raises :class:`ProxyError` (4xx) for bad input."""
+def read_request(
+    raw: bytes, models: Mapping[str, str], aliases: Any = None, max_depth: int = DEFAULT_MAX_DEPTH
+) -> ClientRequest:
+    """Parse and validate (:mod:`router.server.validate` for every field the router reads);
+    raises :class:`ProxyError` (4xx) for bad input."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise ProxyError(400, "invalid_json", f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise ProxyError(422, "body_not_object", "request body must be a JSON object")
+    check_depth(raw, body, max_depth)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
         raise ProxyError(422, "invalid_messages", "'messages' must be a non-empty list of message objects")
+    check_messages(msgs)
     model = body.get("model", "auto")
     if not isinstance(model, str):
         raise ProxyError(422, "invalid_model", "'model' must be a string")
@@ -72,6 +87,11 @@ def read_request(raw: bytes, models: Mapping[str, str], aliases: Any = None) -> 
         raise ProxyError(422, "invalid_stream", "'stream' must be a boolean")
     requested, alias = resolve_model(model, models, aliases)
     so = body.get("stream_options")
+    check_stream_options(so)
+    check_tools(body.get("tools"))
+    check_metadata(body.get("metadata"))
+    check_optional_str(body.get("user"), "user")
+    check_object(body.get("response_format"), "response_format")
     strip = stream and not (isinstance(so, dict) and so.get("include_usage") is True)
     return ClientRequest("chat", raw, body, requested, stream, model_alias=alias, strip_usage=strip)
 
@@ -281,8 +301,10 @@ class ChatAdapter:
     name = "chat"
     path = "/v1/chat/completions"
 
-    def read(self, raw: bytes, models: Mapping[str, str], aliases: Any = None) -> ClientRequest:
-        return read_request(raw, models, aliases)
+    def read(
+        self, raw: bytes, models: Mapping[str, str], aliases: Any = None, max_depth: int = DEFAULT_MAX_DEPTH
+    ) -> ClientRequest:
+        return read_request(raw, models, aliases, max_depth)
 
     def step_request(self, req: ClientRequest, previous_total: int | None, **kw: Any) -> StepRequest:
         return step_request(req, previous_total, **kw)

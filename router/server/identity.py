@@ -22,15 +22,21 @@ Algorithm, first match wins:
    the request is itself an opening (no assistant turn yet) while the latest run already served
    one: the second trial of a task starts at step 0 instead of resuming the first at step 2.
 
-Ids are limited to 200 printable characters; longer or unprintable ids are hashed the same way
-(``"h-" + sha256(id)[:20]``) so they are safe in logs, headers and URLs.
+Sanitising (:func:`clean_id`, every id from a header or the body): surrounding whitespace is
+stripped; every character outside the safe set :data:`SAFE` (ASCII letters, digits and
+``-._~:@!$&'()*+,;=%``) is percent-encoded as its UTF-8 bytes (``"中文-run"`` ->
+``"%E4%B8%AD%E6%96%87-run"``, ``"a/b"`` -> ``"a%2Fb"``), so an id is always a valid HTTP header
+value (``x-runroute-run-id``), one URL path segment and one log token. ``%`` itself is kept, so
+cleaning is idempotent: the id in ``x-runroute-run-id`` and its decoded form both find the run
+under ``/v1/runs/{id}`` (the endpoints clean the path parameter the same way). An id longer than
+:data:`MAX_ID_LEN` after encoding (or empty) is hashed: ``"h-" + sha256(id)[:20]``.
 
 Idle end (:func:`idle_end_from_pauses`): a run with no step for ``identity.idle_end_s`` is ended by
 the sidecar's sweep (end reason ``idle``), releasing its admission slot. The default, 900 s, is
 ``1.25 x`` the largest per-source p99 of ``tool_pause_s`` in the shipped run logs (Mooncake 690 s,
 tau2-bench 4.6 s), rounded up to a minute; run :func:`idle_end_from_pauses` on your own logs.
 
-How clients pass a run id: see the README ("Run identity per client").
+How clients pass a run id: see the README ("Clients and protocols").
 """
 
 from __future__ import annotations
@@ -52,15 +58,24 @@ __all__ = [
     "OpeningRuns",
     "idle_end_from_pauses",
     "MAX_ID_LEN",
+    "SAFE",
 ]
 
 MAX_ID_LEN = 200
+SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~:@!$&'()*+,;=%")
 
 
 def clean_id(rid: str) -> str:
-    if 0 < len(rid) <= MAX_ID_LEN and rid.isprintable() and "/" not in rid:
-        return rid
-    return "h-" + hashlib.sha256(rid.encode("utf-8", "replace")).hexdigest()[:20]
+    """The header-, URL- and log-safe form of a run id (module docstring)."""
+    rid = rid.strip()
+    if rid and len(rid) <= MAX_ID_LEN and all(ch in SAFE for ch in rid):
+        return rid  # the common case: nothing to encode
+    out = "".join(
+        ch if ch in SAFE else "".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass")) for ch in rid
+    )
+    if 0 < len(out) <= MAX_ID_LEN:
+        return out
+    return "h-" + hashlib.sha256(rid.encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
 _clean = clean_id

@@ -138,7 +138,9 @@ class RunLifecycle(BackgroundTask):
         holds = self.engine.run_ended(state)
         if self.admission is not None:
             await self.admission.release(state, holds)
-        await self.store.put(RunState(run_id=state.run_id, admitted="ended", steps_seen=state.steps_seen))
+        await self.store.put(
+            RunState(run_id=state.run_id, admitted="ended", steps_seen=state.steps_seen, owner=state.owner)
+        )
 
     # ------------------------------------------------------------------ idle sweep
     def idle_runs(self) -> list[str]:

@@ -45,6 +45,7 @@ from router.server.chat import tool_key
 from router.server.errors import ProxyError
 from router.server.protocol import ClientRequest, json_error, resolve_model
 from router.server.sse import looks_error, parse_event, text_of
+from router.server.validate import DEFAULT_MAX_DEPTH, check_depth
 
 __all__ = ["MessagesAdapter", "MessagesReader", "BLOCK_TYPES", "anthropic_error", "count_tokens_estimate"]
 
@@ -136,6 +137,11 @@ def validate(body: Any, *, need_max_tokens: bool = True) -> None:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream: must be a boolean", "invalid_stream")
+    meta = body.get("metadata")
+    if meta is not None and (
+        not isinstance(meta, dict) or not isinstance(meta.get("user_id", ""), (str, type(None)))
+    ):
+        raise _bad("metadata: must be an object whose user_id is a string", "invalid_metadata")
 
 
 def _last_turns(msgs: list[Any]) -> list[Any]:
@@ -167,11 +173,15 @@ class MessagesAdapter:
     def __init__(self, session_header: str = "x-claude-code-session-id"):
         self.session_header = session_header.lower()
 
-    def read(self, raw: bytes, models: Mapping[str, str], aliases: Any = None) -> ClientRequest:
+    def read(
+        self, raw: bytes, models: Mapping[str, str], aliases: Any = None, max_depth: int = DEFAULT_MAX_DEPTH
+    ) -> ClientRequest:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise ProxyError(400, "invalid_json", f"request body is not valid JSON: {e}") from None
+        if isinstance(body, dict):
+            check_depth(raw, body, max_depth)
         validate(body)
         requested, alias = resolve_model(body.get("model"), models, aliases)
         return ClientRequest("messages", raw, body, requested, body.get("stream", False), model_alias=alias)

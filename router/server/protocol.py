@@ -5,7 +5,8 @@ The hot path is protocol-independent (read -> identity -> engine.plan -> claim -
 forward/fallback -> finish -> record); each protocol module (:mod:`router.server.chat`,
 :mod:`router.server.responses`, :mod:`router.server.messages`) implements :class:`Adapter`:
 
-- ``read(raw, models)`` parses and validates the body into a :class:`ClientRequest` (bad input:
+- ``read(raw, models, aliases, max_depth)`` parses and validates the body into a
+  :class:`ClientRequest` (every field the router reads, :mod:`router.server.validate`; bad input:
   :class:`~router.server.errors.ProxyError`, a 4xx, rendered by ``error``);
 - ``step_request(req, previous_total, **kw)``: the engine's protocol-free
   :class:`~router.core.record.StepRequest` (prompt estimate, tool results, tools offered, JSON);
@@ -85,7 +86,9 @@ class Adapter(Protocol):
     name: str
     path: str
 
-    def read(self, raw: bytes, models: Mapping[str, str], aliases: Any) -> ClientRequest: ...
+    def read(
+        self, raw: bytes, models: Mapping[str, str], aliases: Any, max_depth: int = ...
+    ) -> ClientRequest: ...
     def step_request(self, req: ClientRequest, previous_total: int | None, **kw: Any) -> StepRequest: ...
     def opening(self, req: ClientRequest) -> tuple[str | None, str | None, bool]: ...
     def natural_id(self, req: ClientRequest, headers: Mapping[str, str]) -> tuple[str, str] | None: ...

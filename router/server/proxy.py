@@ -4,24 +4,30 @@ step engine, forward, relay, record; the same code for every protocol.
 Algorithm per request (the decisions are the step engine's, :mod:`router.core.engine`; the protocol
 details are the adapter's, :mod:`router.server.protocol`; this module does the I/O around them):
 
-1. Auth (optional client keys: ``Authorization: Bearer``, ``x-api-key`` or ``api-key``), body size
-   limit (``Content-Length`` checked before reading, the stream counted while reading), one
-   ``orjson.loads`` and validation (``adapter.read``; bad input is a 4xx in the protocol's shape).
-2. Run identity (:class:`router.server.lifecycle.RunLifecycle`) and the run's track
+1. Auth (:mod:`router.server.auth`: optional client keys), body size limit (``Content-Length``
+   checked before reading, the stream counted while reading), one ``orjson.loads`` and validation
+   of every field the router reads (``adapter.read``: :mod:`router.server.chat`,
+   :mod:`router.server.responses`, :mod:`router.server.messages`, :mod:`router.server.validate`);
+   bad input is a 4xx in the protocol's own error shape.
+2. Run identity (:class:`router.server.lifecycle.RunLifecycle`: header, ``metadata.run_id``, the
+   protocol's own id, the opening hash with generations; header-safe ids) and the run's track
    (:class:`RunHistory`, bounded by ``server.run_history_runs`` / ``run_history_steps``); under a
-   per-run lock (so concurrent steps of one run see each other's pin): the run's pin from the
-   run-state store, the step the engine sees (``adapter.step_request``), fresh backend states
-   (:class:`router.server.backends.BackendSet`: local replicas + the frontier the request's model
-   maps to), and for a new run the store's active-run count; then ``engine.plan``. An admission
-   slot claim the plan asks for goes to the store's atomic counter
-   (:class:`router.server.admission.LiveAdmission`) and back to the engine; a rejected new run
-   answers 429 ``run_rejected_overload`` with ``Retry-After`` (the predicted time until a slot
-   frees) and nothing is stored; otherwise ``engine.commit`` and the pin is stored.
-3. Forward (``adapter.outbound``): to a backend that speaks the client's protocol, the client's
-   bytes with only ``model`` rewritten (the fast path); otherwise a translation
-   (:mod:`router.server.translate`). Streaming: the first upstream chunk is awaited before the
-   client's headers are sent (so a failure before the first byte can still fall back), then
-   :class:`router.server.relay.SSERelay` relays it through the adapter's capture.
+   per-run lock (so concurrent steps of one run see each other's pin): the run's pin and its step
+   index from the run-state store in one atomic call (``begin_step``: the index is unique across
+   router replicas; a run owned by another key answers 404 ``run_not_found``), the step the engine
+   sees (``adapter.step_request``), fresh backend states (:class:`router.server.backends.BackendPool`:
+   the local replicas + the frontier the request's model maps to; scraped health, running, waiting,
+   KV usage + this router's in-flight counts), and for a new run the store's active-run count; then
+   ``engine.plan``. An admission slot claim the plan asks for goes to the store's
+   atomic counter (:class:`router.server.admission.LiveAdmission`) and back to the engine; a
+   rejected new run answers 429 ``run_rejected_overload`` with ``Retry-After`` (the predicted time
+   until a slot frees) and nothing is stored; otherwise ``engine.commit``, and the pin is stored (a new run's first pin with
+   set-if-absent: when another router pinned it first, ``engine.adopt`` moves the step there).
+3. Forward (``adapter.outbound``, :mod:`router.server.stepio`): to a backend that speaks the
+   client's protocol, the client's bytes with only ``model`` rewritten (the fast path); otherwise a
+   translation (:mod:`router.server.translate`). Streaming: the first upstream chunk is awaited
+   before the client's headers are sent (so a failure before the first byte can still fall back),
+   then :class:`router.server.relay.SSERelay` relays it through the adapter's capture.
 4. Fallback: a connect error, a timeout or a 5xx before the first byte retries once on the other
    tier when ``fallback.enabled`` (and ``on_requested_model`` for concrete-model requests) through
    ``engine.fallback`` (reason ``fallback-<kind>``, pinned there); otherwise 502/503/504.
@@ -29,19 +35,24 @@ details are the adapter's, :mod:`router.server.protocol`; this module does the I
    TTFT for streams, latency) -> the run's summary (``GET /v1/runs/{id}``), the run-log ``step``
    record (``protocol`` = chat / responses / messages) to the background writer (prompt text only
    with ``runlog.log_prompts``), metrics; ``adapter.remember`` keeps a Responses answer for
-   ``previous_response_id`` chaining.
+   ``previous_response_id`` chaining. With
+   ``runlog.durability: ack`` the response completes only after the record is fsynced. A
+   non-streaming request whose client went away meanwhile is logged 499 ``client_cancelled``.
 
-Hooks for other layers (metrics, tracing, validation) are the small methods ``_route``,
-``_call``, ``_forward``, ``_finish``. Clocks are injected (``clock``: monotonic seconds for the
-engine; ``wall``: epoch seconds for the run log; ``perf``: latency), so tests drive time.
+Release is structural: once a step is committed, every exit (an answer, an upstream failure, a
+client disconnect, an exception anywhere, cancellation) goes through :meth:`Proxy._close`, once:
+the step is finished (an exception: 500 ``internal_error``; a cancellation: 499), the in-flight
+counts are given back (``try/finally``), and a run whose *first* step was not served gives back its
+admission slot (``engine.unserved_start``), so a failed start never holds a slot.
+
+Clocks are injected (``clock``: monotonic seconds for the engine; ``wall``: epoch seconds for the
+run log; ``perf``: latency), so tests drive time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -51,16 +62,17 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from router.core.engine import StepEngine, StepPlan
+from router.core.engine import StepEngine
 from router.core.runs import CacheReading, RunTrack, RunTracker
-from router.policy.admission import PRIORITIES
 from router.policy.types import BackendState, RunState
-from router.server.backends import Backend, BackendSet
+from router.server.answers import reject_error
+from router.server.auth import Access
+from router.server.backends import Backend, BackendPool, priority_tenant, read_body, state_of
 from router.server.chat import ChatAdapter
 from router.server.errors import ProxyError
 from router.server.lifecycle import RunLifecycle
 from router.server.messages import MessagesAdapter
-from router.server.protocol import Adapter, ClientRequest, pick_protocol
+from router.server.protocol import Adapter, ClientRequest
 from router.server.relay import SSERelay
 from router.server.responses import ResponsesAdapter, ResponseStore
 from router.server.stepio import StepContext, StepIO
@@ -69,7 +81,6 @@ from router.server.upstream import UpstreamError
 __all__ = ["Backend", "RunHistory", "Proxy"]
 
 log = logging.getLogger("runroute.proxy")
-_FORWARD_HEADERS = {"messages": ("anthropic-beta",), "responses": ("openai-beta",), "chat": ()}
 
 
 @dataclass(slots=True)
@@ -80,6 +91,7 @@ class RunHistory(RunTrack):
     entries: deque[dict[str, Any]] = field(default_factory=deque)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     ended: bool = False
+    owner: str | None = None
     inflight: int = 0  # steps of this run being served now (the idle sweep leaves it alone)
     served_opening: bool = False  # an opening step (no assistant turn yet) was answered
     tenant: str | None = None
@@ -89,6 +101,9 @@ class RunHistory(RunTrack):
     @property
     def busy(self) -> bool:
         return self.inflight > 0
+
+
+_Step = StepContext
 
 
 class Proxy(StepIO):
@@ -122,12 +137,12 @@ class Proxy(StepIO):
         self.m = metrics
         self.clock, self.wall, self.perf = clock, wall, perf
         local = getattr(settings, "local", None)
-        self.kv_cache_tokens: int | None = getattr(local, "kv_cache_tokens", None)
-        self.set = BackendSet(backends, scraper)
-        self.backends = self.set.all
-        self.models = self.set.models
-        self.keys = settings.server.client_keys()
+        self.pool = BackendPool(backends, scraper, getattr(local, "kv_cache_tokens", None))
+        self.backends = self.pool.backends
+        self.models = self.pool.models
+        self.access = Access(settings.server)
         self.max_body = settings.server.max_body_bytes
+        self.max_depth = settings.server.max_json_depth
         self.tracker: RunTracker[RunHistory] = RunTracker(
             settings.server.run_history_runs,
             settings.server.run_history_steps,
@@ -157,66 +172,17 @@ class Proxy(StepIO):
         return self.tracker.runs
 
     # ------------------------------------------------------------------ helpers
-    def check_auth(self, request: Request) -> None:
-        if not self.keys:
-            return
-        h = request.headers
-        auth = h.get("authorization", "")
-        token = auth[7:] if auth[:7].lower() == "bearer " else (h.get("x-api-key") or h.get("api-key") or "")
-        if not token or not any(hmac.compare_digest(token, k) for k in self.keys):
-            raise ProxyError(401, "invalid_api_key", "missing or invalid API key (Authorization: Bearer ...)")
-
-    async def _read_body(self, request: Request) -> bytes:
-        cl = request.headers.get("content-length")
-        if cl is not None:
-            try:
-                n = int(cl)
-            except ValueError:
-                raise ProxyError(400, "invalid_json", "bad Content-Length") from None
-            if n > self.max_body:
-                raise ProxyError(
-                    413, "body_too_large", f"body of {n} bytes exceeds the limit of {self.max_body}"
-                )
-            return await request.body()
-        parts, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > self.max_body:
-                raise ProxyError(413, "body_too_large", f"body exceeds the limit of {self.max_body} bytes")
-            parts.append(chunk)
-        return b"".join(parts)
+    def check_auth(self, request: Request) -> str | None:
+        """The caller's key id (None without client keys); raises 401 (:mod:`router.server.auth`)."""
+        return self.access.client(request)
 
     def cache_reading(self, replica: str) -> CacheReading | None:
-        """A local replica's prefix-cache counter from the latest scrape (vLLM ``queries - hits``
-        in tokens; capacity ``local.kv_cache_tokens`` else the scraped ``cache_config_info``)."""
-        st = self.scraper.stats.get(replica) if self.scraper is not None else None
-        if st is None or not st.scraped:
-            return None
-        return CacheReading(st.computed_tokens, self.kv_cache_tokens or st.cache_tokens or None)
+        return self.pool.cache_reading(replica)
 
-    def backend_states(self, backends: list[Backend] | None = None) -> list[BackendState]:
-        return self.set.states(list(self.backends.values()) if backends is None else backends)
-
-    def _state_of(self, plan: StepPlan, name: str) -> BackendState | None:
-        for b in plan.snapshot.backends:
-            if b.name == name:
-                return b
-        return None
-
-    def _priority_tenant(
-        self, request: Request, body: dict[str, Any], user: str | None
-    ) -> tuple[str, str | None]:
-        a = self.s.admission
-        raw = request.headers.get(a.priority_header)
-        prio = a.default_priority if raw is None else raw.strip().lower()
-        if prio not in PRIORITIES:
-            prio = "batch"  # unknown classes shed first
-        tenant = request.headers.get(a.tenant_header)
-        if tenant is None:
-            meta = body.get("metadata")
-            t = meta.get("tenant") if isinstance(meta, dict) else None
-            tenant = t if isinstance(t, str) and t else user
-        return prio, tenant
+    def backend_states(
+        self, neutral: bool = False, backends: list[Backend] | None = None
+    ) -> list[BackendState]:
+        return self.pool.states(neutral, backends)
 
     # ------------------------------------------------------------------ endpoints
     async def chat(self, request: Request) -> Response:
@@ -232,21 +198,27 @@ class Proxy(StepIO):
         t0 = self.perf()
         arrival = self.wall()
         try:
-            self.check_auth(request)
+            owner = self.check_auth(request)
             try:
-                raw = await self._read_body(request)
+                raw = await read_body(request, self.max_body)
             except ClientDisconnect:
                 return Response(status_code=499)
-            req = proto.read(raw, self.models, self.set.aliases)
+            req = proto.read(raw, self.models, self.pool.aliases, self.max_depth)
             fwd = {k: v for k in ("anthropic-beta", "openai-beta") if (v := request.headers.get(k))}
             if fwd:
                 req.extra["headers"] = fwd
-            return await self._route(request, proto, req, t0, arrival)
+            return await self._route(request, proto, req, t0, arrival, owner)
         except ProxyError as e:
             return proto.error_response(e.status, e.code, e.message, e.headers)
 
     async def _route(
-        self, request: Request, proto: Adapter, req: ClientRequest, t0: float, arrival: float
+        self,
+        request: Request,
+        proto: Adapter,
+        req: ClientRequest,
+        t0: float,
+        arrival: float,
+        owner: str | None,
     ) -> Response:
         run_id, id_source, user = self.lifecycle.resolve(request.headers, proto, req)
         serving = self.holder.current
@@ -257,35 +229,72 @@ class Proxy(StepIO):
         if created:
             hist.id_source = id_source
             hist.entries = deque(maxlen=self.tracker.max_steps)
-        hist.inflight += 1
+            hist.owner = owner
         hist.last_seen_s = now
+        hist.inflight += 1
         try:
-            return await self._plan_and_forward(request, proto, req, hist, t0, arrival, now, user, serving)
+            return await self._locked_step(request, proto, req, hist, serving, now, t0, arrival, owner, user)
         finally:
             hist.inflight -= 1
 
-    async def _plan_and_forward(
+    async def _locked_step(
         self,
         request: Request,
         proto: Adapter,
         req: ClientRequest,
         hist: RunHistory,
+        serving: Any,
+        now: float,
         t0: float,
         arrival: float,
-        now: float,
+        owner: str | None,
         user: str | None,
-        serving: Any,
     ) -> Response:
-        run_id = hist.run_id
-        engine = self.engine
         # one decision at a time per run (get -> decide -> put), so concurrent steps of a run,
         # even with a remote store, see each other's pin
         async with hist.lock:
-            run = await self.store.get(run_id) or RunState(run_id=run_id)
-            if run.admitted == "ended":  # the run id was ended before: a new run
-                run = RunState(run_id=run_id, steps_seen=run.steps_seen)
-            hist.ended = False
-            prio, tenant = self._priority_tenant(request, req.body, user)
+            ctx = await self._decide(request, proto, req, hist, serving, now, t0, arrival, owner, user)
+        self.m.child(self.m.decisions, ctx.plan.decision.tier, ctx.plan.decision.reason).inc()
+        try:
+            return await self._forward(ctx, request)
+        except BaseException as e:  # every exit of a committed step closes it, once
+            cancelled = isinstance(e, (asyncio.CancelledError, ClientDisconnect))
+            await self._close(
+                ctx, 499 if cancelled else 500, "client_cancelled" if cancelled else "internal_error"
+            )
+            raise
+
+    async def _decide(
+        self,
+        request: Request,
+        proto: Adapter,
+        req: ClientRequest,
+        hist: RunHistory,
+        serving: Any,
+        now: float,
+        t0: float,
+        arrival: float,
+        owner: str | None,
+        user: str | None,
+    ) -> _Step:
+        """Under the run's lock: pin + step index, plan, admission, commit, store (module doc, 2)."""
+        engine, body, run_id = self.engine, req.body, hist.run_id
+        pin, index = await self.store.begin_step(run_id, hist.next_step)
+        if pin is not None and pin.admitted != "ended" and not self.access.owns(pin.owner, owner):
+            await self.store.unstep(run_id, index)  # another key's run: as if it did not exist
+            raise ProxyError(404, "run_not_found", f"run {run_id!r} is not known to this router")
+        first = pin is None or pin.admitted == "ended"  # a new run: admitted afresh
+        if pin is None:
+            run = RunState(run_id=run_id, owner=owner)
+        elif pin.admitted == "ended":  # the run id was ended before: a new run
+            run = RunState(run_id=run_id, steps_seen=pin.steps_seen, owner=owner)
+        else:
+            run = pin
+        run.steps_seen = max(run.steps_seen, index)  # the store's index: the engine claims it
+        hist.ended = False
+        claimed = False
+        try:
+            prio, tenant = priority_tenant(self.s.admission, request, body, user)
             hist.tenant = hist.tenant or tenant
             hist.protocols.add(proto.name)
             # the estimate builds on the previous step's counts only when this router saw it
@@ -293,89 +302,69 @@ class Proxy(StepIO):
             sreq = proto.step_request(req, hist.last_tokens if fresh else None, priority=prio, tenant=tenant)
             adm = self.admission
             active = await adm.active() if adm is not None and run.admitted is None else 0
-            candidates = self.set.for_request(req.requested, req.model_alias, run.replica)
+            candidates = self.pool.for_request(req.requested, req.model_alias, run.replica)
             plan = engine.plan(
                 run,
                 hist,
                 sreq,
-                self.set.states(candidates),
+                self.backend_states(first and getattr(self.store, "degraded", False), candidates),
                 now=now,
                 policy=serving.policy,
                 predictor=serving.predictor,
                 active_local_runs=active,
             )
             if plan.claim_limit is not None:
-                engine.claimed(plan, run, hist, await adm.claim(plan.claim_limit))
+                claimed = await adm.claim(plan.claim_limit)
+                engine.claimed(plan, run, hist, claimed)
             elif plan.late_local:
                 await adm.claim_unlimited()
+                claimed = True
                 engine.late_local_claimed(plan, run)
             if plan.admission_decision is not None:
                 ad = plan.admission_decision
                 verdict = "reject" if plan.rejected else ad.verdict
                 self.m.child(self.m.admission, verdict, prio, ad.reason).inc()
-            if plan.rejected:
-                self._reject(plan, run)
+            if plan.rejected:  # nothing is stored; the index goes back: the retry is again step 0
+                self.m.child(self.m.requests, "none", "429").inc()
+                await self.store.unstep(run_id, plan.step)
+                raise reject_error(plan, run.run_id, self.s.admission)
             decision = plan.decision
             backend = self.backends.get(decision.backend)
             if backend is not None and not any(b.healthy for b in plan.snapshot.backends):
                 backend = None  # every backend is marked down: answer at once instead of timing out
-            if backend is None:
-                engine.commit(plan, run, hist, None)
+        except BaseException:
+            if claimed:  # claimed but never committed: the slot goes back at once
+                await self._give_back(run, engine.run_ended(run))
+            raise
+        if backend is None:
+            engine.commit(plan, run, hist, None)
+            none = Backend("", decision.tier, "", "", {}, BackendState("", "local", ""))
+            ctx = _Step(plan, run, hist, none, req, proto, t0, arrival, proto.capture(req, req.protocol))
+            try:
                 await self.store.put(run)
-                none = Backend("", decision.tier, "", "", {}, BackendState("", "local", ""))
-                ctx = StepContext(
-                    plan, run, hist, none, req, proto, t0, arrival, proto.capture(req, req.protocol)
-                )
-                self._finish(ctx, 503, "no_healthy_backend")
-                raise ProxyError(
-                    503, "no_healthy_backend", f"no healthy backend available ({decision.reason})"
-                )
-            engine.commit(plan, run, hist, self._state_of(plan, backend.name))
-            if plan.flapped:
-                self.m.flaps.inc()
-            await self.store.put(run)
-        self.m.child(self.m.decisions, decision.tier, decision.reason).inc()
-        ctx = StepContext(plan, run, hist, backend, req, proto, t0, arrival, None)
-        return await self._forward(ctx)
+            finally:
+                await self._close(ctx, 503, "no_healthy_backend", locked=True)
+            raise ProxyError(503, "no_healthy_backend", f"no healthy backend available ({decision.reason})")
+        engine.commit(plan, run, hist, state_of(plan.snapshot.backends, backend.name))
+        ctx = _Step(plan, run, hist, backend, req, proto, t0, arrival, proto.capture(req, req.protocol))
+        try:
+            if pin is None:  # a new run's first pin: set-if-absent, so two routers agree on one
+                winner = await self.store.claim(run)
+                if winner is not None:  # another router pinned this new run first: adopt its pin
+                    if engine.adopt(plan, run, winner):
+                        await self._give_back(None, True)
+                    ctx.backend = self.backends.get(plan.decision.backend, backend)
+                    await self.store.put(run)
+            else:
+                await self.store.put(run)
+        except BaseException:
+            await self._close(ctx, 500, "internal_error", locked=True)
+            raise
+        if plan.flapped:
+            self.m.flaps.inc()
+        return ctx
 
-    def _reject(self, plan: StepPlan, run: RunState) -> None:
-        ad = plan.admission_decision
-        assert ad is not None
-        wait = plan.retry_after_s if plan.retry_after_s is not None else self.s.admission.retry_after_min_s
-        retry = max(1, math.ceil(wait))
-        self.m.child(self.m.requests, "none", "429").inc()
-        raise ProxyError(
-            429,
-            "run_rejected_overload",
-            f"new run refused: the local tier is at capacity ({ad.reason}, predicted short step "
-            f"{ad.predicted_short_step_s:.2f}s vs SLO {self.s.admission.slo_short_step_s:g}s); "
-            f"retry after {retry}s",
-            {
-                "retry-after": str(retry),
-                "retry-after-ms": str(max(1, math.ceil(wait * 1000))),
-                # the SDKs retry silently on their own (openai: Retry-After up to 120 s, anthropic:
-                # any); past client_retry_max_s they are told not to, so the caller sees the 429 now
-                "x-should-retry": "true" if retry <= self.s.admission.client_retry_max_s else "false",
-                "x-runroute-run-id": run.run_id,
-                "x-runroute-reason": plan.decision.reason,
-                "x-runroute-admission": "reject",
-            },
-        )
-
-    def _outbound(self, ctx: StepContext) -> tuple[str, bytes, dict[str, str]]:
-        """URL, body and headers for ctx.backend (the fast path or a translation); sets the capture."""
-        b, req = ctx.backend, ctx.req
-        bp = pick_protocol(req.protocol, b.urls)
-        model = req.model_alias if b.pass_model and req.model_alias else b.model
-        ctx.capture = ctx.proto.capture(req, bp)
-        body = ctx.proto.outbound(req, bp, model, b.name)
-        headers = b.headers
-        fwd = _FORWARD_HEADERS.get(bp, ())
-        if fwd and req.extra.get("headers"):
-            headers = {**headers, **{k: v for k, v in req.extra["headers"].items() if k in fwd}}
-        return b.urls[bp], body, headers
-
-    async def _call(self, ctx: StepContext) -> tuple[Any, Any, bytes | None]:
+    async def _call(self, ctx: _Step) -> tuple[Any, Any, bytes | None]:
         """Send to ctx.backend. Returns (response, chunk iterator, first chunk) or raises UpstreamError.
 
         Non-2xx responses come back with iterator None and the whole body as ``first``.
@@ -396,7 +385,7 @@ class Proxy(StepIO):
         ctx.ttft_s = self.perf() - ctx.t0
         return resp, it, first
 
-    async def _forward(self, ctx: StepContext) -> Response:
+    async def _forward(self, ctx: _Step, request: Request) -> Response:
         allow_fb = self.s.fallback.enabled and (
             ctx.req.requested is None or self.s.fallback.on_requested_model
         )
@@ -417,7 +406,7 @@ class Proxy(StepIO):
                     self.scraper.mark_failed(b.name)
                 resp = it = first = None
             except ProxyError as e:  # the request cannot be sent there (e.g. untranslatable): a 4xx
-                self._finish(ctx, e.status, e.code)
+                await self._close(ctx, e.status, e.code)
                 raise
             finally:
                 b.inflight -= 1
@@ -425,16 +414,15 @@ class Proxy(StepIO):
                 break
             d = None
             if allow_fb and attempt == 0:
-                d = self.engine.fallback(
-                    ctx.plan, ctx.run, b.name, kind, self.backend_states(self._fallback_candidates(ctx))
-                )
+                others = self.pool.for_request(ctx.req.requested, ctx.req.model_alias, None)
+                d = self.engine.fallback(ctx.plan, ctx.run, b.name, kind, self.backend_states(False, others))
             if d is None:
                 status, code = {
                     "timeout": (504, "upstream_timeout"),
                     "connect": (502, "upstream_unreachable"),
                 }.get(kind, (502, "upstream_error"))
                 detail = f" (upstream status {resp.status})" if resp is not None else ""
-                self._finish(ctx, status, code)
+                await self._close(ctx, status, code)
                 return ctx.proto.error_response(
                     status, code, f"{b.tier} upstream {b.name} failed: {kind}{detail}", self._headers(ctx)
                 )
@@ -456,7 +444,12 @@ class Proxy(StepIO):
             ctx.ttft_s = None
 
         if it is None:  # non-streaming, or a non-2xx status in either mode
-            return self._unary(ctx, resp, first or b"")
+            data, media = self._answer_body(ctx, resp, first or b"")
+            if await request.is_disconnected():  # nobody got the answer: logged as cancelled
+                await self._close(ctx, 499, "client_cancelled")
+            else:
+                await self._close(ctx, resp.status, None if resp.status < 400 else f"upstream_{resp.status}")
+            return Response(data, status_code=resp.status, media_type=media, headers=self._headers(ctx))
         backend = ctx.backend
 
         def inflight(n: int) -> None:
@@ -480,6 +473,3 @@ class Proxy(StepIO):
             finish_stream=cap.finish_stream,
             error_event=ctx.proto.stream_error,
         )
-
-    def _fallback_candidates(self, ctx: StepContext) -> list[Backend]:
-        return self.set.for_request(ctx.req.requested, ctx.req.model_alias, None)

@@ -45,6 +45,7 @@ from router.server.chat import rewrite_body, tool_key
 from router.server.errors import ProxyError, error_body, error_response
 from router.server.protocol import ClientRequest, resolve_model
 from router.server.sse import looks_error, parse_event, text_of
+from router.server.validate import DEFAULT_MAX_DEPTH, check_depth, check_metadata, check_optional_str
 
 __all__ = ["ResponsesAdapter", "ResponsesReader", "ResponseStore", "ITEM_TYPES", "input_items"]
 
@@ -139,6 +140,9 @@ def validate(body: Any) -> None:
     prev = body.get("previous_response_id")
     if prev is not None and not isinstance(prev, str):
         raise _bad("Invalid 'previous_response_id': expected a string.", "invalid_previous_response_id")
+    check_metadata(body.get("metadata"))
+    check_optional_str(body.get("user"), "user")
+    check_optional_str(body.get("instructions"), "instructions")
 
 
 def _item_tokens(it: Any) -> int:
@@ -165,11 +169,14 @@ class ResponsesAdapter:
     def __init__(self, store: ResponseStore | None = None):
         self.store = store if store is not None else ResponseStore()
 
-    def read(self, raw: bytes, models: Mapping[str, str], aliases: Any = None) -> ClientRequest:
+    def read(
+        self, raw: bytes, models: Mapping[str, str], aliases: Any = None, max_depth: int = DEFAULT_MAX_DEPTH
+    ) -> ClientRequest:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise ProxyError(400, "invalid_json", f"request body is not valid JSON: {e}") from None
+        check_depth(raw, body, max_depth)
         validate(body)
         requested, alias = resolve_model(body.get("model"), models, aliases)
         return ClientRequest("responses", raw, body, requested, body.get("stream", False), model_alias=alias)

@@ -72,7 +72,7 @@ def looks_error(c: Any) -> bool:
         head = " ".join(
             p.get("text", "") for p in c[:4] if isinstance(p, dict) and isinstance(p.get("text"), str)
         )[:200]
-    else:
-        head = str(c)[:200] if c is not None else ""
+    else:  # validated content is a string, a list or null: nothing else is stringified
+        head = ""
     head = head.lower()
     return any(w in head for w in _ERR_WORDS)
