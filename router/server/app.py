@@ -70,6 +70,7 @@ class _RouterApp(FastAPI):
     """
 
     hot_path: Any = None
+    on_request: Any = None  # (handler, status) for every other request (metrics)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (
@@ -90,10 +91,27 @@ class _RouterApp(FastAPI):
                 await response(scope, receive, tracking_send)
             except Exception:
                 log.exception("unhandled error on the chat-completions path")
+                if self.on_request is not None:
+                    self.on_request(scope["path"], 500)
                 if not started:
                     await error_response(500, "internal_error", "internal router error")(scope, receive, send)
             return
-        await super().__call__(scope, receive, send)
+        if scope["type"] != "http" or self.on_request is None:
+            await super().__call__(scope, receive, send)
+            return
+        status = 500
+
+        async def counting_send(msg: Any) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        try:
+            await super().__call__(scope, receive, counting_send)
+        finally:
+            route = scope.get("route")
+            self.on_request(getattr(route, "path", None) or "unmatched", status)
 
 
 def create_app(
@@ -110,7 +128,11 @@ def create_app(
     from router.policy.config import build_policy
 
     s = settings
-    metrics = RouterMetrics()
+    metrics = RouterMetrics(
+        deprecated_names=s.metrics.deprecated_names,
+        short_step_tokens=s.slo.short_step_tokens,
+        step_slo_s=s.slo.step_latency_s,
+    )
     up: Upstream = upstream or AiohttpUpstream(
         connect_s=s.timeouts.connect_s, first_byte_s=s.timeouts.first_byte_s, total_s=s.timeouts.total_s
     )
@@ -124,7 +146,7 @@ def create_app(
         policy_factory,
         path=s.bundle.path,
         mlflow_uri=s.bundle.mlflow_uri,
-        tracking_uri=s.bundle.mlflow_tracking_uri,
+        tracking_uri=s.bundle.tracking_uri(),
         watch_s=s.bundle.watch_s if bundle is None else 0.0,
         metrics=metrics,
     )
@@ -193,6 +215,7 @@ def create_app(
 
     app = _RouterApp(title="runroute", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.hot_path = proxy.chat
+    app.on_request = metrics.request_served
     app.state.proxy = proxy
     app.state.holder = holder
     app.state.metrics = metrics

@@ -242,10 +242,15 @@ class Proxy:
             try:
                 raw = await self._read_body(request)
             except ClientDisconnect:
+                self.m.request_rejected(499)
                 return Response(status_code=499)
             req = proto.read_request(raw, self.models)
-            return await self._route(request, req, t0, arrival)
         except ProxyError as e:
+            self.m.request_rejected(e.status)
+            return error_response(e.status, e.code, e.message, e.headers)
+        try:
+            return await self._route(request, req, t0, arrival)
+        except ProxyError as e:  # counted where it was raised (a rejection, or a finished step)
             return error_response(e.status, e.code, e.message, e.headers)
 
     async def _route(self, request: Request, req: proto.ChatRequest, t0: float, arrival: float) -> Response:
@@ -253,6 +258,7 @@ class Proxy:
         run_id, id_source = run_id_for(request.headers.get("x-run-id"), body)
         serving = self.holder.current
         if serving is None:
+            self.m.request_rejected(503)
             raise ProxyError(503, "bundle_not_loaded", "no model bundle is loaded")
         now = self.clock()
         hist, created = self.tracker.track(run_id, now)
@@ -290,7 +296,7 @@ class Proxy:
             if plan.admission_decision is not None:
                 ad = plan.admission_decision
                 verdict = "reject" if plan.rejected else ad.verdict
-                self.m.child(self.m.admission, verdict, prio, ad.reason).inc()
+                self.m.admission_verdict(verdict, prio, ad.reason)
             if plan.rejected:
                 self._reject(plan, run)
             decision = plan.decision
@@ -306,11 +312,10 @@ class Proxy:
                 raise ProxyError(
                     503, "no_healthy_backend", f"no healthy backend available ({decision.reason})"
                 )
+            prev_tier = run.tier
             engine.commit(plan, run, hist, self._state_of(plan, backend.name))
-            if plan.flapped:
-                self.m.flaps.inc()
             await self.store.put(run)
-        self.m.child(self.m.decisions, decision.tier, decision.reason).inc()
+        self.m.decided(decision, prev_tier, plan.flapped)
         ctx = _Step(plan, run, hist, backend, req, t0, arrival, proto.Capture(strip_usage=req.strip_usage))
         return await self._forward(ctx)
 
@@ -318,7 +323,7 @@ class Proxy:
         ad = plan.admission_decision
         assert ad is not None
         retry = max(1, math.ceil(plan.retry_after_s or self.s.admission.retry_after_min_s))
-        self.m.child(self.m.requests, "none", "429").inc()
+        self.m.request_rejected(429)
         raise ProxyError(
             429,
             "run_rejected_overload",
@@ -367,10 +372,10 @@ class Proxy:
                 resp, it, first = await self._call(ctx)
                 if resp.status >= 500:
                     kind = "5xx"
-                    self.m.child(self.m.upstream_errors, b.tier, "5xx").inc()
+                    self.m.upstream_error(b.tier, "5xx")
             except UpstreamError as e:
                 kind = e.kind
-                self.m.child(self.m.upstream_errors, b.tier, e.kind).inc()
+                self.m.upstream_error(b.tier, e.kind)
                 if e.kind == "connect" and self.scraper is not None:
                     self.scraper.mark_failed(b.name)
                 resp = it = first = None
@@ -393,7 +398,7 @@ class Proxy:
                 )
             attempt += 1
             other = self.backends[d.backend]
-            self.m.child(self.m.fallbacks, b.tier, other.tier).inc()
+            self.m.fell_back(b.tier, d)
             log.warning(
                 "run %s step %d: %s on %s, falling back to %s",
                 ctx.run.run_id,
@@ -402,9 +407,7 @@ class Proxy:
                 b.name,
                 other.name,
             )
-            self.m.flaps.inc()
             await self.store.put(ctx.run)
-            self.m.child(self.m.decisions, d.tier, d.reason).inc()
             ctx.backend = other
             ctx.ttft_s = None
 
@@ -425,7 +428,7 @@ class Proxy:
             backend.inflight += n
 
         def stream_error() -> None:
-            self.m.child(self.m.upstream_errors, backend.tier, "stream").inc()
+            self.m.upstream_error(backend.tier, "stream")
 
         return SSERelay(
             resp,
@@ -460,6 +463,7 @@ class Proxy:
         prompt, cached, completion = ctx.capture.counts()
         names, keys = ctx.capture.tools()
         b = ctx.backend
+        prev_tokens = ctx.hist.last_tokens if ctx.hist.base.steps else 0
         res = StepResult(
             status=status,
             error_code=error_code,
@@ -487,15 +491,4 @@ class Proxy:
             if self.s.runlog.log_prompts:
                 out["prompt_text"] = orjson.dumps(ctx.req.body.get("messages")).decode()
             self.writer.submit(out)
-        m = self.m
-        tier = b.tier or "none"
-        m.child(m.requests, tier, str(status)).inc()
-        if status == 200:
-            short = names or rec.completion_tokens <= self.s.slo.short_step_tokens
-            m.child(m.step_latency, tier, "short" if short else "long").observe(latency)
-            m.child(m.prompt_tokens, tier).inc(rec.prompt_tokens)
-            if rec.cached_tokens:
-                m.child(m.cache_hit_tokens, tier, b.name).inc(rec.cached_tokens)
-            m.child(m.slo_steps, "yes" if latency <= self.s.slo.step_latency_s else "no").inc()
-        if ctx.ttft_s is not None:
-            m.child(m.ttft, tier).observe(ctx.ttft_s)
+        self.m.step_finished(rec, prev_tokens, self._state_of(ctx.plan, b.name) if b.name else None)
