@@ -6,8 +6,9 @@ params, every numeric leaf of the report as a metric (``escalation.auc``,
 ``escalation.per_step.1.stall.brier``, ...), the reliability curve and the feature importances as PNG
 plots, the report as JSON, and the dataset inputs (``mlflow.data``): every run-log file read
 (context ``run-log``, digest and tag ``sha256`` of the file's bytes, tag ``path``), and the per-step
-training and held-out sets (contexts ``training`` / ``holdout``: the feature schema, digest = the
-bundle's ``training_data_sha256`` for the training set). The bundle is logged as a pyfunc model
+training and held-out sets (contexts ``training`` / ``holdout``: the feature schema, digest and tag
+``sha256`` of the rows, labels and groups of each part; the bundle's ``training_data_sha256`` hashes
+both parts together). The bundle is logged as a pyfunc model
 *from code* (:mod:`training.bundle_model`, no pickle of a class of this package) with the
 ``features`` and ``models`` packages as its code, pinned requirements (numpy, pandas, pyarrow,
 pydantic, orjson, scikit-learn, lightgbm, joblib, and ``runroute`` itself at the version that
