@@ -295,28 +295,24 @@ class Alias:
     where: tuple[tuple[str, str], ...] = ()
 
 
+# Same name, changed labels (no alias possible, a name is exposed once): runroute_requests_total
+# (label status -> code; new handler: it counts every endpoint now, handler="/v1/chat/completions"
+# is the 0.1 figure plus the rejections before routing), runroute_prompt_tokens_total (new label
+# model), runroute_flaps_total (new label cause), runroute_bundle_info (new label
+# registry_version): sum() over the new labels gives the 0.1 series.
 DEPRECATED: tuple[Alias, ...] = (
-    Alias(
-        "runroute_requests_total",
-        "runroute_requests_total",
-        "counter",
-        (("tier", "tier"), ("status", "code")),
-        (("handler", CHAT_HANDLER),),
-    ),
     Alias(
         "runroute_admission_total",
         "runroute_admission_verdicts_total",
         "counter",
         tuple((x, x) for x in ("verdict", "priority", "reason")),
     ),
-    Alias("runroute_prompt_tokens_total", "runroute_prompt_tokens_total", "counter", (("tier", "tier"),)),
     Alias(
         "runroute_cache_hit_tokens_total",
         "runroute_cached_prompt_tokens_total",
         "counter",
         (("tier", "tier"), ("replica", "backend")),
     ),
-    Alias("runroute_flaps_total", "runroute_flaps_total", "counter"),
     Alias("runroute_runlog_overflow_total", "runroute_runlog_overflow_steps_total", "counter"),
     Alias("runroute_inflight", "runroute_inflight_requests", "gauge", (("backend", "backend"),)),
     Alias(
