@@ -18,7 +18,7 @@ import pytest
 
 from router.fakes.launch import fake_in_thread
 from router.server.app import create_app, serve_in_thread
-from router.server.metrics import DEPRECATED, SPECS
+from router.server.metrics_specs import DEPRECATED, SPECS
 from router.server.settings import RouterSettings
 
 ROOT = Path(__file__).resolve().parents[1]

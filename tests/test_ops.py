@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from router.server.metrics import SPECS
+from router.server.metrics_specs import SPECS
 
 OPS = Path(__file__).resolve().parents[1] / "ops"
 DASH = OPS / "grafana" / "dashboards" / "runroute.json"

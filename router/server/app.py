@@ -49,6 +49,7 @@ from router.server.routes import Parts, register_routes
 from router.server.runlog_writer import RunLogWriter
 from router.server.scrape import Scraper
 from router.server.settings import RouterSettings
+from router.server.tracing import make_tracing
 from router.server.upstream import AiohttpUpstream, Upstream
 from router.server.wiring import make_backends, make_engine, make_store
 
@@ -168,11 +169,13 @@ def create_app(
         parquet=s.runlog.parquet,
     )
     engine, admission = make_engine(s, st, scraper, backends, admission_budget_hook, clock, wall)
+    tracing = make_tracing(s)
     proxy = Proxy(
         engine=engine,
         clock=clock,
         wall=wall,
         admission=admission,
+        tracing=tracing,
         settings=s,
         upstream=up,
         store=st,
@@ -212,6 +215,8 @@ def create_app(
             await up.close()
             await asyncio.to_thread(writer.close)
             await st.close()
+            if tracing is not None:
+                tracing.shutdown()
 
     app = _RouterApp(title="runroute", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.hot_path = proxy.chat
@@ -224,6 +229,7 @@ def create_app(
     app.state.store = st
     app.state.settings = s
     app.state.admission = admission
+    app.state.tracing = tracing
 
     register_routes(
         app,

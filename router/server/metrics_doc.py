@@ -1,5 +1,5 @@
-"""The README's metric list, generated from :data:`router.server.metrics.SPECS` and
-:data:`router.server.metrics.DEPRECATED` (the one declaration of every series).
+"""The README's metric list, generated from :data:`router.server.metrics_specs.SPECS` and
+:data:`router.server.metrics_specs.DEPRECATED` (the one declaration of every series).
 
 ``python -m router.server.metrics_doc --write README.md`` rewrites the block between the
 ``metrics:begin`` / ``metrics:end`` markers; ``--check README.md`` exits 1 when it is stale (the
@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from router.server.metrics import DEPRECATED, SPECS
+from router.server.metrics_specs import DEPRECATED, SPECS
 
 __all__ = ["BEGIN", "END", "readme_block", "replace_block", "main"]
 
@@ -24,7 +24,7 @@ def readme_block() -> str:
     """The markdown between the markers (markers included)."""
     lines = [
         BEGIN,
-        "<!-- generated from router/server/metrics.py by `python -m router.server.metrics_doc --write README.md`;"
+        "<!-- generated from router/server/metrics_specs.py by `python -m router.server.metrics_doc --write README.md`;"
         " edit the help texts there -->",
         "| metric | type | labels | what it counts |",
         "|---|---|---|---|",

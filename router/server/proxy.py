@@ -24,6 +24,8 @@ does the I/O around it):
    TTFT for streams, latency) -> the run's summary (``GET /v1/runs/{id}``), the run-log ``step``
    record to the background writer (prompt text only with ``runlog.log_prompts``), metrics.
 
+Tracing (:mod:`router.server.tracing`, off by default: each hook is then one ``is None`` test).
+
 Clocks are injected (``clock``: monotonic seconds for the engine; ``wall``: epoch seconds for the
 run log; ``perf``: latency), so tests drive time.
 """
@@ -53,6 +55,7 @@ from router.server import chat as proto
 from router.server.errors import ProxyError, error_response
 from router.server.identity import run_id_for
 from router.server.relay import SSERelay
+from router.server.scrape import backend_states
 from router.server.upstream import UpstreamError
 
 __all__ = ["Backend", "RunHistory", "Proxy"]
@@ -100,6 +103,8 @@ class _Step:
     arrival_s: float
     capture: proto.Capture
     ttft_s: float | None = None
+    span: Any = None  # tracing: the step span and the open upstream span
+    up_span: Any = None
 
 
 class Proxy:
@@ -118,6 +123,7 @@ class Proxy:
         backends: list[Backend],
         engine: StepEngine,
         admission: Any = None,
+        tracing: Any = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
@@ -131,6 +137,7 @@ class Proxy:
         self.scraper = scraper
         self.writer = writer
         self.m = metrics
+        self.tracing = tracing  # None = off: every tracing hook below is one `is None` test
         self.clock, self.wall, self.perf = clock, wall, perf
         self.backends = {b.name: b for b in backends}
         self.models = {b.model: b.tier for b in backends}
@@ -189,30 +196,7 @@ class Proxy:
 
     def backend_states(self) -> list[BackendState]:
         """Fresh backend states: scraped health/load + this router's in-flight count."""
-        stats = self.scraper.stats if self.scraper is not None else {}
-        out = []
-        for b in self.backends.values():
-            t = b.state_template
-            st = stats.get(b.name)
-            out.append(
-                BackendState(
-                    name=b.name,
-                    tier=t.tier,
-                    model=t.model,
-                    healthy=st.healthy if st is not None else t.healthy,
-                    max_context=t.max_context,
-                    running=(int(st.running) if st is not None else 0) + b.inflight,
-                    waiting=int(st.waiting) if st is not None else 0,
-                    kv_usage=st.kv_usage if st is not None else 0.0,
-                    price_in_per_m=t.price_in_per_m,
-                    price_cached_in_per_m=t.price_cached_in_per_m,
-                    price_out_per_m=t.price_out_per_m,
-                    prefill_s_per_token=t.prefill_s_per_token,
-                    ttft_base_s=t.ttft_base_s,
-                    gpu_usd_per_hour=t.gpu_usd_per_hour,
-                )
-            )
-        return out
+        return backend_states(self.backends.values(), self.scraper.stats if self.scraper is not None else {})
 
     def _state_of(self, plan: StepPlan, name: str) -> BackendState | None:
         for b in plan.snapshot.backends:
@@ -260,6 +244,7 @@ class Proxy:
         if serving is None:
             self.m.request_rejected(503)
             raise ProxyError(503, "bundle_not_loaded", "no model bundle is loaded")
+        span = self.tracing.start_step(request.headers) if self.tracing is not None else None
         now = self.clock()
         hist, created = self.tracker.track(run_id, now)
         if created:
@@ -298,6 +283,8 @@ class Proxy:
                 verdict = "reject" if plan.rejected else ad.verdict
                 self.m.admission_verdict(verdict, prio, ad.reason)
             if plan.rejected:
+                if span is not None:
+                    self.tracing.end_refused(span, run_id, 429, "run_rejected_overload")
                 self._reject(plan, run)
             decision = plan.decision
             backend = self.backends.get(decision.backend)
@@ -307,7 +294,7 @@ class Proxy:
                 engine.commit(plan, run, hist, None)
                 await self.store.put(run)
                 none = Backend("", decision.tier, "", "", {}, BackendState("", "local", ""))
-                ctx = _Step(plan, run, hist, none, req, t0, arrival, proto.Capture())
+                ctx = _Step(plan, run, hist, none, req, t0, arrival, proto.Capture(), span=span)
                 self._finish(ctx, 503, "no_healthy_backend")
                 raise ProxyError(
                     503, "no_healthy_backend", f"no healthy backend available ({decision.reason})"
@@ -316,8 +303,8 @@ class Proxy:
             engine.commit(plan, run, hist, self._state_of(plan, backend.name))
             await self.store.put(run)
         self.m.decided(decision, prev_tier, plan.flapped)
-        ctx = _Step(plan, run, hist, backend, req, t0, arrival, proto.Capture(strip_usage=req.strip_usage))
-        return await self._forward(ctx)
+        cap = proto.Capture(strip_usage=req.strip_usage)
+        return await self._forward(_Step(plan, run, hist, backend, req, t0, arrival, cap, span=span))
 
     def _reject(self, plan: StepPlan, run: RunState) -> None:
         ad = plan.admission_decision
@@ -345,7 +332,10 @@ class Proxy:
         """
         b = ctx.backend
         fwd = proto.rewrite_body(ctx.req.raw, ctx.req.body, b.model, ctx.req.stream)
-        resp = await self.upstream.post(b.tier, b.chat_url, fwd, b.headers)
+        headers = b.headers
+        if ctx.span is not None:
+            ctx.up_span, headers = self.tracing.start_upstream(ctx.span, b)
+        resp = await self.upstream.post(b.tier, b.chat_url, fwd, headers)
         if resp.status >= 300 or not ctx.req.stream:
             return resp, None, await resp.read()
         it = resp.iter_chunks().__aiter__()
@@ -383,6 +373,9 @@ class Proxy:
                 b.inflight -= 1
             if kind is None:
                 break
+            if ctx.up_span is not None:
+                self.tracing.end_upstream(ctx.up_span, resp.status if resp is not None else None, kind)
+                ctx.up_span = None
             d = None
             if allow_fb and attempt == 0:
                 d = self.engine.fallback(ctx.plan, ctx.run, b.name, kind, self.backend_states())
@@ -492,3 +485,5 @@ class Proxy:
                 out["prompt_text"] = orjson.dumps(ctx.req.body.get("messages")).decode()
             self.writer.submit(out)
         self.m.step_finished(rec, prev_tokens, self._state_of(ctx.plan, b.name) if b.name else None)
+        if ctx.span is not None:
+            self.tracing.end_step(ctx.span, rec, ctx.up_span)
