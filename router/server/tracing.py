@@ -1,6 +1,7 @@
 """OpenTelemetry tracing of the hot path: a span per step, the upstream call as its child, W3C trace
 context in and out. Off by default (``tracing.enabled``); when off, :func:`make_tracing` returns
-None, the proxy skips every hook with one ``is None`` test and nothing of OpenTelemetry is imported.
+None, the proxy skips every hook with one ``is None`` test and the OpenTelemetry SDK is never
+imported (FastAPI itself imports the ``opentelemetry`` API package).
 
 Algorithm:
 
