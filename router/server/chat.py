@@ -127,19 +127,39 @@ def step_request(req: ChatRequest, previous_total: int | None, **kw: Any) -> Ste
     )
 
 
+def _model_span(raw: bytes) -> tuple[int, int] | None:
+    """Where the top-level ``"model": "..."`` pair is, when it is the body's first or last member
+    (what SDKs send); None otherwise. O(1) in the body's size: only its two ends are read."""
+    head = raw.find(b'"model"', 0, 64)
+    if head >= 0 and raw[:head].strip() == b"{":
+        m = _MODEL_RE.match(raw, head)
+        if m is not None:
+            return m.start(), m.end()
+    tail = raw.rfind(b'"model"', max(0, len(raw) - 4096))
+    if tail >= 0:
+        m = _MODEL_RE.match(raw, tail)
+        if m is not None and raw[m.end() :].strip() == b"}" and raw[:tail].rstrip().endswith(b","):
+            return m.start(), m.end()
+    return None
+
+
 def rewrite_body(raw: bytes, body: dict[str, Any], model: str, include_usage: bool) -> bytes:
-    """The client's bytes with ``model`` set (and ``stream_options.include_usage`` when asked)."""
+    """The client's bytes with ``model`` set (and ``stream_options.include_usage`` when asked).
+
+    A byte splice when the top-level ``model`` pair is the body's first or last member, or absent
+    (then inserted first); otherwise one orjson re-serialisation of the parsed body."""
     so = body.get("stream_options")
     need_usage = include_usage and not (isinstance(so, dict) and so.get("include_usage") is True)
     if need_usage and so is not None:
         return _reserialise(body, model, True)
     new_model = b'"model":' + orjson.dumps(model)
-    matches = _MODEL_RE.findall(raw) if b'"model"' in raw else []
-    if isinstance(body.get("model"), str) and len(matches) == 1:
-        i = raw.find(matches[0])
-        raw = raw[:i] + new_model + raw[i + len(matches[0]) :]
+    if isinstance(body.get("model"), str):
+        span = _model_span(raw)
+        if span is None:
+            return _reserialise(body, model, need_usage)
+        raw = raw[: span[0]] + new_model + raw[span[1] :]
         prefix = b""
-    elif "model" not in body and not matches:
+    elif "model" not in body:
         prefix = new_model + b","
     else:
         return _reserialise(body, model, need_usage)
