@@ -112,7 +112,8 @@ class BundleHolder(BackgroundTask):
         self._loader = loader
         self.metrics = metrics
         self.current: Serving | None = None
-        self.last_error: str | None = None
+        self.last_error: str | None = None  # why the last reload was refused (None: it was not)
+        self.probe_error: str | None = None  # why the source cannot be probed now (registry down)
         self._sig: Any = None  # file mtime, or the registry version last tried
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -190,10 +191,11 @@ class BundleHolder(BackgroundTask):
                 sig = await asyncio.to_thread(self._probe_sync)
             except Exception as e:  # noqa: BLE001 - a registry outage: keep serving, say so once
                 msg = f"{type(e).__name__}: {e}"
-                if msg != self.last_error:
+                if msg != self.probe_error:
                     log.warning("bundle source cannot be probed, still serving: %s", msg)
-                    self.last_error = msg
+                    self.probe_error = msg
                 continue
+            self.probe_error = None
             if sig is not None and sig != self._sig:
                 with contextlib.suppress(Exception):
                     await self.reload()

@@ -115,6 +115,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             "bundle": serving.version if serving is not None else None,
             "bundle_registry_version": serving.registry_version if serving is not None else None,
             "bundle_error": holder.last_error,
+            "bundle_source_error": getattr(holder, "probe_error", None),
             "backends": reachable,
         }
         return json_response(body, 200 if body["ready"] else 503)
