@@ -196,16 +196,20 @@ def log_training(result: TrainResult, cfg: TrainConfig) -> dict[str, Any]:
 def log_bundle_model(result: TrainResult, registered_model: str) -> Any:
     """Log the bundle directory as a self-contained pyfunc model (see the module docstring) in the
     active run and register it; returns MLflow's ``ModelInfo``."""
+    import importlib.util
+
     import features
     import models
-    from training import bundle_model
 
+    # the file's path, without importing it (it calls mlflow.models.set_model when executed)
+    spec = importlib.util.find_spec("training.bundle_model")
+    assert spec is not None and spec.origin is not None
     example = _input_example(result)
     return mlflow.pyfunc.log_model(
         name="bundle",
-        python_model=str(Path(bundle_model.__file__).resolve()),
+        python_model=str(Path(spec.origin).resolve()),
         artifacts={"bundle": str(result.bundle_dir)},
-        code_paths=[str(Path(p.__file__).resolve().parent) for p in (features, models)],
+        code_paths=[str(Path(str(p.__file__)).resolve().parent) for p in (features, models)],
         registered_model_name=registered_model,
         pip_requirements=_requirements(result.bundle.manifest.get("libraries", {})),
         signature=_signature(example, result),
@@ -267,7 +271,7 @@ def log_datasets(result: TrainResult, cfg: TrainConfig) -> list[dict[str, str]]:
     logged: list[dict[str, str]] = []
     for f in run_log_files(cfg.runs):
         sha = file_sha256(f)
-        ds = MetaDataset(source=local(str(f.resolve())), name=f.name, digest=sha[:32])
+        ds = MetaDataset(source=local(str(f.resolve())), name=f.name, digest=sha[:32])  # type: ignore[abstract]
         tags = {"sha256": sha, "path": str(f.resolve()), "bytes": str(f.stat().st_size)}
         mlflow.log_input(ds, context="run-log", tags=tags)
         logged.append({"context": "run-log", "name": f.name, "sha256": sha})
@@ -277,7 +281,7 @@ def log_datasets(result: TrainResult, cfg: TrainConfig) -> list[dict[str, str]]:
         if len(part) == 0:
             continue
         sha = part.sha256()
-        ds = MetaDataset(source=src, name=f"steps-{context}", digest=sha[:32], schema=schema)
+        ds = MetaDataset(source=src, name=f"steps-{context}", digest=sha[:32], schema=schema)  # type: ignore[abstract]
         tags = {"sha256": sha, "n_steps": str(len(part)), "n_runs": str(part.n_runs)}
         mlflow.log_input(ds, context=context, tags=tags)
         logged.append({"context": context, "name": f"steps-{context}", "sha256": sha})
