@@ -215,7 +215,10 @@ def test_env_registry_source_replaces_the_embedded_bundle(tmp_path, monkeypatch)
 def test_runroute_serve_on_embedded_defaults_from_the_registry(tmp_path):
     """``RUNROUTE_BUNDLE__MLFLOW_URI=models:/runroute-bundle@champion runroute serve``: no config,
     no bundle trained, the champion serves."""
+    from training.mlflow_log import ensure_experiment
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ensure_experiment(uri, "runroute-train", tmp_path / "artifacts")  # not ./mlruns of the checkout
     res = train(toy_log(tmp_path / "toy.parquet"), tmp_path / "b1", uri)
     port = free_port()
     env = {
