@@ -115,7 +115,8 @@ class RouterMetrics:
 
     # ------------------------------------------------------------------ hot-path hooks
     def request_rejected(self, status: int) -> None:
-        """A chat request answered before routing (401, 413, 400/422, 429, 503 no bundle, 499)."""
+        """A chat request answered before routing (401, 404, 413, 400/422, 429, 431, 499, 503 no
+        bundle) or without a backend (503 no_healthy_backend: its step is recorded, not counted here)."""
         self.child(self.requests, CHAT_HANDLER, "none", str(status)).inc()
 
     def request_served(self, handler: str, status: int) -> None:
@@ -125,15 +126,19 @@ class RouterMetrics:
     def admission_verdict(self, verdict: str, priority: str, reason: str) -> None:
         self.child(self.admission, verdict, priority, reason).inc()
 
-    def decided(self, decision: Any, prev_tier: str | None, flapped: bool) -> None:
-        """A committed decision: ``prev_tier`` is the run's pin before it (None: a new run)."""
-        self.child(self.decisions, decision.tier, decision.reason).inc()
-        if prev_tier is None:
-            self.child(self.runs_started, decision.tier).inc()
-        elif prev_tier == "local" and decision.tier == "frontier":
-            self.child(self.escalations, decision.reason).inc()
-        if flapped:
+    def decided(self, plan: Any) -> None:
+        """A committed decision (:class:`router.core.engine.StepPlan`): a run starts at its step 0
+        (the store's step index, unique across routers) or at a first-step admission verdict (a run
+        id used again after its end); a move of a pinned run (``flapped``) to the frontier is an
+        escalation (the frontier tier is one backend, so the run was local)."""
+        d = plan.decision
+        self.child(self.decisions, d.tier, d.reason).inc()
+        if plan.step == 0 or plan.admission is not None:
+            self.child(self.runs_started, d.tier).inc()
+        if plan.flapped:
             self.child(self.flaps, "policy").inc()
+            if d.tier == "frontier":
+                self.child(self.escalations, d.reason).inc()
 
     def fell_back(self, from_tier: str, decision: Any) -> None:
         """A step retried on another backend after an upstream failure."""
@@ -152,7 +157,8 @@ class RouterMetrics:
         (0: unknown), ``state``: the serving backend's ``BackendState`` (prices; None: nothing served)."""
         tier = rec.tier or "none"
         c = self.child
-        c(self.requests, CHAT_HANDLER, tier, str(rec.status)).inc()
+        if rec.error_code != "no_healthy_backend":  # that answer is counted by request_rejected
+            c(self.requests, CHAT_HANDLER, tier, str(rec.status)).inc()
         if rec.ttft_s is not None:
             c(self.ttft, tier).observe(rec.ttft_s)
         if rec.status != 200:

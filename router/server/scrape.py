@@ -27,16 +27,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from router.policy.types import BackendState
 from router.server.background import BackgroundTask
 from router.server.metrics_parse import MetricsParseError, read_vllm_metrics
 from router.server.upstream import Upstream, UpstreamError
 
-__all__ = ["ReplicaStats", "Scraper", "backend_states"]
+__all__ = ["ReplicaStats", "Scraper"]
 
 log = logging.getLogger("runroute.scrape")
 
@@ -129,31 +126,3 @@ class Scraper(BackgroundTask):
     def start(self) -> None:
         if self.interval_s > 0:
             self._start_task(self._loop)
-
-
-def backend_states(backends: Iterable[Any], stats: Mapping[str, ReplicaStats]) -> list[BackendState]:
-    """Each backend's state for the policy: its template (tier, model, prices, latency terms) with
-    the scraped health / running / waiting / KV usage, plus the router's own in-flight count."""
-    out = []
-    for b in backends:
-        t = b.state_template
-        st = stats.get(b.name)
-        out.append(
-            BackendState(
-                name=b.name,
-                tier=t.tier,
-                model=t.model,
-                healthy=st.healthy if st is not None else t.healthy,
-                max_context=t.max_context,
-                running=(int(st.running) if st is not None else 0) + b.inflight,
-                waiting=int(st.waiting) if st is not None else 0,
-                kv_usage=st.kv_usage if st is not None else 0.0,
-                price_in_per_m=t.price_in_per_m,
-                price_cached_in_per_m=t.price_cached_in_per_m,
-                price_out_per_m=t.price_out_per_m,
-                prefill_s_per_token=t.prefill_s_per_token,
-                ttft_base_s=t.ttft_base_s,
-                gpu_usd_per_hour=t.gpu_usd_per_hour,
-            )
-        )
-    return out

@@ -111,6 +111,7 @@ class Tracing:
         return span, headers
 
     def end_upstream(self, span: Any, status: int | None = None, error: str | None = None) -> None:
+        """End one attempt's span (returns None: the caller's handle is cleared with it)."""
         if span is None or not span.is_recording():
             return
         if status is not None:
