@@ -30,6 +30,9 @@ Algorithm:
 - **Capacity accounting.** ``occupied`` = cached blocks (referenced or not) + private blocks <=
   ``capacity``; ``pinned`` = occupied - unreferenced cached = blocks held by running requests (what
   vLLM's ``kv_cache_usage_perc`` reports, over ``capacity``).
+- **Demotion hook** (additive, for a lower KV tier such as the simulator's CPU tier): when
+  ``spill`` is a list, every block evicted to make room is appended to it (oldest first); the
+  owner drains it. ``None`` (the default) keeps nothing and costs nothing.
 - **Counters.** ``inserted``: hashed blocks ever newly written; ``wipes``: whole-cache losses
   (:meth:`PrefixCache.reset`, vLLM's ``/reset_prefix_cache``, drops the unreferenced cached blocks;
   :meth:`PrefixCache.wipe`, a scale-to-zero reap or restart, drops everything); ``evictions``:
@@ -109,7 +112,17 @@ class PrefixCache:
     ``lru`` holds the unreferenced ones, least recently freed first; read them, do not write them.
     """
 
-    __slots__ = ("capacity", "block_size", "ref", "lru", "occupied", "inserted", "wipes", "evictions")
+    __slots__ = (
+        "capacity",
+        "block_size",
+        "ref",
+        "lru",
+        "occupied",
+        "inserted",
+        "wipes",
+        "evictions",
+        "spill",
+    )
 
     def __init__(self, capacity_blocks: int, block_size: int):
         if capacity_blocks < 1 or block_size < 1:
@@ -124,6 +137,7 @@ class PrefixCache:
         self.inserted = 0
         self.wipes = 0
         self.evictions = 0
+        self.spill: list[int] | None = None  # evicted block ids are appended here when a list
 
     # ------------------------------------------------------------------ observation
     @property
@@ -230,10 +244,18 @@ class PrefixCache:
             self.evictions += evict
             self.occupied -= evict
             popitem = lru.popitem
-            while evict > 0:
-                b, _ = popitem(last=False)
-                del ref[b]
-                evict -= 1
+            spill = self.spill
+            if spill is None:
+                while evict > 0:
+                    b, _ = popitem(last=False)
+                    del ref[b]
+                    evict -= 1
+            else:
+                while evict > 0:
+                    b, _ = popitem(last=False)
+                    del ref[b]
+                    spill.append(b)
+                    evict -= 1
         if n_new:
             self.inserted += n_new
             for i in range(hit, n_hashed):

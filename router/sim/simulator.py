@@ -40,9 +40,10 @@ from router.core.runs import CacheReading, RunTrack
 from router.core.traffic import TrafficModel
 from router.policy.admission import AdmissionConfig, AdmissionController
 from router.policy.types import BackendState, Policy, RunState
+from router.sim.disagg import build_replicas
 from router.sim.engine import EventLoop
 from router.sim.frontier import Frontier
-from router.sim.node import Replica, Request
+from router.sim.node import Request
 from router.sim.scorecard import REJECTED, SERVED_FRONTIER, SERVED_LOCAL, SPILLED, SimResult
 from router.sim.simconfig import SimConfig
 from router.sim.workload import RunSpec, SimError, StepSpec, Workload
@@ -100,21 +101,8 @@ class Simulator:
         self.predictor = predictor if predictor is not None else ConstantPredictor()
         self.loop = EventLoop(start=0.0, seed=config.seed)
         blocks = config.kv_blocks()
-        self.replicas = [
-            Replica(
-                f"local-{i}",
-                config.profile,
-                self.loop,
-                blocks,
-                config.block_tokens,
-                self._local_done,
-                scale_to_zero=config.scale_to_zero,
-                wake_s=config.wake_s,
-                idle_reap_s=config.idle_reap_s,
-                fast_forward=config.fast_forward,
-            )
-            for i in range(config.replicas)
-        ]
+        self.replicas, self.all_replicas, self.disagg = build_replicas(config, self.loop, self._local_done)
+        self.spec = config.spec
         self.by_name = {r.name: r for r in self.replicas}
         self.frontier = Frontier(config.frontier, self.loop.rng, config.block_tokens)
         self.local_max_context = min(config.profile.max_context, blocks * config.block_tokens)
@@ -124,6 +112,8 @@ class Simulator:
         self.latency = np.full(n, np.nan)
         self.ttft = np.full(n, np.nan)
         self.cached = np.zeros(n, dtype=np.int64)
+        n_tiers = len(self.replicas[0].tiers.tiers) if self.replicas and self.replicas[0].tiers else 0
+        self.tier_cached = np.zeros((n_tiers, n), dtype=np.int64) if n_tiers else None
         self.records: list[Any] | None = [] if config.log_steps else None
         self._runs: list[_Run] = []
         g = 0
@@ -135,6 +125,7 @@ class Simulator:
         self._runs_left = len(workload.runs)
         self._last_end = 0.0
         self._gpu_price = config.gpu_hour_usd * config.profile.gpus_per_replica
+        self._B = config.block_tokens
 
     def _engine(self, admission: AdmissionController | AdmissionConfig | None) -> StepEngine:
         B = self.cfg.block_tokens
@@ -263,8 +254,10 @@ class Simulator:
         run.plan = plan
         if dec.tier == "local":
             rep = self.by_name[dec.backend]
-            req_ = Request(run, s.prompt, s.completion, s.chain, s.n_lookup, t, self.cfg.block_tokens)
-            if not rep.submit(req_):
+            req_ = Request(run, s.prompt, s.completion, s.chain, s.n_lookup, t, self._B)
+            if self.spec is not None:
+                self.spec.apply(req_, bool(s.tool_calls))
+            if not (rep.submit(req_) if self.disagg is None else self.disagg.submit(rep, req_)):
                 run.status = 2
                 self._reject_rest(run)
                 return
@@ -294,6 +287,8 @@ class Simulator:
 
     def _local_done(self, req: Request) -> None:
         run: _Run = req.key
+        if req.tier_t is not None and self.tier_cached is not None:
+            self.tier_cached[:, run.g0 + run.k] = req.tier_t
         self._step_done(
             run, req.first_token_t - req.arrival, req.end_t - req.arrival, req.cached, SERVED_LOCAL, "local"
         )
@@ -356,7 +351,7 @@ class Simulator:
                 r.finalize(makespan)
             gpu_s = sum(r.billed_s for r in self.replicas)
         else:
-            gpu_s = makespan * len(self.replicas)
+            gpu_s = makespan * len(self.all_replicas)
         gpu_hours = gpu_s / 3600 * self.cfg.profile.gpus_per_replica
         if np.any(self.outcome == 0):
             missing = int(np.sum(self.outcome == 0))
@@ -368,10 +363,12 @@ class Simulator:
         short = np.empty(ns, dtype=bool)
         sidx = np.empty(ns, dtype=np.int64)
         rofs = np.empty(ns, dtype=np.int64)
+        comp = np.empty(ns, dtype=np.int64)
         g = 0
         for i, spec in enumerate(w.runs):
             for k, s in enumerate(spec.steps):
                 prompt[g], upper[g], short[g], sidx[g], rofs[g] = s.prompt, s.upper, s.short, k, i
+                comp[g] = s.completion
                 g += 1
         return SimResult(
             policy=str(getattr(self.policy, "name", type(self.policy).__name__)),
@@ -391,12 +388,30 @@ class Simulator:
             run_frontier_steps=np.array([r.frontier_steps for r in self._runs], dtype=np.int64),
             frontier_cost_usd=self.frontier.cost_usd,
             gpu_hours=gpu_hours,
-            cold_starts=sum(r.cold_starts for r in self.replicas),
+            cold_starts=sum(r.cold_starts for r in self.all_replicas),
             makespan_s=makespan,
             wall_s=time.perf_counter() - t_wall,
             cpu_s=time.process_time() - t_cpu,
             events=self.loop.events_run,
             rate_limited=self.frontier.rate_limited,
-            iterations=sum(r.iterations for r in self.replicas),
+            iterations=sum(r.iterations for r in self.all_replicas),
             records=self.records,
+            completion=comp,
+            tier_cached=self.tier_cached,
+            tier_stats=self._tier_stats(),
+            gpu_evictions=sum(r.kv.evictions for r in self.all_replicas),
+            disagg_stats=self.disagg.stats() if self.disagg is not None else None,
         )
+
+    def _tier_stats(self) -> list[dict[str, Any]] | None:
+        if self.tier_cached is None:
+            return None
+        per = [r.tiers.stats() for r in self.replicas if r.tiers is not None]
+        out = []
+        for t in range(len(per[0])):
+            row: dict[str, Any] = {"tier": per[0][t]["tier"]}
+            for key in per[0][t]:
+                if key != "tier":
+                    row[key] = sum(p[t][key] for p in per)  # type: ignore[misc]
+            out.append(row)
+        return out
