@@ -21,7 +21,8 @@ so the same ``kv_cache_gb`` holds more blocks (and lower tiers and KV transfers 
 attention bound by memory bandwidth; dequantisation cost not modelled). Accuracy is not modelled:
 :func:`kv_quant_note` says so in the report. KIVI's fp16 residual window is not modelled.
 
-Lower KV tiers per replica (:mod:`router.sim.kvtier`; 0 GB = off): ``cpu_kv_gb``, ``cpu_kv_gbps``
+Lower KV tiers per replica (:mod:`router.sim.kvtier`; 0 GB = off): ``cpu_kv_gb`` (or ``cpu_kv_x``, a
+multiple of ``kv_cache_gb``, used when ``cpu_kv_gb`` is 0; the same for SSD), ``cpu_kv_gbps``
 (25: an assumption, ~80% of PCIe 4.0 x16's 32 GB/s), ``cpu_kv_latency_s`` (0.001, assumed);
 ``ssd_kv_gb``, ``ssd_kv_gbps`` (5, assumed NVMe read), ``ssd_kv_latency_s`` (0.002, assumed).
 
@@ -95,9 +96,11 @@ class SimConfig:
     kv_quant_group: int = 32
     kv_read_scales: bool = False
     cpu_kv_gb: float = 0.0
+    cpu_kv_x: float = 0.0
     cpu_kv_gbps: float = 25.0
     cpu_kv_latency_s: float = 0.001
     ssd_kv_gb: float = 0.0
+    ssd_kv_x: float = 0.0
     ssd_kv_gbps: float = 5.0
     ssd_kv_latency_s: float = 0.002
     spec: SpecDecode | None = None
@@ -115,9 +118,9 @@ class SimConfig:
         if self.gpu_hour_usd < 0:
             raise SimError("gpu_hour_usd must be >= 0")
         kv_bytes_per_element(self.kv_dtype, self.kv_quant_group)
-        if self.cpu_kv_gb < 0 or self.ssd_kv_gb < 0:
-            raise SimError("cpu_kv_gb and ssd_kv_gb must be >= 0")
-        if self.ssd_kv_gb > 0 and self.cpu_kv_gb <= 0:
+        if min(self.cpu_kv_gb, self.ssd_kv_gb, self.cpu_kv_x, self.ssd_kv_x) < 0:
+            raise SimError("cpu_kv_gb/_x and ssd_kv_gb/_x must be >= 0")
+        if self.ssd_gb() > 0 and self.cpu_gb() <= 0:
             raise SimError("an SSD KV tier needs a CPU tier above it (cpu_kv_gb > 0)")
         if min(self.cpu_kv_gbps, self.ssd_kv_gbps, self.kv_link_gbps) <= 0:
             raise SimError("tier and link bandwidths must be > 0")
@@ -140,6 +143,13 @@ class SimConfig:
     def kv_blocks(self) -> int:
         return int(self.kv_cache_gb * 1e9 // self.kv_bytes_per_token()) // self.block_tokens
 
+    def cpu_gb(self) -> float:
+        """The CPU tier's size per replica: ``cpu_kv_gb``, else ``cpu_kv_x`` times ``kv_cache_gb``."""
+        return self.cpu_kv_gb if self.cpu_kv_gb > 0 else self.cpu_kv_x * self.kv_cache_gb
+
+    def ssd_gb(self) -> float:
+        return self.ssd_kv_gb if self.ssd_kv_gb > 0 else self.ssd_kv_x * self.kv_cache_gb
+
     @property
     def tiers_on(self) -> bool:
-        return self.cpu_kv_gb > 0
+        return self.cpu_gb() > 0
