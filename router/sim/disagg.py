@@ -138,10 +138,10 @@ def _tiers(cfg: SimConfig) -> TierStack | None:
     if not cfg.tiers_on:
         return None
     bpb = cfg.kv_bytes_per_token() * cfg.block_tokens
-    tiers = [KVTier("cpu", tier_blocks(cfg.cpu_kv_gb, bpb), cfg.cpu_kv_gbps, cfg.cpu_kv_latency_s, bpb)]
-    if cfg.ssd_kv_gb > 0:
+    tiers = [KVTier("cpu", tier_blocks(cfg.cpu_gb(), bpb), cfg.cpu_kv_gbps, cfg.cpu_kv_latency_s, bpb)]
+    if cfg.ssd_gb() > 0:
         tiers.append(
-            KVTier("ssd", tier_blocks(cfg.ssd_kv_gb, bpb), cfg.ssd_kv_gbps, cfg.ssd_kv_latency_s, bpb)
+            KVTier("ssd", tier_blocks(cfg.ssd_gb(), bpb), cfg.ssd_kv_gbps, cfg.ssd_kv_latency_s, bpb)
         )
     return TierStack(tiers)
 

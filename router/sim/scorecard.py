@@ -212,4 +212,12 @@ def _elements(res: SimResult) -> dict[str, Any]:
         tpot = (res.latency[m] - res.ttft[m]) / (res.completion[m] - 1)
         out["tpot_s_p50"] = _pct(tpot, 50)
         out["tpot_s_p95"] = _pct(tpot, 95)
+        if cfg.slo_tpot_s is not None:
+            served = (
+                (res.outcome == SERVED_LOCAL) | (res.outcome == SERVED_FRONTIER) | (res.outcome == SPILLED)
+            )
+            c = res.completion[served]
+            per = np.where(c > 1, (res.latency[served] - res.ttft[served]) / np.maximum(c - 1, 1), 0.0)
+            good = (res.ttft[served] <= cfg.slo_ttft_s) & (per <= cfg.slo_tpot_s)
+            out["goodput_share"] = round(float(good.mean()), 6) if good.size else None
     return out

@@ -5,7 +5,9 @@ Knobs (:class:`SimConfig`): ``profile`` (the node's step-time coefficients and l
 the KV allocation unit), ``frontier`` (:class:`~router.sim.frontier.FrontierConfig`),
 ``gpu_hour_usd`` (0.20 per GPU), ``scale_to_zero``, ``wake_s`` (267-282 s), ``idle_reap_s``
 (1800 s), ``slo_short_s`` (p95 target and per-step SLO of short steps), ``slo_ttft_s`` (per-step
-SLO of long steps: their TTFT), ``local_model``, ``seed``, ``fast_forward`` (False = step every
+SLO of long steps: their TTFT), ``slo_tpot_s`` (None; when set, details report the goodput share:
+served steps with TTFT <= ``slo_ttft_s`` and time per output token <= it, DistServe's measure),
+``local_model``, ``seed``, ``fast_forward`` (False = step every
 decode iteration; same results, slower: the reference in tests), ``log_steps`` (keep every step's
 run-log record, :class:`features.schema.Step`, on the result: a simulated deployment's log),
 ``scrape`` (True: the router reads each replica's vLLM ``/metrics`` — running, waiting, KV usage,
@@ -87,6 +89,7 @@ class SimConfig:
     idle_reap_s: float = 1800.0
     slo_short_s: float = 5.0
     slo_ttft_s: float = 5.0
+    slo_tpot_s: float | None = None
     local_model: str = "local"
     seed: int = 0
     fast_forward: bool = True  # False: one event per decode iteration (the reference for tests)
