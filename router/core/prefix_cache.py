@@ -30,6 +30,8 @@ Algorithm:
 - **Capacity accounting.** ``occupied`` = cached blocks (referenced or not) + private blocks <=
   ``capacity``; ``pinned`` = occupied - unreferenced cached = blocks held by running requests (what
   vLLM's ``kv_cache_usage_perc`` reports, over ``capacity``).
+- **Shortfall** (additive): a refused admission leaves in ``shortfall`` how many blocks it lacked;
+  while only releases happen, free + evictable space must grow by that much before it can fit.
 - **Demotion hook** (additive, for a lower KV tier such as the simulator's CPU tier): when
   ``spill`` is a list, every block evicted to make room is appended to it (oldest first); the
   owner drains it. ``None`` (the default) keeps nothing and costs nothing.
@@ -122,6 +124,7 @@ class PrefixCache:
         "wipes",
         "evictions",
         "spill",
+        "shortfall",
     )
 
     def __init__(self, capacity_blocks: int, block_size: int):
@@ -138,6 +141,7 @@ class PrefixCache:
         self.wipes = 0
         self.evictions = 0
         self.spill: list[int] | None = None  # evicted block ids are appended here when a list
+        self.shortfall = 0  # blocks the last refused admission lacked (room must grow this much)
 
     # ------------------------------------------------------------------ observation
     @property
@@ -231,6 +235,7 @@ class PrefixCache:
                         present_free += 1
             need = n_new + n_blocks - n_hashed
             if need > free + len(lru) - present_free:
+                self.shortfall = need - (free + len(lru) - present_free)
                 return -1
             for i in range(last + 1):  # reference the present blocks (out of the LRU list if free)
                 b = chain[i]

@@ -95,6 +95,7 @@ class Request:
         "vt",
         "tier_t",
         "load_s",
+        "room_needed",
     )
 
     def __init__(
@@ -128,6 +129,7 @@ class Request:
         self.vt = 0  # draft tokens verified per decode iteration
         self.tier_t: list[int] | None = None  # tokens loaded from each lower KV tier
         self.load_s = 0.0  # seconds of that load (added to the admitting iteration)
+        self.room_needed = 0  # after a refusal: free + evictable blocks needed before a retry can fit
 
 
 class Replica:
@@ -286,17 +288,23 @@ class Replica:
         # Only a release can make room, so a request that failed since the last release fails again.
         if req.n_private == -self._releases - 1:
             return False
+        kv = self.kv
+        room = kv.capacity - kv.occupied + len(kv.lru)
+        if room < req.room_needed:  # only releases happened since it was refused: still short
+            return False
         n_blocks = req.n_blocks if req.n_blocks < self.capacity else self.capacity
         if self.role == "decode":  # the KV arrives by transfer: reserve it unhashed, keep prefilled
-            if self.kv.admit((), 0, req.prompt, n_blocks) < 0:
+            if kv.admit((), 0, req.prompt, n_blocks) < 0:
                 req.n_private = -self._releases - 1
+                req.room_needed = room + kv.shortfall
                 return False
             req.n_private, req.n_hashed = n_blocks, 0
             return True
         chain = req.chain
-        hit = self.kv.admit(chain, req.n_lookup, req.prompt, n_blocks)
+        hit = kv.admit(chain, req.n_lookup, req.prompt, n_blocks)
         if hit < 0:
             req.n_private = -self._releases - 1  # remember the failure (reset on success below)
+            req.room_needed = room + kv.shortfall
             return False
         n_hashed = len(chain) if len(chain) < n_blocks else n_blocks
         req.n_private = n_blocks - n_hashed

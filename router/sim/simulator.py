@@ -130,11 +130,19 @@ class Simulator:
     def _engine(self, admission: AdmissionController | AdmissionConfig | None) -> StepEngine:
         B = self.cfg.block_tokens
 
+        memo: dict[str, tuple[int, int, CacheReading]] = {}  # unchanged counters: the same reading
+
         def reading(name: str) -> CacheReading | None:
             rep = self.by_name.get(name)
             if rep is None:
                 return None
-            return CacheReading(rep.inserted * B, rep.capacity * B, rep.wipes, lags=False)
+            kv = rep.kv
+            m = memo.get(name)
+            if m is not None and m[0] == kv.inserted and m[1] == kv.wipes:
+                return m[2]
+            r = CacheReading(kv.inserted * B, rep.capacity * B, kv.wipes, lags=False)
+            memo[name] = (kv.inserted, kv.wipes, r)
+            return r
 
         if not self.cfg.scrape:
             reading = None  # type: ignore[assignment]
@@ -185,16 +193,20 @@ class Simulator:
         fc = self.cfg.frontier
         out.append(
             BackendState(
-                name=fc.name,
-                tier="frontier",
-                model=fc.model,
-                max_context=fc.max_context,
-                running=self.frontier.running(t),
-                price_in_per_m=fc.price_in_per_m,
-                price_cached_in_per_m=fc.price_cached_in_per_m,
-                price_out_per_m=fc.price_out_per_m,
-                prefill_s_per_token=fc.prefill_s_per_token,
-                ttft_base_s=fc.ttft_p50_s,
+                fc.name,
+                "frontier",
+                fc.model,
+                True,
+                fc.max_context,
+                self.frontier.running(t),
+                0,
+                0.0,
+                0,
+                fc.price_in_per_m,
+                fc.price_cached_in_per_m,
+                fc.price_out_per_m,
+                fc.prefill_s_per_token,
+                fc.ttft_p50_s,
             )
         )
         return out
@@ -209,15 +221,17 @@ class Simulator:
         t = self.loop.now
         s = run.spec.steps[run.k]
         eng = self.engine
-        req = StepRequest(
-            prompt_tokens=s.prompt,
-            tool_results_n=s.tool_results_n,
-            tool_result_errors=s.errors,
-            tool_result_tokens=s.result_tokens,
-            n_tools_offered=s.n_tools,
-            wants_json=s.wants_json,
-            label_needs_frontier=run.spec.needs_frontier,
-        )
+        req = s.request  # built once per step of the workload (the engine does not mutate it)
+        if req is None:
+            req = s.request = StepRequest(
+                prompt_tokens=s.prompt,
+                tool_results_n=s.tool_results_n,
+                tool_result_errors=s.errors,
+                tool_result_tokens=s.result_tokens,
+                n_tools_offered=s.n_tools,
+                wants_json=s.wants_json,
+                label_needs_frontier=run.spec.needs_frontier,
+            )
         state, track = run.state, run.track
         plan = eng.plan(
             state,
