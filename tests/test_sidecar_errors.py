@@ -287,6 +287,18 @@ def test_rewrite_body_keeps_bytes_but_model():
     # no model at all: inserted
     raw3 = b'{"messages":[]}'
     assert orjson.loads(rewrite_body(raw3, orjson.loads(raw3), "m", False)) == {"model": "m", "messages": []}
+    # model last (how the openai SDK orders its body): a byte splice too
+    raw4 = b'{"messages":[{"role":"user","content":"hi"}],"metadata":{"model":"x"},"model":"auto"}'
+    assert rewrite_body(raw4, orjson.loads(raw4), "m", False) == raw4.replace(
+        b'"model":"auto"', b'"model":"m"'
+    )
+    # a nested "model" last in its object is never mistaken for the top-level one
+    for raw5 in (
+        b'{"model":"auto","messages":[],"metadata":{"q":1,"model":"x"}}',
+        b'{"messages":[{"role":"user","content":"m","model":"x"}],"model":"auto","n":1}',
+    ):
+        want = {**orjson.loads(raw5), "model": "m"}
+        assert orjson.loads(rewrite_body(raw5, orjson.loads(raw5), "m", False)) == want
 
 
 async def test_streaming_usage_stripped_unless_asked(tmp_path):
@@ -334,7 +346,7 @@ async def test_bad_bundle_refused_old_keeps_serving(tmp_path):
         assert (await c.post("/v1/chat/completions", json={"messages": MSGS})).status_code == 200
         assert 'runroute_bundle_reloads_total{result="refused"} 1.0' in (await c.get("/metrics")).text
     async with Harness(tmp_path) as c:
-        assert err(await c.post("/admin/reload")) == (503, "bundle_not_loaded")
+        assert err(await c.post("/admin/reload")) == (409, "no_bundle_source")
 
 
 def test_settings_refuse_frontier_without_key(tmp_path, monkeypatch):
