@@ -196,3 +196,22 @@ def test_shipped_acceptance_file_has_provenance_and_both_kinds() -> None:
             (k["output_tokens"] - k["steps"]) / k["iterations"], abs=1e-3
         )
     assert np.isfinite(c["kinds"]["tool_call"]["acceptance_rate"])
+
+
+def test_find_replicas_then_kv_shrinks_the_kv_to_the_smallest_that_still_holds() -> None:
+    w, st = many_runs(12)
+    base = SimConfig(profile=PROF, frontier=FRONT)
+    pols = {"always-local": lambda: build_policy("always-local")}
+    ladder = [0.001, 0.002, 0.004, 0.008, 0.016, 1.0]  # GB: 2 .. 1953 blocks of 512 tokens
+    out = find(
+        w, pols, base, st, SLO(short_p95_s=30.0), dimension="replicas,kv", kv_cache_gb=[1.0],
+        max_replicas=4, start=1, kv_values=ladder,
+    )  # fmt: skip
+    (rep,) = out["results"]
+    (kv,) = out["kv_at_fewest_replicas"]
+    assert rep["replicas"] == kv["replicas"] == 1 and kv["found"] == "kv"
+    assert kv["kv_cache_gb"] is not None and kv["kv_cache_gb"] < 1.0
+    probes = {p["value"]: p["holds"] for p in kv["probes"]}
+    lower = [v for v in ladder if v < kv["kv_cache_gb"]]
+    assert not lower or probes[lower[-1]] is False  # the next smaller size was simulated and failed
+    assert out["simulations"] == rep["simulations"] + kv["simulations"]

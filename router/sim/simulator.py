@@ -18,6 +18,12 @@ Algorithm (one capacity point = one :class:`Simulator` run):
 4. Each step ends exactly once as served-local, served-frontier, spilled or rejected (checked);
    :mod:`router.sim.scorecard` turns the per-step arrays into the scorecard.
 
+Optional model elements (all off by default, configured on :class:`~router.sim.simconfig.SimConfig`):
+lower KV tiers and KV formats change what the replicas cache (per-tier hits are kept per step),
+speculative decoding changes each local request's decode iterations by its step kind (tool call
+or free text), disaggregation routes local requests through a prefill pool, a KV link and a decode
+pool (:mod:`router.sim.disagg`); the policy sees the same backend states either way.
+
 Admission: ``admission`` is an :class:`~router.policy.admission.AdmissionController` (or its
 :class:`~router.policy.admission.AdmissionConfig`); the simulation then runs the step engine's
 :class:`~router.core.admission.AdmissionGate` over a :class:`~router.core.traffic.TrafficModel` on
