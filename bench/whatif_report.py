@@ -65,7 +65,11 @@ def main() -> None:
     ap.add_argument("--kv-replicas", type=int, nargs="*", default=None)
     ap.add_argument("--spec-load", type=float, default=0.5)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--sections", default="1,2,3,4", help="sections to (re)run; the others are kept from --out"
+    )
     args = ap.parse_args()
+    secs = {int(x) for x in args.sections.split(",") if x}
 
     import numpy as np
     from rich.console import Console
@@ -89,6 +93,9 @@ def main() -> None:
     prof = load_profile(None, args.gpu)
     base = SimConfig(profile=prof, kv_cache_gb=args.kv_cache_gb, slo_short_s=args.slo_s)
     report: dict[str, Any] = {"node_profile": prof.name, "kv_cache_gb": args.kv_cache_gb, "quick": args.quick}
+    old = args.out.with_suffix(".json")
+    if secs != {1, 2, 3, 4} and old.exists():
+        report = {**json.loads(old.read_text()), **report}
     cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*cols, console=con, transient=True) as prog:
         task = prog.add_task("what-if points", total=None)
@@ -106,149 +113,157 @@ def main() -> None:
             k: functools.partial(build_policy, k)
             for k in ("always-local", "session-sticky", "always-frontier")
         }
-        found = find(
-            work,
-            pols,
-            base,
-            starts,
-            SLO(short_p95_s=args.slo_s),
-            start=check["suggested_start_replicas"],
-            progress=tick,
-        )
-        found["capacity_check"] = check
-        found["capacity_warnings"] = warning_lines(check, args.slo_s)
-        found["trace"] = src
-        report["fewest_replicas"] = found
+        if 1 in secs:
+            found = find(
+                work,
+                pols,
+                base,
+                starts,
+                SLO(short_p95_s=args.slo_s),
+                start=check["suggested_start_replicas"],
+                progress=tick,
+            )
+            found["capacity_check"] = check
+            found["capacity_warnings"] = warning_lines(check, args.slo_s)
+            found["trace"] = src
+            report["fewest_replicas"] = found
 
         # 2. KV tiers and formats --------------------------------------------------------------------
-        start = check["suggested_start_replicas"]
-        counts = args.kv_replicas or [start, 2 * start]
-        variants = {
-            "gpu-fp16": {},
-            "gpu-fp16+cpu4x": {"cpu_kv_x": 4.0},
-            "gpu-fp8": {"kv_dtype": "fp8"},
-            "gpu-int2": {"kv_dtype": "int2"},
-            "gpu-fp8+cpu4x": {"kv_dtype": "fp8", "cpu_kv_x": 4.0},
-        }
-        pts = [
-            Point(work, replace(base, replicas=n, **kw), pols[pol], pol, starts, tag=name)
-            for n in counts
-            for pol in ("session-sticky", "always-local")
-            for name, kw in variants.items()
-        ]
-        kv_rows = []
-        for p, r in zip(pts, run_points(pts, progress=tick), strict=True):
-            c, d = r.scorecard, r.details
-            kv_rows.append(
-                {
-                    "variant": p.tag,
-                    "policy": p.label,
-                    "replicas": p.config.replicas,
-                    "kv_blocks_per_replica": d["kv_blocks_per_replica"],
-                    "cache_hit_rate": c["cache_hit_rate"],
-                    "cache_hit_rate_gpu": d.get("cache_hit_rate_gpu", c["cache_hit_rate"]),
-                    "cache_hit_rate_cpu": d.get("cache_hit_rate_cpu"),
-                    "cache_hit_upper_bound": c["cache_hit_upper_bound"],
-                    "short_step_latency_s_p95": c["short_step_latency_s_p95"],
-                    "ttft_s_p95": c["ttft_s_p95"],
-                    "step_latency_s_p95": c["step_latency_s_p95"],
-                    "run_completion_s_p50": c["run_completion_s_p50"],
-                    "accuracy_note": kv_quant_note(p.config.kv_dtype),
-                }
-            )
-        loose = SLO(short_p95_s=args.slo2_s)
-        local = {k: pols[k] for k in ("always-local", "session-sticky")}
-        by_variant = {}
-        for name, kw in variants.items():
-            res = find(work, local, replace(base, **kw), starts, loose, start=start, progress=tick)
-            by_variant[name] = [
-                {
-                    k: e[k]
-                    for k in ("policy", "replicas", "short_step_latency_s_p95", "simulations", "floor_s")
-                }
-                for e in res["results"]
-            ]
-        report["kv_tiers_and_formats"] = {
-            "trace": src,
-            "cpu_kv_gbps": base.cpu_kv_gbps,
-            "rows": kv_rows,
-            "fewest_replicas": {"slo": loose.describe(), "by_variant": by_variant},
-        }
-
-        # 3. disaggregation break-even ---------------------------------------------------------------
-        sc = (
-            SweepConfig(requests=120, contexts=(2048, 32768), link_gbps=(1.0, 100.0))
-            if args.quick
-            else SweepConfig()
-        )
-        be = sweep(base, sc, progress=tick)
-        gpus = 16 if not args.quick else 4
-        be["trace"] = trace_cells(
-            work, starts, replace(base, slo_ttft_s=5.0, slo_tpot_s=0.1), gpus, [gpus // 4, gpus // 2, 3 * gpus // 4],
-            sc.link_gbps, "mooncake", progress=tick,
-        )  # fmt: skip
-        report["disaggregation"] = be
-
-        # 4. speculative decoding --------------------------------------------------------------------
-        acc = load_acceptance()
-        spec_rows = []
-        for sample in ("taubench_airline.parquet", "tau2bench_airline.parquet"):
-            from features.runlog import read_runlog
-
-            w = Workload.from_runlog(
-                read_runlog([sample_path(sample)]), limit_runs=60 if args.quick else None
-            )
-            probe = capacity_check(w, np.zeros(len(w.runs)), replace(base, replicas=1))
-            rate = args.spec_load * len(w.runs) / probe["load_factor_1_replica"]
-            st = run_starts(f"rate={rate}", len(w.runs), seed=0)
-            modes = {
-                "off": None,
-                "prompt-lookup": prompt_lookup(),
-                "eagle-0.6": eagle(0.6),
-                "eagle-0.8": eagle(0.8),
+        if 2 in secs:
+            start = check["suggested_start_replicas"]
+            counts = args.kv_replicas or [start, 2 * start]
+            variants = {
+                "gpu-fp16": {},
+                "gpu-fp16+cpu4x": {"cpu_kv_x": 4.0},
+                "gpu-fp8": {"kv_dtype": "fp8"},
+                "gpu-int2": {"kv_dtype": "int2"},
+                "gpu-fp8+cpu4x": {"kv_dtype": "fp8", "cpu_kv_x": 4.0},
             }
-            ps = [
-                Point(w, replace(base, replicas=1, spec=m), pols["always-local"], name, st, tag=sample)
-                for name, m in modes.items()
+            pts = [
+                Point(work, replace(base, replicas=n, **kw), pols[pol], pol, starts, tag=name)
+                for n in counts
+                for pol in ("session-sticky", "always-local")
+                for name, kw in variants.items()
             ]
-            res = run_points(ps, progress=tick)
-            off = res[0].scorecard
-            for p, r in zip(ps, res, strict=True):
-                c = r.scorecard
-                spec_rows.append(
+            kv_rows = []
+            for p, r in zip(pts, run_points(pts, progress=tick), strict=True):
+                c, d = r.scorecard, r.details
+                kv_rows.append(
                     {
-                        "trace": sample,
-                        "mode": p.label,
-                        "run_starts_per_s": round(rate, 5),
+                        "variant": p.tag,
+                        "policy": p.label,
+                        "replicas": p.config.replicas,
+                        "kv_blocks_per_replica": d["kv_blocks_per_replica"],
+                        "cache_hit_rate": c["cache_hit_rate"],
+                        "cache_hit_rate_gpu": d.get("cache_hit_rate_gpu", c["cache_hit_rate"]),
+                        "cache_hit_rate_cpu": d.get("cache_hit_rate_cpu"),
+                        "cache_hit_upper_bound": c["cache_hit_upper_bound"],
                         "short_step_latency_s_p95": c["short_step_latency_s_p95"],
+                        "ttft_s_p95": c["ttft_s_p95"],
+                        "step_latency_s_p95": c["step_latency_s_p95"],
                         "run_completion_s_p50": c["run_completion_s_p50"],
-                        "run_completion_s_p95": c["run_completion_s_p95"],
-                        "speedup_short_step_p95": _ratio(
-                            off["short_step_latency_s_p95"], c["short_step_latency_s_p95"]
-                        ),
-                        "speedup_run_completion_p50": _ratio(
-                            off["run_completion_s_p50"], c["run_completion_s_p50"]
-                        ),
-                        "speedup_run_completion_p95": _ratio(
-                            off["run_completion_s_p95"], c["run_completion_s_p95"]
-                        ),
+                        "accuracy_note": kv_quant_note(p.config.kv_dtype),
                     }
                 )
-        cfg0 = acc["configs"][acc["default"]]
-        report["speculative_decoding"] = {
-            "prompt_lookup_acceptance": {
-                "params": {
-                    k: cfg0[k] for k in ("prompt_lookup_min", "prompt_lookup_max", "num_speculative_tokens")
+            loose = SLO(short_p95_s=args.slo2_s)
+            local = {k: pols[k] for k in ("always-local", "session-sticky")}
+            by_variant = {}
+            for name, kw in variants.items():
+                res = find(work, local, replace(base, **kw), starts, loose, start=start, progress=tick)
+                by_variant[name] = [
+                    {
+                        k: e[k]
+                        for k in ("policy", "replicas", "short_step_latency_s_p95", "simulations", "floor_s")
+                    }
+                    for e in res["results"]
+                ]
+            report["kv_tiers_and_formats"] = {
+                "trace": src,
+                "cpu_kv_gbps": base.cpu_kv_gbps,
+                "rows": kv_rows,
+                "fewest_replicas": {"slo": loose.describe(), "by_variant": by_variant},
+            }
+
+        # 3. disaggregation break-even ---------------------------------------------------------------
+        if 3 in secs:
+            sc = (
+                SweepConfig(requests=120, contexts=(2048, 32768), link_gbps=(1.0, 100.0))
+                if args.quick
+                else SweepConfig()
+            )
+            be = sweep(base, sc, progress=tick)
+            gpus = 16 if not args.quick else 4
+            be["trace"] = trace_cells(
+                work, starts, replace(base, slo_ttft_s=5.0, slo_tpot_s=0.1), gpus, [gpus // 4, gpus // 2, 3 * gpus // 4],
+                sc.link_gbps, "mooncake", progress=tick,
+            )  # fmt: skip
+            report["disaggregation"] = be
+
+        # 4. speculative decoding --------------------------------------------------------------------
+        if 4 in secs:
+            acc = load_acceptance()
+            spec_rows = []
+            for sample in ("taubench_airline.parquet", "tau2bench_airline.parquet"):
+                from features.runlog import read_runlog
+
+                w = Workload.from_runlog(
+                    read_runlog([sample_path(sample)]), limit_runs=60 if args.quick else None
+                )
+                probe = capacity_check(w, np.zeros(len(w.runs)), replace(base, replicas=1))
+                gpu_s = (
+                    probe["load_factor_1_replica"] * probe["horizon_s"]
+                )  # GPU-seconds of the whole workload
+                rate = args.spec_load * len(w.runs) / gpu_s
+                st = run_starts(f"rate={rate}", len(w.runs), seed=0)
+                modes = {
+                    "off": None,
+                    "prompt-lookup": prompt_lookup(),
+                    "eagle-0.6": eagle(0.6),
+                    "eagle-0.8": eagle(0.8),
+                }
+                ps = [
+                    Point(w, replace(base, replicas=1, spec=m), pols["always-local"], name, st, tag=sample)
+                    for name, m in modes.items()
+                ]
+                res = run_points(ps, progress=tick)
+                off = res[0].scorecard
+                for p, r in zip(ps, res, strict=True):
+                    c = r.scorecard
+                    spec_rows.append(
+                        {
+                            "trace": sample,
+                            "mode": p.label,
+                            "run_starts_per_s": round(rate, 5),
+                            "short_step_latency_s_p95": c["short_step_latency_s_p95"],
+                            "run_completion_s_p50": c["run_completion_s_p50"],
+                            "run_completion_s_p95": c["run_completion_s_p95"],
+                            "speedup_short_step_p95": _ratio(
+                                off["short_step_latency_s_p95"], c["short_step_latency_s_p95"]
+                            ),
+                            "speedup_run_completion_p50": _ratio(
+                                off["run_completion_s_p50"], c["run_completion_s_p50"]
+                            ),
+                            "speedup_run_completion_p95": _ratio(
+                                off["run_completion_s_p95"], c["run_completion_s_p95"]
+                            ),
+                        }
+                    )
+            cfg0 = acc["configs"][acc["default"]]
+            report["speculative_decoding"] = {
+                "prompt_lookup_acceptance": {
+                    "params": {
+                        k: cfg0[k]
+                        for k in ("prompt_lookup_min", "prompt_lookup_max", "num_speculative_tokens")
+                    },
+                    "kinds": cfg0["kinds"],
+                    "other_configs": [
+                        {k: c[k] for k in c if k != "per_file"} for c in acc["configs"] if c is not cfg0
+                    ],
+                    "provenance": acc["provenance"],
                 },
-                "kinds": cfg0["kinds"],
-                "other_configs": [
-                    {k: c[k] for k in c if k != "per_file"} for c in acc["configs"] if c is not cfg0
-                ],
-                "provenance": acc["provenance"],
-            },
-            "eagle_note": "EAGLE acceptance 0.6 / 0.8 are parameters (assumed), not measurements",
-            "rows": spec_rows,
-        }
+                "eagle_note": "EAGLE acceptance 0.6 / 0.8 are parameters (assumed), not measurements",
+                "rows": spec_rows,
+            }
     report["wall_s"] = round(time.perf_counter() - t_all, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     js = args.out.with_suffix(".json")
@@ -278,10 +293,9 @@ def print_report(rep: dict[str, Any], con: Any, precheck_lines: Any, render_sear
         con.print(line, highlight=False)
     render_search(f, con)
     kv = rep["kv_tiers_and_formats"]
-    t = Table(
-        title=f"2. KV tiers and formats ({kv['rows'][0]['replicas']} replicas, CPU tier {kv['cpu_kv_gbps']:g} GB/s)"
-    )
+    t = Table(title=f"2. KV tiers and formats (CPU tier {kv['cpu_kv_gbps']:g} GB/s)")
     for c in (
+        "repl",
         "policy",
         "variant",
         "blocks",

@@ -88,6 +88,7 @@ class SimResult:
     tier_stats: list[dict[str, Any]] | None = None  # per lower tier, summed over replicas
     gpu_evictions: int = 0  # blocks the GPU prefix caches evicted
     disagg_stats: dict[str, Any] | None = None  # prefill/decode pools (router.sim.disagg)
+    runs_unfit: int = 0  # of the rejected runs: a prompt never fits one replica's KV cache
 
     @property
     def local_cost_usd(self) -> float:
@@ -192,6 +193,7 @@ def _elements(res: SimResult) -> dict[str, Any]:
     out: dict[str, Any] = {
         "kv_dtype": cfg.kv_dtype,
         "kv_blocks_per_replica": cfg.kv_blocks(),
+        "runs_rejected_kv_too_small": res.runs_unfit,
         "gpu_evicted_blocks": res.gpu_evictions,
     }
     local2 = (res.outcome == SERVED_LOCAL) & (res.step_index >= 1)

@@ -4,7 +4,9 @@ Algorithm (:func:`find`; one :class:`Ladder` per key, i.e. per policy x the othe
 
 - **SLO** (:class:`SLO`, :func:`parse_slo` of ``short_p95=2s[,ttft_p95=500ms]``): a point holds it
   when its scorecard's ``short_step_latency_s_p95`` (and ``ttft_s_p95`` when given) are at most
-  the targets and no run was rejected; a point with no served short step does not hold it.
+  the targets and admission rejected no run (a run whose prompt no replica's KV cache can hold is
+  rejected at every count; it is reported in ``runs_rejected_kv_too_small``, not counted against
+  the SLO); a point with no served short step does not hold it.
 - **Ladder search** over sorted candidate values (replica counts ``1..max``, or KV sizes), assuming
   the SLO is monotone in the value: probe the start (the capacity pre-check's suggestion,
   :mod:`router.sim.precheck`); while every probe failed, gallop up (index ``2i + 1``); while every
@@ -50,8 +52,9 @@ class SLO:
     short_p95_s: float | None = None
     ttft_p95_s: float | None = None
 
-    def holds(self, card: dict[str, Any]) -> bool:
-        if card["runs_rejected"]:
+    def holds(self, card: dict[str, Any], details: dict[str, Any] | None = None) -> bool:
+        unfit = (details or {}).get("runs_rejected_kv_too_small", 0)
+        if card["runs_rejected"] > unfit:  # admission rejections count; a prompt no KV holds does not
             return False
         if self.short_p95_s is not None:
             v = card["short_step_latency_s_p95"]
@@ -222,7 +225,8 @@ def find(
             )
             pts.append(Point(workload, cfg, policies[label], label, starts, predictor, admission_factory))
         for (key, i), r in zip(todo, run_points(pts, map=map, progress=progress), strict=True):
-            ladders[key].record(i, slo.holds(r.scorecard), r.scorecard)
+            ladders[key].record(i, slo.holds(r.scorecard, r.details), r.scorecard)
+            ladders[key].probes[-1]["runs_rejected_kv_too_small"] = r.details["runs_rejected_kv_too_small"]
         sims += len(pts)
     results = []
     for label, other in keys:

@@ -91,7 +91,14 @@ def render_search(result: dict[str, Any], console: Any = None) -> None:
             console.print(
                 f"{e['policy']} {at}: fewest {what} holding {result['slo']}: {ans:g} (short-step p95 "
                 f"{e['short_step_latency_s_p95']:.3f} s; bisection, {e['simulations']} simulations)"
-                + (f"; NOT monotone at {e['non_monotone']}" if e["non_monotone"] else ""),
+                + (f"; NOT monotone at {e['non_monotone']}" if e["non_monotone"] else "")
+                + (
+                    f"; {unfit} run(s) rejected at every count: a prompt larger than one replica's KV cache"
+                    if (
+                        unfit := max((p.get("runs_rejected_kv_too_small", 0) for p in e["probes"]), default=0)
+                    )
+                    else ""
+                ),
                 highlight=False,
             )
     console.print(f"{result['simulations']} simulations in all", highlight=False)

@@ -128,6 +128,7 @@ class Simulator:
             g += len(spec.steps)
         self.run_completion = np.full(len(workload.runs), np.nan)
         self.slots = 0  # admitted local runs holding a slot (the sidecar's store counter)
+        self.unfit = 0  # runs rejected because a prompt can never fit one replica's KV cache
         self._runs_left = len(workload.runs)
         self._last_end = 0.0
         self._gpu_price = config.gpu_hour_usd * config.profile.gpus_per_replica
@@ -278,7 +279,8 @@ class Simulator:
             if self.spec is not None:
                 self.spec.apply(req_, bool(s.tool_calls))
             if not (rep.submit(req_) if self.disagg is None else self.disagg.submit(rep, req_)):
-                run.status = 2
+                run.status = 2  # its prompt can never fit a replica's KV cache
+                self.unfit += 1
                 self._reject_rest(run)
                 return
         else:
@@ -420,6 +422,7 @@ class Simulator:
             tier_cached=self.tier_cached,
             tier_stats=self._tier_stats(),
             gpu_evictions=sum(r.kv.evictions for r in self.all_replicas),
+            runs_unfit=self.unfit,
             disagg_stats=self.disagg.stats() if self.disagg is not None else None,
         )
 
