@@ -226,7 +226,9 @@ def plot_breakeven(result: dict[str, Any], path: str | os.PathLike[str], title: 
     tpots = sorted({r.get("slo_tpot_s") for r in rows}, key=lambda x: -(x or 0))
     ctxs = sorted({r["context_tokens"] for r in rows})
     cvs = sorted({r["burstiness_cv"] for r in rows})
-    fig, axes = plt.subplots(len(tpots), len(bws), figsize=(4.6 * len(bws), 3.6 * len(tpots)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(tpots), len(bws), figsize=(4.6 * len(bws), 3.8 * len(tpots)), squeeze=False, layout="constrained"
+    )
     im: Any = None
     for ti, tp in enumerate(tpots):
         for ax, bw in zip(axes[ti], bws, strict=True):
@@ -242,8 +244,10 @@ def plot_breakeven(result: dict[str, Any], path: str | os.PathLike[str], title: 
                         ha="center", va="center", fontsize=8)  # fmt: skip
             ax.set_xticks(range(len(ctxs)), [f"{c // 1024}k" for c in ctxs])
             ax.set_yticks(range(len(cvs)), [f"CV {c:g}" for c in cvs])
-            ax.set_xlabel("context length (prompt tokens)")
-            ax.set_ylabel("arrival burstiness")
+            if ti == len(tpots) - 1:
+                ax.set_xlabel("context length (prompt tokens)")
+            if bw == bws[0]:
+                ax.set_ylabel("arrival burstiness (CV)")
             ax.set_title(f"link {bw:g} GB/s, TPOT SLO {tp:g} s", fontsize=10)
     fig.colorbar(
         im, ax=axes.ravel().tolist(), label="goodput share: best disaggregated split - co-located (pp)"
