@@ -9,6 +9,8 @@ and requires identical cached tokens step by step.
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import numpy as np
 import pytest
@@ -255,6 +257,13 @@ def test_fake_vllm_and_simulator_report_identical_hits(vllm_fake, runs, block_si
     with httpx.Client(base_url=vllm_fake.url, timeout=30) as http:
         r = http.post("/fake/config", json={"block_size": block_size, "capacity_blocks": capacity})
         assert r.status_code == 200, r.text
+        # the previous example's requests may still hold their blocks for a moment after their
+        # answers were sent: wait (bounded) until nothing is running, then empty the cache
+        for _ in range(500):
+            st = http.get("/fake/state").json()
+            if st["running"] == 0 and st["cache"]["used_blocks"] == 0:
+                break
+            time.sleep(0.01)
         vllm_fake.server.reset_prefix_cache()  # nothing in flight: an empty cache
         evictions0 = http.get("/fake/state").json()["cache"]["evictions"]
         recs: list = []
