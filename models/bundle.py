@@ -40,7 +40,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -193,6 +193,8 @@ class ModelBundle:
     def version(self) -> str:
         sha = str(self.manifest.get("bundle_sha256", "unsaved"))
         return f"{self.manifest.get('feature_spec_version', FEATURE_SPEC_VERSION)}-{sha[:12]}"
+
+    needs_features: ClassVar[bool] = True  # models.predictor.Predictor: reads the feature vector
 
     def predict(self, prefix: RunPrefix) -> Predictions:
         """Features + all predictions for one arriving step (the router's fast path)."""

@@ -32,6 +32,10 @@ class Predictor(Protocol):
     @property
     def version(self) -> str: ...
 
+    #: False when predictions do not depend on the feature vector (the step engine then asks
+    #: ``predict(prefix)`` and extracts nothing unless the step record wants the vector)
+    needs_features: bool
+
     def predict(self, prefix: RunPrefix) -> Predictions: ...
 
     def predict_features(self, x: np.ndarray) -> Predictions: ...
@@ -44,6 +48,7 @@ class FeaturePredictor:
     ``predict`` extracts the vector, ``predict_batch`` loops over rows."""
 
     version: str = "unversioned"
+    needs_features: bool = True
 
     def predict_features(self, x: np.ndarray) -> Predictions:
         raise NotImplementedError
@@ -66,6 +71,7 @@ class ConstantPredictor:
 
     predictions: Predictions = Predictions(p_frontier=0.0)
     version: str = "none"
+    needs_features: bool = False
 
     def _capped(self, prompt: float) -> Predictions:
         p = self.predictions

@@ -219,7 +219,7 @@ def replay(
         if n and "prefix_reuse_tokens" in steps.columns
         else np.full(n, np.nan)
     )
-    engine = StepEngine(max_steps=1 << 30)
+    engine = StepEngine(max_steps=1 << 30, keep_features=False)
     tallies = [PolicyTally(name=p.name) for p in policies]
     frontier_prices = {b.name: b for b in template if b.tier == "frontier"}
     rid = cols.get("run_id", [])

@@ -40,7 +40,12 @@ Knobs (constructor): ``admission`` (an :class:`~router.core.admission.AdmissionG
 admission), ``traffic`` (a :class:`~router.core.traffic.TrafficModel`; the gate's when None),
 ``cache_reader`` (``replica name -> CacheReading | None``: the adapter's prefix-cache counters),
 ``max_steps`` (history kept per run, see :class:`~router.core.runs.RunTracker`),
-``fallback_weights`` (placement weights of the fallback pick).
+``fallback_weights`` (placement weights of the fallback pick), ``keep_features`` (extract the
+feature vector at every step for the record even when the predictor reads none — the sidecar
+always logs it; a simulation without a step log skips it for a predictor with
+``needs_features = False``), ``cache_lags`` (the cache reader's counter may lag a step that just
+ended — a scraped counter — so the reading when the step is sent is kept to correct the mark; False
+for an exact counter, the simulator's).
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ class StepPlan:
     now: float | None
     request: StepRequest
     prefix: RunPrefix
-    x: np.ndarray
+    x: np.ndarray | None  # the feature vector (None: nobody needed it, see StepEngine.keep_features)
     predictions: Predictions
     snapshot: Snapshot
     decision: Decision
@@ -106,12 +111,16 @@ class StepEngine:
         cache_reader: CacheReader | None = None,
         max_steps: int = 1000,
         fallback_weights: ScoreWeights = DEFAULT_WEIGHTS,
+        keep_features: bool = True,
+        cache_lags: bool = True,
     ):
         self.admission = admission
         self.traffic = traffic if traffic is not None else (admission.traffic if admission else None)
         self.cache_reader = cache_reader
         self.max_steps = max_steps
         self.fallback_weights = fallback_weights
+        self.keep_features = keep_features
+        self.cache_lags = cache_lags
         self.spec_version = FEATURE_SPEC_VERSION
 
     # ------------------------------------------------------------------ 1-5: plan
@@ -137,7 +146,11 @@ class StepEngine:
             else None,
             new_n_tools_offered=req.n_tools_offered,
             new_wants_json=req.wants_json,
-            local_cache_pressure=track.cache_pressure(self._reading(track.cache_replica)),
+            local_cache_pressure=(
+                track.cache_pressure(self._reading(track.cache_replica))
+                if track.cache_mark is not None
+                else None
+            ),
             aggregate=base.aggregate,
         )
 
@@ -156,14 +169,19 @@ class StepEngine:
         """Steps 1-5 of the module docstring. ``backends`` is a fresh list the engine may mutate."""
         step = track.claim_step(run.steps_seen)
         prefix = self.prefix(track, req, now)
-        x = extract(prefix)
-        if prefix.aggregate is not track.base.aggregate:  # extract rebuilt it: keep it for next time
-            track.base.aggregate = prefix.aggregate
-        preds = predictor.predict_features(x)
+        x: np.ndarray | None = None
+        if predictor.needs_features or self.keep_features:
+            x = extract(prefix)
+            if prefix.aggregate is not track.base.aggregate:  # extract rebuilt it: keep it for next time
+                track.base.aggregate = prefix.aggregate
+            preds = predictor.predict_features(x)
+        else:  # a predictor that reads no features (the constant one), and no record wants them
+            preds = predictor.predict(prefix)
         pinned = run.replica
-        warm = min(track.last_tokens, req.prompt_tokens) if pinned is not None else 0
-        for b in backends:
-            b.warm_prefix_tokens = warm if b.name == pinned else 0
+        if pinned is not None:
+            warm = min(track.last_tokens, req.prompt_tokens)
+            for b in backends:
+                b.warm_prefix_tokens = warm if b.name == pinned else 0
         snap = build_snapshot(
             run,
             prefix,
@@ -171,7 +189,8 @@ class StepEngine:
             backends,
             label_needs_frontier=req.label_needs_frontier,
             requested_model=req.requested_model,
-            features=LazyFeatures(x),  # type: ignore[arg-type]
+            features=LazyFeatures(x, prefix),
+            last_tool_repeated=track.newest_call_repeated,
         )
         if run.admitted == "spill":
             decision = self._frontier(snap, SPILLED_REASON) or policy.decide(snap)
@@ -258,7 +277,7 @@ class StepEngine:
         if backend is None:
             return
         local = backend.tier == "local"
-        if local:
+        if local and self.cache_lags:
             plan.cache_start = self._reading(backend.name)
         if self.traffic is not None:
             reuse = max(
@@ -307,7 +326,7 @@ class StepEngine:
                 plan.predictions.cache_reuse_tokens,
                 plan.predictions,
             )
-        plan.cache_start = self._reading(b.name) if b.tier == "local" else None
+        plan.cache_start = self._reading(b.name) if b.tier == "local" and self.cache_lags else None
         return d
 
     # ------------------------------------------------------------------ 8: finish
@@ -386,7 +405,7 @@ class StepEngine:
             replica=replica,
             model=model,
             spec_version=self.spec_version,
-            features=plan.x.tolist(),
+            features=plan.x.tolist() if plan.x is not None else None,
             predictions=plan.predictions.as_dict(),
             decision=f"{d.tier}:{d.backend}" if d.backend else None,
             reason=d.reason,

@@ -59,23 +59,26 @@ class StepResult:
 
 
 class LazyFeatures(Mapping[str, float]):
-    """The snapshot's named features, built from the extracted vector on first read.
+    """The snapshot's named features, built on first read: from the vector the predictor saw, or
+    (when nothing extracted one) by extracting the prefix then.
 
     Policies that never read ``snapshot.features`` cost nothing for them; one that does gets
-    exactly the vector the predictor saw.
+    exactly what the predictor saw (or would have).
     """
 
-    __slots__ = ("_vec", "_d")
+    __slots__ = ("_vec", "_prefix", "_d")
 
-    def __init__(self, vec: Any):
+    def __init__(self, vec: Any, prefix: Any = None):
         self._vec = vec
+        self._prefix = prefix
         self._d: dict[str, float] | None = None
 
     def _get(self) -> dict[str, float]:
         if self._d is None:
-            from features.extract import FEATURE_NAMES
+            from features.extract import FEATURE_NAMES, extract
 
-            self._d = dict(zip(FEATURE_NAMES, self._vec.tolist(), strict=True))
+            vec = self._vec if self._vec is not None else extract(self._prefix)
+            self._d = dict(zip(FEATURE_NAMES, vec.tolist(), strict=True))
         return self._d
 
     def __getitem__(self, key: str) -> float:
@@ -103,7 +106,7 @@ def step_record(
     replica: str | None,
     model: str | None,
     spec_version: str,
-    features: list[float],
+    features: list[float] | None,
     predictions: dict[str, float],
     decision: str | None,
     reason: str,

@@ -29,10 +29,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from features.extract import StepAggregate
 from features.prefix import RunPrefix, StepView
 from router.core.prefix_cache import turnover
 
@@ -65,10 +64,16 @@ class RunTrack:
     cache_mark: float | None = None
     cache_seen: float = 0.0
     cache_epoch: int = 0
+    # tool-call keys produced so far and whether the newest call repeats an earlier one (the stall
+    # signal of router.policy.snapshot.tool_repeated, kept here in O(calls) per step)
+    call_keys: dict[str, int] = field(default_factory=dict)
+    newest_call_repeated: bool = False
 
     @classmethod
     def new(cls, run_id: str, started_s: float | None) -> RunTrack:
-        return cls(run_id, started_s, RunPrefix(run_id=run_id, aggregate=StepAggregate()))
+        # no aggregate yet: the first feature extraction builds it (one scan) and later steps fold
+        # into it; a run whose features nobody extracts never pays for one
+        return cls(run_id, started_s, RunPrefix(run_id=run_id))
 
     def claim_step(self, store_count: int) -> int:
         """The next step index: the store's count (shared by router replicas) or this process's,
@@ -123,6 +128,13 @@ class RunTrack:
 
     def append(self, view: StepView, max_steps: int) -> None:
         """Add a finished step; beyond ``max_steps`` drop the oldest quarter (O(1) amortised)."""
+        keys = view.tool_call_keys
+        if keys:
+            seen = self.call_keys
+            newest = keys[-1]
+            self.newest_call_repeated = seen.get(newest, 0) > 0 or newest in keys[:-1]
+            for k in keys:
+                seen[k] = seen.get(k, 0) + 1
         base = self.base
         base.append(view)
         if len(base.steps) > max_steps:

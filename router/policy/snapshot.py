@@ -7,12 +7,15 @@ It derives, from the run's visible prefix:
 - ``at_tool_boundary``: the new request carries tool results (``new_tool_results_n > 0``): the step
   after tool results arrive is where a run may switch with the least disruption;
 - ``last_tool_repeated``: the newest tool call (the last key of the latest step that produced calls)
-  repeats an identical earlier call (same ``tool_call_keys`` hash) in this run;
+  repeats an identical earlier call (same ``tool_call_keys`` hash) in this run (a caller that keeps
+  it incrementally, the step engine, passes it: O(1) instead of a scan of the run);
 - ``last_tool_errored``: a tool result carried by the new request is an error;
 - ``context_tokens``: the new request's prompt tokens.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from features.prefix import RunPrefix
 from models.types import Predictions
@@ -46,7 +49,8 @@ def build_snapshot(
     *,
     label_needs_frontier: bool | None = None,
     requested_model: str | None = None,
-    features: dict[str, float] | None = None,
+    features: Mapping[str, float] | None = None,
+    last_tool_repeated: bool | None = None,
 ) -> Snapshot:
     """Assemble the policy's input for step ``prefix.step_index`` of ``run``."""
     if features is None:
@@ -61,7 +65,7 @@ def build_snapshot(
         backends=backends,
         context_tokens=int(prefix.new_prompt_tokens),
         at_tool_boundary=prefix.new_tool_results_n > 0,
-        last_tool_repeated=tool_repeated(prefix),
+        last_tool_repeated=tool_repeated(prefix) if last_tool_repeated is None else last_tool_repeated,
         last_tool_errored=any(prefix.new_tool_result_errors),
         label_needs_frontier=label_needs_frontier,
         requested_model=requested_model,

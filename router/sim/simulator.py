@@ -165,7 +165,13 @@ class Simulator:
             )
             gate = AdmissionGate(ctrl.cfg, traffic, budget_hook=ctrl.budget_hook)
             gate.controller = ctrl  # the caller's controller object (its hysteresis state)
-        return StepEngine(admission=gate, cache_reader=reading, max_steps=1 << 30)
+        return StepEngine(
+            admission=gate,
+            cache_reader=reading,
+            max_steps=1 << 30,
+            keep_features=self.cfg.log_steps,
+            cache_lags=False,  # the node's counter is exact: it already holds a finished step's blocks
+        )
 
     def _now(self) -> float:
         return self.loop.now
