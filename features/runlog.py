@@ -6,6 +6,16 @@ reason. With ``strict=True`` any bad row raises :class:`RunLogError`. Otherwise 
 *quarantined*: written to a sibling ``<file>.rejected.jsonl`` (row, reason, the raw record) and
 counted in the result. Nothing is dropped silently.
 
+Run records are *merged*, never quarantined as duplicates: a run's outcome arrives after its
+steps and may be corrected later (a second ``POST /v1/runs/{id}/end``, ``runroute label``), so a
+run may have several ``run`` records, in one file or across files. :func:`merge_runs` keeps one
+per run: every field takes the last non-null value in reading order (files in the order given, a
+directory's run logs by name and then its ``labels-*`` files by name, rows in file order), except
+the label pair ``outcome`` / ``reward``, which comes whole from the last record that carries an
+``outcome`` (a record without one, e.g. an end call that gave none, leaves the label alone; a
+label of ``unknown`` retracts it). So the last label wins, deterministically. A repeated
+``(run_id, step)`` is still a bad row (a step is written once).
+
 Writing is atomic (temporary file + rename), so a crash never leaves a half-written file.
 """
 
@@ -24,6 +34,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from features.runmerge import merge_runs
 from features.schema import ARROW_SCHEMA, COLUMNS, RECORD_MODELS, SCHEMA_VERSION, SchemaVersionError
 
 __all__ = [
@@ -37,7 +48,12 @@ __all__ = [
     "write_frame",
     "records_to_frame",
     "conform",
+    "merge_runs",
+    "LABEL_PREFIX",
+    "list_runlog_files",
 ]
+
+LABEL_PREFIX = "labels-"  # label files (runroute label) in a run-log directory; read after the logs
 
 
 class RunLogError(ValueError):
@@ -324,9 +340,7 @@ def _validate(df: pd.DataFrame) -> dict[int, str]:
     flag((ea < sa).fillna(False).to_numpy(), "ended_at is before started_at")
     rid = df["run_id"].astype(object).to_numpy()
     flag((is_run | is_step) & np.array([isinstance(x, str) and x == "" for x in rid]), "empty run_id")
-    # duplicates: a run twice, or a (run_id, step) twice
-    dup_run = is_run & df.duplicated(subset=["record", "run_id"], keep="first").to_numpy()
-    flag(dup_run, "duplicate run record")
+    # duplicates: a (run_id, step) twice (run records are merged, see merge_runs)
     dup_step = is_step & df.duplicated(subset=["record", "run_id", "step"], keep="first").to_numpy()
     flag(dup_step, "duplicate (run_id, step)")
     return reasons
@@ -382,6 +396,7 @@ def read_records(
         raise RunLogError(f"{first} ({len(bad)} bad row(s) in all; strict mode)")
     good = df.drop(index=df.index[list(reasons)]) if reasons else df
     good = good.drop(columns=[c for c in good.columns if c.startswith("__")]).reset_index(drop=True)
+    good = merge_runs(good)
     rejected_path = None
     if bad and quarantine:
         rejected_path = p.with_name(p.name + ".rejected.jsonl")
@@ -407,24 +422,7 @@ def read_runlog(
     quarantine: bool = True,
 ) -> RunLog:
     """Read one or more files (or directories of ``*.parquet``/``*.jsonl``) into a :class:`RunLog`."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    files: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            found = sorted(
-                x
-                for x in p.iterdir()
-                if x.suffix in (".parquet", ".jsonl")
-                and not x.name.endswith(".rejected.jsonl")
-                and not x.name.startswith(".")
-            )
-            if not found:
-                raise RunLogError(f"{p}: directory holds no .parquet or .jsonl run logs")
-            files.extend(found)
-        else:
-            files.append(p)
+    files = list_runlog_files(paths)
     frames, bad = [], []
     for f in files:
         res = read_records(f, strict=strict, quarantine=quarantine)
@@ -435,4 +433,33 @@ def read_runlog(
         if any(len(f) for f in frames)
         else _empty_frame()
     )
-    return RunLog.from_frame(df, bad)
+    return RunLog.from_frame(merge_runs(df) if len(frames) > 1 else df, bad)
+
+
+def list_runlog_files(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+) -> list[Path]:
+    """The files :func:`read_runlog` reads, in its order: given files as given; a directory's
+    ``*.parquet`` / ``*.jsonl`` run logs by name, then its ``labels-*`` files by name."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    files: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(
+                (
+                    x
+                    for x in p.iterdir()
+                    if x.suffix in (".parquet", ".jsonl")
+                    and not x.name.endswith(".rejected.jsonl")
+                    and not x.name.startswith(".")
+                ),
+                key=lambda x: (x.name.startswith(LABEL_PREFIX), x.name),
+            )
+            if not found:
+                raise RunLogError(f"{p}: directory holds no .parquet or .jsonl run logs")
+            files.extend(found)
+        else:
+            files.append(p)
+    return files

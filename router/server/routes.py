@@ -4,8 +4,9 @@
 ``GET /metrics`` (Prometheus text; scraped figures and the capacity gauges refreshed on each
 scrape), ``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for the next 5/15/60
 minutes, the replica count that holds the SLO at that forecast, expected spill and reject shares),
-``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end`` (gives back the run's admission slot and
-leaves an ``ended`` tombstone in the store for ``store.ttl_s``), ``POST /admin/reload``.
+``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end`` (logs the run's outcome, gives back its
+admission slot and leaves an ``ended`` tombstone in the store for ``store.ttl_s``; a repeated end
+updates the outcome: the run-log reader keeps the last label), ``POST /admin/reload``.
 Every error is the OpenAI error shape with a code (:mod:`router.server.errors`).
 """
 
@@ -178,16 +179,13 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
     async def end_run(run_id: str, request: Request) -> Response:
         if (r := guarded(request)) is not None:
             return r
+        # A repeated end (or one for a run this router never served, whose tombstone is in the
+        # store) updates the run's outcome: another run record is logged, and the run-log reader
+        # merges a run's records so that the last label wins (features.runmerge). A record
+        # without an outcome (the client gave none) leaves an earlier label alone.
         h = proxy.runs.get(run_id)
         state = await st.get(run_id)
-        if h is None:
-            if state is not None and state.admitted not in (None, "ended"):
-                # a run served by another router replica: give back its slot, leave the tombstone
-                holds = engine.run_ended(state)
-                if admission is not None:
-                    await admission.release(state, holds)
-                await st.put(RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen))
-                return json_response({"run_id": run_id, "ended": True, "n_steps": state.steps_seen})
+        if h is None and state is None:
             return error_response(404, "run_not_found", f"run {run_id!r} is not known to this router")
         raw = await request.body()
         try:
@@ -196,37 +194,36 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             return error_response(400, "invalid_json", "request body is not valid JSON")
         if not isinstance(body, dict):
             return error_response(422, "body_not_object", "request body must be a JSON object")
-        outcome = body.get("outcome", "unknown")
+        outcome = body.get("outcome")
         reward = body.get("reward")
-        if outcome not in ("success", "failure", "unknown"):
+        if outcome is not None and outcome not in ("success", "failure", "unknown"):
             return error_response(422, "invalid_outcome", "'outcome' must be success, failure or unknown")
         if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
             return error_response(422, "invalid_reward", "'reward' must be a number")
-        entries = list(h.entries)
-        started = entries[0]["arrival_s"] if entries else None
-        ended = wall()
-        writer.submit(
-            {
-                "record": "run",
-                "run_id": run_id,
-                "source": "runroute",
-                "started_at": started,
-                "ended_at": max(ended, started or ended),
-                "outcome": outcome,
-                "reward": reward,
-                "n_steps": len(entries),
-            }
-        )
-        h.ended = True
+        label = {} if outcome is None else {"outcome": outcome, "reward": reward}
+        if h is None:
+            assert state is not None
+            n_steps = state.steps_seen
+            writer.submit({"record": "run", "run_id": run_id, "source": "runroute", **label})
+        else:
+            entries = list(h.entries)
+            n_steps = len(entries)
+            started = entries[0]["arrival_s"] if entries else None
+            ended = wall()
+            first = {"started_at": started, "ended_at": max(ended, started or ended), "n_steps": n_steps}
+            rec = {"record": "run", "run_id": run_id, "source": "runroute", **label}
+            writer.submit(rec if h.ended else {**rec, **first})
+            h.ended = True
         if state is not None and state.admitted != "ended":
+            # the run's first end here (or a run served by another router replica): give back its
+            # slot; a tombstone (kept store.ttl_s) tells other routers' idle sweeps it is given back
             holds = engine.run_ended(state)
             if admission is not None:
                 await admission.release(state, holds)
-            # a tombstone (kept store.ttl_s) tells other routers' idle sweeps the slot is given back
             await st.put(RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen))
-        else:
-            await st.delete(run_id)
-        return json_response({"run_id": run_id, "ended": True, "n_steps": len(entries), "outcome": outcome})
+        return json_response(
+            {"run_id": run_id, "ended": True, "n_steps": n_steps, "outcome": outcome or "unknown"}
+        )
 
     @app.post("/admin/reload")
     async def reload(request: Request) -> Response:
