@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from features.labels import label_runs
-from features.runlog import read_records, read_runlog, records_to_frame, write_frame
+from features.runlog import conform, read_records, read_runlog, records_to_frame, write_frame
 from features.schema import Run, Step
 from models.predictor import ConstantPredictor
 from router.server.app import create_app
@@ -168,10 +168,8 @@ def test_sigkill_during_label_loses_no_earlier_label(tmp_path):
     _log(d, n=3)
     n_big = 150_000
     big_ids = [f"big-{i}" for i in range(n_big)]
-    write_frame(
-        records_to_frame([Step(run_id=r, step=0, prompt_tokens=1, completion_tokens=1) for r in big_ids]),
-        d / "runlog-2-b-0001.parquet",
-    )
+    cols = {"record": "step", "run_id": big_ids, "step": 0, "prompt_tokens": 1, "completion_tokens": 1}
+    write_frame(conform(pd.DataFrame({"schema_version": 1, **cols})), d / "runlog-2-b-0001.parquet")
     early = tmp_path / "early.csv"
     early.write_text("run_id,outcome,reward\nr0,failure,0\nr1,success,1\n")
     assert label_runs(early, d).written == 2
