@@ -73,7 +73,10 @@ def _norm(w: np.ndarray, arm: np.ndarray) -> np.ndarray:
 
 def rows_from_logs(logged: Any, clip: float = 20.0) -> BenefitRows:
     """IPW rows from logged runs (module docstring); ``logged``: :class:`training.eval.ope_replay.LoggedRuns`."""
-    Xs, arms, ys, ws = [], [], [], []
+    Xs: list[np.ndarray] = []
+    arms: list[Any] = []
+    ys: list[Any] = []
+    ws: list[Any] = []
     for i, (s, e) in enumerate(zip(logged.ptr[:-1], logged.ptr[1:], strict=True)):
         a, mu = logged.a[s:e], logged.mu[s:e]
         y = logged.success[i]

@@ -123,12 +123,12 @@ class StepEngine:
         """The exploration budget of ``policy`` (None: it does not explore or has no cap)."""
         if not isinstance(policy, ExplorePolicy) or policy.cfg.budget_usd is None:
             return None
-        cfg = policy.cfg
+        usd, window = float(policy.cfg.budget_usd), float(policy.cfg.budget_window_s)
         b = self.explore_budgets.get(policy.name)
         if b is None:
-            b = self.explore_budgets[policy.name] = ExploreBudget(cfg.budget_usd, cfg.budget_window_s)
-        elif (b.budget_usd, b.window_s) != (cfg.budget_usd, cfg.budget_window_s):  # a reload changed it
-            b.budget_usd, b.window_s = float(cfg.budget_usd), float(cfg.budget_window_s)
+            b = self.explore_budgets[policy.name] = ExploreBudget(usd, window)
+        elif (b.budget_usd, b.window_s) != (usd, window):  # a reload changed it
+            b.budget_usd, b.window_s = usd, window
         return b
 
     # ------------------------------------------------------------------ 1-5: plan

@@ -19,9 +19,12 @@ Algorithm of :func:`run_loop`, per domain of the paired data (:class:`~training.
    far (inverse-propensity weighted) plus the prior rows; candidates = the learned policy routing
    on that model's uplift at each of ``thresholds`` (never de-escalating: ``p_frontier_down`` 0).
 5. **Promote by OPE**: every candidate and the champion are evaluated on the last
-   ``ope_window_days`` days of logs (:func:`training.eval.ope_eval.evaluate_policies`); the best
-   candidate by DR net value is promoted iff its DR net beats the champion's by more than the
-   candidate's CI half-width. Decision and both estimates go to MLflow (one run per day). The
+   ``ope_window_days`` days of logs (:func:`training.eval.ope_eval.evaluate_policies`). With
+   ``promotion = "crossfit"`` (default) each candidate is scored by its task-grouped cross-fitted
+   DR net value (:func:`training.eval.loop_promote.crossfit`: never on tasks its model was trained
+   on; the deployment's future traffic brings new tasks), else by its in-sample DR estimate. The
+   best candidate is promoted iff its DR net beats the champion's by more than the candidate's CI
+   half-width. Decision and both estimates go to MLflow (one run per day). The
    simulated truth of every candidate (its expected net on the training tasks) is recorded beside
    its estimates.
 6. **Evaluate** every day on the evaluation tasks (each served ``eval_reps`` times, no
@@ -42,9 +45,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from router.policy.explore import ExploreConfig
+from training.eval.loop_promote import benefit_predictor, crossfit, mlflow_day, mlflow_start, read_days
 from training.eval.outcome import Prices
 
-__all__ = ["LoopConfig", "run_loop", "prior_bundle", "BASELINES"]
+__all__ = ["LoopConfig", "LoopStage", "run_loop", "loop_demo", "prior_bundle", "BASELINES"]
 
 BASELINES: dict[str, dict[str, Any]] = {
     "always-local": {"kind": "always-local"},
@@ -57,11 +61,13 @@ BASELINES: dict[str, dict[str, Any]] = {
 
 
 def _default_explore() -> ExploreConfig:
+    # tau2 runs are long (median ~15 steps, up to 100): a small hazard over many steps keeps late
+    # escalations explorable
     return ExploreConfig(
         rate=0.2,
         start_frontier_share=0.5,
-        escalate_hazard=0.2,
-        max_step=20,
+        escalate_hazard=0.08,
+        max_step=80,
         budget_usd=30.0,
         budget_window_s=86400.0,
     )
@@ -98,6 +104,13 @@ class LoopConfig(BaseModel):
     replicas: int = Field(default=4, ge=1, description="local replicas of the simulated deployment")
     prices: Prices = Field(default_factory=Prices, description="the outcome model's prices")
     variant: str = Field(default="escalate-anytime", description="outcome variant for mid-run escalation")
+    promotion: str = Field(
+        default="crossfit",
+        pattern="^(crossfit|in-sample)$",
+        description="crossfit: score each candidate by OPE on tasks its model was not trained on (task-grouped "
+        "folds); in-sample: on the window, with the model trained on every log",
+    )
+    folds: int = Field(default=3, ge=2, description="task-grouped folds of the cross-fitted promotion")
     mlflow: bool = Field(
         default=True, description="log each day's promotion decision to MLflow (sqlite under out/)"
     )
@@ -105,6 +118,31 @@ class LoopConfig(BaseModel):
 
 
 Say = Callable[[str], None]
+
+
+class LoopStage(BaseModel):
+    """The demo's learning-loop stage: a small loop with exploration on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=True, description="run the learning-loop stage")
+    days: int = Field(default=4, ge=1, description="simulated days")
+    runs_per_day: int = Field(default=200, ge=10, description="runs arriving per day")
+    explore_rate: float = Field(default=0.2, ge=0, le=1, description="share of runs that explore")
+    mlflow: bool = Field(default=True, description="log the promotion decisions to MLflow")
+
+
+def loop_demo(stage: LoopStage, out: Path, seed: int, say: Say, console: Any = None) -> dict[str, Any]:
+    """The demo's loop stage: :func:`run_loop` on the shipped tau2 pairs, printed."""
+    from training.eval.loop_report import print_loop
+
+    cfg = LoopConfig(
+        out=out, days=stage.days, runs_per_day=stage.runs_per_day, mlflow=stage.mlflow, seed=seed
+    )
+    cfg = cfg.model_copy(update={"explore": cfg.explore.model_copy(update={"rate": stage.explore_rate})})
+    rep = run_loop(cfg, say)
+    print_loop(rep, console)
+    return rep
 
 
 def prior_bundle(out: Path, n_runs: int, seed: int, say: Say) -> tuple[Any, Any]:
@@ -197,12 +235,11 @@ def _run_domain(
 ) -> dict[str, Any]:
     import pandas as pd
 
-    from features.runlog import RunLog, records_to_frame, write_frame
+    from features.runlog import records_to_frame, write_frame
     from router.policy.config import build_policy
-    from training.benefit import BenefitModel, BenefitPredictor, BenefitRows, rows_from_logs, rows_from_pairs
+    from training.benefit import rows_from_pairs
     from training.eval.loop_world import World, sim_backends, sim_config
     from training.eval.ope_eval import OPEError, evaluate_policies
-    from training.eval.ope_replay import load_logged
 
     t_dom = time.perf_counter()
     world = World.from_log(
@@ -248,7 +285,17 @@ def _run_domain(
     logdir.mkdir(parents=True, exist_ok=True)
     for f in logdir.glob("day-*.parquet"):
         f.unlink()
-    tracking = _mlflow_start(cfg, out)
+    tracking = mlflow_start(cfg, out)
+    cands = {
+        f"benefit@{t:g}": {
+            "kind": "learned",
+            "name": f"benefit@{t:g}",
+            "p_frontier_up": t,
+            "p_frontier_down": 0.0,
+            "value_of_success_usd": v,
+        }
+        for t in cfg.thresholds
+    }
     for d in range(cfg.days):
         td = time.perf_counter()
         runs, steps, starts = world.arrivals(
@@ -282,38 +329,38 @@ def _run_domain(
             ),
             "logged_net_per_run": float(served.net(v).mean()),
         }
-        # retrain on every log so far, then promote by OPE on the recent window
-        all_log = RunLog.from_frame(
-            pd.concat([pd.read_parquet(f) for f in sorted(logdir.glob("day-*.parquet"))], ignore_index=True)
-        )
-        logged = load_logged(all_log, cfg.prices)
-        rows = BenefitRows.concat([rows_from_logs(logged)] + ([prior_rows] if prior_rows is not None else []))
-        model = BenefitModel(seed=cfg.seed + d).fit(rows)
-        pred = BenefitPredictor(bundle, model)
-        cands = {
-            f"benefit@{t:g}": {
-                "kind": "learned",
-                "name": f"benefit@{t:g}",
-                "p_frontier_up": t,
-                "p_frontier_down": 0.0,
-                "value_of_success_usd": v,
-            }
-            for t in cfg.thresholds
-        }
-        window = sorted(logdir.glob("day-*.parquet"))[-cfg.ope_window_days :]
-        wlog = RunLog.from_frame(pd.concat([pd.read_parquet(f) for f in window], ignore_index=True))
+        # retrain on every log so far; OPE on the recent window (estimates vs truth); promote by the
+        # task-grouped cross-fitted OPE (a candidate is never scored on tasks its model saw)
+        all_log = read_days(sorted(logdir.glob("day-*.parquet")))
+        wlog = read_days(sorted(logdir.glob("day-*.parquet"))[-cfg.ope_window_days :])
+        pred, model = benefit_predictor(all_log, prior_rows, bundle, prices=cfg.prices, seed=cfg.seed + d)
         pols = {"champion": (build_policy(champ_cfg, bundle), champ_pred)}
         pols.update({k: (build_policy(c, bundle), pred) for k, c in cands.items()})
+        ope_kw = {
+            "prices": cfg.prices,
+            "value_of_success": v,
+            "backends": backends,
+            "n_boot": cfg.n_boot,
+            "seed": cfg.seed + d,
+            "max_unsupported_share": 0.05,
+            "skip_unsupported": True,
+        }
         try:
-            rep = evaluate_policies(
-                wlog,
-                pols,
-                prices=cfg.prices,
-                value_of_success=v,
-                backends=backends,
-                n_boot=cfg.n_boot,
-                seed=cfg.seed + d,
-                max_unsupported_share=0.05,
+            rep = evaluate_policies(wlog, pols, **ope_kw)  # type: ignore[arg-type]
+            cross = (
+                crossfit(
+                    all_log,
+                    wlog,
+                    cands,
+                    prior_rows,
+                    bundle,
+                    folds=cfg.folds,
+                    seed=cfg.seed * 31 + d,
+                    prices=cfg.prices,
+                    ope_kw=ope_kw,
+                )
+                if cfg.promotion == "crossfit"
+                else None
             )
         except OPEError as e:
             say(f"{dom} day {d}: OPE refused ({e}); champion kept")
@@ -322,17 +369,29 @@ def _run_domain(
             continue
         ope = {k: r.to_json() for k, r in rep.candidates.items()}
         truth = {k: _figures(world.serve(*truth_set, p, pr, scfg), v)["net"] for k, (p, pr) in pols.items()}
+        scored = (
+            cross
+            if cross is not None
+            else {k: rep.candidates[k].estimates["dr"]["net"] for k in cands if k in rep.candidates}
+        )
+        scored = {k: e for k, e in scored.items() if e.value is not None}
+        if "champion" not in rep.candidates or not scored:
+            say(f"{dom} day {d}: nothing to compare ({rep.refused}); champion kept")
+            day.update(promoted=False, decision=f"no comparable candidate: {rep.refused}", ope=ope)
+            days.append(day)
+            continue
         ch = rep.candidates["champion"].estimates["dr"]["net"]
-        best = max(cands, key=lambda k: rep.candidates[k].estimates["dr"]["net"].value or -1e9)
-        b = rep.candidates[best].estimates["dr"]["net"]
+        best = max(scored, key=lambda k: scored[k].value)  # type: ignore[arg-type,return-value]
+        b = scored[best]
         margin = (b.value or 0.0) - (ch.value or 0.0)
         promote = b.half_width is not None and margin > b.half_width
         day.update(
             ope=ope, truth=truth, best=best, margin=margin, half_width=b.half_width, promoted=bool(promote),
-            decision=f"{best}: DR net {b.value:.4f} vs champion {ch.value:.4f} (margin {margin:+.4f}, half-width {b.half_width:.4f})",
-            ope_wall_s=rep.wall_s, ope_runs=rep.n_runs, benefit_rows=model.n_rows_,
+            crossfit={k: x.as_dict() for k, x in cross.items()} if cross is not None else None,
+            decision=f"{best}: DR net {b.value:.4f} ({cfg.promotion}) vs champion {ch.value:.4f} (margin {margin:+.4f}, half-width {b.half_width:.4f})",
+            ope_wall_s=rep.wall_s, ope_runs=rep.n_runs, benefit_rows=model.n_rows_, refused=rep.refused,
         )  # fmt: skip
-        _mlflow_day(tracking, dom, d, day, ch, b)
+        mlflow_day(tracking, dom, d, day, ch, b)
         if promote:
             champ_cfg, champ_pred, champ_label = dict(cands[best], name="champion"), pred, f"{best} (day {d})"
         day["wall_s"] = round(time.perf_counter() - td, 1)
@@ -349,46 +408,3 @@ def _run_domain(
         "final_champion": champ_label,
         "wall_s": round(time.perf_counter() - t_dom, 1),
     }
-
-
-def _mlflow_start(cfg: LoopConfig, out: Path) -> str | None:
-    if not cfg.mlflow:
-        return None
-    from training.mlflow_log import ensure_experiment, quiet_mlflow
-
-    uri = f"sqlite:///{out / 'mlflow.db'}"
-    with quiet_mlflow():
-        ensure_experiment(uri, "runroute-loop", out / "mlruns")
-    return uri
-
-
-def _mlflow_day(uri: str | None, dom: str, d: int, day: dict[str, Any], champ: Any, best: Any) -> None:
-    """One MLflow run per day: the promotion decision and both DR estimates with their intervals."""
-    if uri is None:
-        return
-    import mlflow
-
-    from training.mlflow_log import quiet_mlflow
-
-    with quiet_mlflow():
-        mlflow.set_tracking_uri(uri)
-        mlflow.set_experiment("runroute-loop")
-        with mlflow.start_run(run_name=f"{dom}-day{d:02d}"):
-            mlflow.log_params(
-                {"domain": dom, "day": d, "candidate": day["best"], "champion": day["champion"]}
-            )
-            mlflow.log_metrics(
-                {
-                    "champion_dr_net": champ.value,
-                    "champion_dr_net_lo": champ.lo,
-                    "champion_dr_net_hi": champ.hi,
-                    "candidate_dr_net": best.value,
-                    "candidate_dr_net_lo": best.lo,
-                    "candidate_dr_net_hi": best.hi,
-                    "margin": day["margin"],
-                    "half_width": day["half_width"],
-                    "promoted": float(day["promoted"]),
-                    "eval_net_champion": day["eval"]["net"],
-                }  # fmt: skip
-            )
-            mlflow.set_tags({"promoted": str(day["promoted"]), "decision": day["decision"][:250]})

@@ -54,7 +54,7 @@ def summarise(dom: dict[str, Any], runs_per_day: int) -> dict[str, Any]:
     cov = [
         (day["day"], k, est["estimates"]["dr"]["net"], day["truth"][k])
         for day in days
-        if "ope" in day
+        if "truth" in day
         for k, est in day["ope"].items()
     ]
     inside = [lo <= t <= hi for _, _, e, t in cov for lo, hi in [(e["lo"], e["hi"])] if lo is not None]
@@ -96,9 +96,9 @@ def plot_domain(name: str, dom: dict[str, Any], out: Path) -> list[Path]:
         se = np.array([e[f"{key}_se"] for e in evals])
         ax.plot(x, y, "o-", color="black", lw=2, label="learned (champion)")
         ax.fill_between(x, y - se, y + se, color="black", alpha=0.12)
-        for b, fig_b in dom["baselines"].items():
+        for i, (b, fig_b) in enumerate(dom["baselines"].items()):
             style = ":" if b == "oracle" else "--"
-            ax.axhline(fig_b[key], ls=style, lw=1.2, label=b)
+            ax.axhline(fig_b[key], ls=style, lw=1.4, color=f"C{i}", label=b)
         for d in days:
             if d.get("promoted"):
                 ax.axvline(d["day"] + 1, color="green", alpha=0.25)
@@ -116,7 +116,7 @@ def plot_domain(name: str, dom: dict[str, Any], out: Path) -> list[Path]:
     pts = [
         (k, d["truth"][k], e["estimates"]["dr"]["net"])
         for d in days
-        if "ope" in d
+        if "truth" in d
         for k, e in d["ope"].items()
     ]
     for k in sorted({p[0] for p in pts}):

@@ -179,14 +179,13 @@ def estimate(
     per: dict[str, dict[str, np.ndarray]] = {m: contributions(t, m) for m in metrics}
     combos = dict(combos or {})
     for name, coefs in combos.items():
-        per[name] = {
-            k: (
-                sum(c * per[m][k] for m, c in coefs.items())
-                if k != "snips_den"
-                else per[next(iter(coefs))]["snips_den"]
-            )
-            for k in ("ips", "dr", "snips_num", "snips_den")
-        }
+        combo: dict[str, np.ndarray] = {"snips_den": per[next(iter(coefs))]["snips_den"]}
+        for k in ("ips", "dr", "snips_num"):
+            acc = np.zeros(n)
+            for m, coef in coefs.items():
+                acc = acc + coef * per[m][k]
+            combo[k] = acc
+        per[name] = combo
     parts: dict[str, np.ndarray] = {}
     for m, c in per.items():
         parts[f"ips:{m}"] = c["ips"]

@@ -19,7 +19,9 @@ Algorithm of :func:`evaluate_policies`:
    the same replicates.
 
 Knobs: ``prices``, ``value_of_success``, ``backends``, ``n_boot``, ``alpha``, ``seed``, ``dm``
-(fit the DR model; False: DR = IPS), ``max_unsupported_share``.
+(fit the DR model; False: DR = IPS), ``max_unsupported_share``, ``skip_unsupported`` (leave a refused candidate out, with the reason
+in ``OPEReport.refused``, instead of raising), ``references`` (False: skip the
+reference policies and AIQ).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class OPEReport:
     candidates: dict[str, CandidateResult]
     references: dict[str, CandidateResult]
     wall_s: float = 0.0
+    refused: dict[str, str] = field(default_factory=dict)  # candidate -> why (skip_unsupported)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +84,7 @@ class OPEReport:
             if self.wall_s > 0
             else None,
             "candidates": {k: v.to_json() for k, v in self.candidates.items()},
+            "refused": self.refused,
             "references": {k: v.to_json() for k, v in self.references.items()},
         }
 
@@ -125,6 +129,8 @@ def evaluate_policies(
     seed: int = 0,
     dm: bool = True,
     max_unsupported_share: float = 0.02,
+    references: bool = True,
+    skip_unsupported: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> OPEReport:
     """See the module docstring. ``candidates``: name -> (deterministic policy, predictor);
@@ -173,18 +179,23 @@ def evaluate_policies(
         return CandidateResult(name, est, diag, reps)
 
     refs: dict[str, CandidateResult] = {}
-    for r in REFS:
+    for r in REFS if references else ():
         try:
             refs[r] = one(r, build_policy({"kind": r}), ConstantPredictor())
         except OPEError as e:
             say(f"reference {r} not evaluable ({e}); AIQ left out")
     out: dict[str, CandidateResult] = {}
+    refused: dict[str, str] = {}
     for name, (policy, predictor) in candidates.items():
-        res = (
-            refs[name]
-            if name in refs and getattr(policy, "name", None) == name
-            else one(name, policy, predictor)
-        )
+        try:
+            reuse = name in refs and getattr(policy, "name", None) == name
+            res = refs[name] if reuse else one(name, policy, predictor)
+        except OPEError as e:
+            if not skip_unsupported:
+                raise
+            refused[name] = str(e)
+            say(f"{name}: refused ({e})")
+            continue
         if set(REFS) <= set(refs):
             _add_aiq(res, refs, aiq, alpha)
         out[name] = res
@@ -199,6 +210,7 @@ def evaluate_policies(
         candidates=out,
         references=refs,
         wall_s=time.perf_counter() - t0,
+        refused=refused,
     )
 
 

@@ -53,9 +53,9 @@ def fit_q(
     rng = np.random.default_rng(seed)
     fold_of_run = rng.integers(0, max(1, folds), size=n_runs)
     fold = fold_of_run[run]
-    q_s = (np.zeros(len(a)), np.zeros(len(a)))
-    q_c = (np.zeros(len(a)), np.zeros(len(a)))
-    params = dict(
+    q_s: tuple[np.ndarray, np.ndarray] = (np.zeros(len(a)), np.zeros(len(a)))
+    q_c: tuple[np.ndarray, np.ndarray] = (np.zeros(len(a)), np.zeros(len(a)))
+    params: dict[str, Any] = dict(
         n_estimators=n_estimators,
         num_leaves=num_leaves,
         min_child_samples=20,
@@ -80,15 +80,15 @@ def fit_q(
             q_s[0][test], q_s[1][test] = p, p
         else:
             clf = lgb.LGBMClassifier(**params).fit(Xa[train], ys.astype(np.int64))
-            q_s[0][test] = clf.predict_proba(X0[test])[:, 1]
-            q_s[1][test] = clf.predict_proba(X1[test])[:, 1]
+            q_s[0][test] = np.asarray(clf.predict_proba(X0[test]))[:, 1]
+            q_s[1][test] = np.asarray(clf.predict_proba(X1[test]))[:, 1]
         if train.sum() < 40:
             m = float(y_c[train].mean()) if train.any() else float(y_c.mean())
             q_c[0][test], q_c[1][test] = m, m
         else:
             reg = lgb.LGBMRegressor(**params).fit(Xa[train], y_c[train])
-            q_c[0][test] = reg.predict(X0[test])
-            q_c[1][test] = reg.predict(X1[test])
+            q_c[0][test] = np.asarray(reg.predict(X0[test]))
+            q_c[1][test] = np.asarray(reg.predict(X1[test]))
     not_yet = ~before
     q_e = (np.zeros(len(a)), not_yet.astype(np.float64))
     return {"success": q_s, "cost": q_c, "escalated": q_e}
