@@ -8,7 +8,8 @@ What it does (``python bench/bench_ope.py [--runs 2000] [--repeats 1]``):
    :class:`router.policy.explore.ExplorePolicy` (``--explore-rate``); outcomes are drawn from the
    tasks' recorded outcomes (the demo's outcome model).
 2. Candidates (deterministic): always-local, always-frontier, oracle, the logging policy's own base
-   (learned), and the learned policy at two other thresholds without de-escalation. Each one's
+   (learned), and the learned policy without de-escalation at the 40% and 75% quantiles of the
+   logged runs' maximum P(frontier). Each one's
    *truth* is its expected net value per run (value of success x success - cost), success and cost
    on the same arrivals, served by the simulator.
 3. :func:`training.eval.ope_eval.evaluate_policies` estimates each from the logs (IPS, SNIPS, DR,
@@ -60,25 +61,12 @@ def main() -> int:
         read_runlog(samples_dir() / "tau2bench_airline.parquet"), "gpt-oss-120b", "claude-sonnet-4-5"
     )
     bundle, _ = prior_bundle(a.out, 600, a.seed, lambda m: con.print(f"[dim]{m}[/dim]"))
-    up = float(bundle.thresholds["p_frontier_up"])
     base = {"kind": "learned", "name": "learned"}
-    cands = {
+    fixed = {
         "always-local": {"kind": "always-local"},
         "always-frontier": {"kind": "always-frontier"},
         "oracle": {"kind": "oracle"},
         "learned": base,
-        "learned@low": {
-            "kind": "learned",
-            "name": "learned@low",
-            "p_frontier_up": round(up * 0.5, 4),
-            "p_frontier_down": 0.0,
-        },
-        "learned@high": {
-            "kind": "learned",
-            "name": "learned@high",
-            "p_frontier_up": round(min(1.0, up * 1.5), 4),
-            "p_frontier_down": 0.0,
-        },
     }
     scfg = sim_config(seed=a.seed)
     v = world.value_of_success
@@ -107,6 +95,15 @@ def main() -> int:
         con.print(
             f"draw {rep_i}: logged {a.runs} runs ({int(served.explored.sum())} exploring) in {time.perf_counter() - t:.0f} s"
         )
+        # two more learned candidates, never de-escalating, at quantiles of the logged runs' maximum
+        # P(frontier) (so they differ from the logging policy and from each other)
+        recs = served.records
+        mx = pd.Series([r.predictions["p_frontier"] for r in recs]).groupby([r.run_id for r in recs]).max()
+        cands = dict(fixed)
+        for q in (0.4, 0.75):
+            name = f"learned@q{int(q * 100)}"
+            th = round(float(mx.quantile(q)), 4)
+            cands[name] = {"kind": "learned", "name": name, "p_frontier_up": th, "p_frontier_down": 0.0}
         truth = {}
         for k, c in cands.items():
             s = world.serve(runs, steps, starts, build_policy(c, bundle), bundle, scfg)

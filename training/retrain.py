@@ -7,7 +7,7 @@ Algorithm of :func:`train_from_logs`:
    (:func:`training.eval.ope_replay.load_logged`: refuses logs without propensities).
 2. Prior rows from public paired run logs (``prior``: weak runs with ``strong_outcome``, e.g. the
    shipped tau2 pairs or the synthetic generator's), weighted ``prior_weight`` each; none without.
-3. The benefit model (:class:`training.benefit.BenefitModel`) on the inverse-propensity weighted
+3. The benefit model (:class:`training.logbenefit.IPWBenefitModel`) on the inverse-propensity weighted
    log rows plus the prior rows; candidates are the learned policy routing on its uplift at each of
    ``thresholds`` (no de-escalation), priced with ``value_of_success``.
 4. With ``promote_if_better``: the champion (``champion`` policy config on the ``bundle``) and the
@@ -77,11 +77,11 @@ def train_from_logs(cfg: LogTrainConfig, progress: Callable[[str], None] | None 
     from features.runlog import read_runlog
     from models.predictor import ConstantPredictor
     from router.policy.config import build_policy
-    from training.benefit import rows_from_pairs
     from training.eval.loop_promote import benefit_predictor, crossfit
     from training.eval.ope_eval import evaluate_policies
     from training.eval.ope_replay import load_logged
     from training.jsonio import jsonable
+    from training.logbenefit import rows_from_pairs
 
     say = progress or (lambda _m: None)
     prices = Prices()

@@ -15,7 +15,7 @@ Algorithm of :func:`run_loop`, per domain of the paired data (:class:`~training.
    flag), outcomes are drawn, the day's log is written (``logs/<domain>/day-NN.parquet``).
    The exploration cost paid that day = the champion's expected net value per run without
    exploration minus with it, on the same arrivals.
-4. **Retrain**: the benefit model (:class:`training.benefit.BenefitModel`) on every logged run so
+4. **Retrain**: the benefit model (:class:`training.logbenefit.IPWBenefitModel`) on every logged run so
    far (inverse-propensity weighted) plus the prior rows; candidates = the learned policy routing
    on that model's uplift at each of ``thresholds`` (never de-escalating: ``p_frontier_down`` 0).
 5. **Promote by OPE**: every candidate and the champion are evaluated on the last
@@ -237,9 +237,9 @@ def _run_domain(
 
     from features.runlog import records_to_frame, write_frame
     from router.policy.config import build_policy
-    from training.benefit import rows_from_pairs
     from training.eval.loop_world import World, sim_backends, sim_config
     from training.eval.ope_eval import OPEError, evaluate_policies
+    from training.logbenefit import rows_from_pairs
 
     t_dom = time.perf_counter()
     world = World.from_log(

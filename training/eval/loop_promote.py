@@ -1,6 +1,6 @@
 """The learning loop's retraining and promotion steps (:mod:`training.eval.loop`).
 
-- :func:`benefit_predictor`: the benefit model (:class:`training.benefit.BenefitModel`) on a log's
+- :func:`benefit_predictor`: the benefit model (:class:`training.logbenefit.IPWBenefitModel`) on a log's
   inverse-propensity weighted rows plus the prior rows, wrapped as a predictor.
 - :func:`crossfit`: the task-grouped cross-fitted DR net value of each candidate (fold f's model
   is trained on the logs of the other folds' tasks and scored by OPE on the window's runs of fold
@@ -33,14 +33,14 @@ def read_days(files: list[Path]) -> Any:
 
 def benefit_predictor(log: Any, prior_rows: Any, bundle: Any, *, prices: Any, seed: int) -> tuple[Any, Any]:
     """The benefit predictor trained on ``log`` (IPW rows) plus the prior rows."""
-    from training.benefit import BenefitModel, BenefitPredictor, BenefitRows, rows_from_logs
     from training.eval.ope_replay import load_logged
+    from training.logbenefit import BenefitRows, IPWBenefitModel, IPWBenefitPredictor, rows_from_logs
 
     rows = BenefitRows.concat(
         [rows_from_logs(load_logged(log, prices))] + ([prior_rows] if prior_rows is not None else [])
     )
-    model = BenefitModel(seed=seed).fit(rows)
-    return BenefitPredictor(bundle, model), model
+    model = IPWBenefitModel(seed=seed).fit(rows)
+    return IPWBenefitPredictor(bundle, model), model
 
 
 def subset(log: Any, run_ids: set[str]) -> Any:

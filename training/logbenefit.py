@@ -1,9 +1,10 @@
 """The benefit-of-escalation model learned from the deployment's own logs (inverse-propensity
-weighted), with public paired data as a prior.
+weighted), with public paired data as a prior (the learning loop's model; issue 14's
+``models.benefit`` is the serving bundle's).
 
 Target, per step k of a run still on the local tier: ``P(success | stay local from k)`` and
 ``P(success | escalate at k)``; their difference times the value of success, minus the extra cost,
-is the benefit rule the learned policy routes on (this module's :class:`BenefitPredictor` exposes
+is the benefit rule the learned policy routes on (this module's :class:`IPWBenefitPredictor` exposes
 the difference as ``p_frontier``, so :class:`router.policy.learned.LearnedPolicy` applies
 ``benefit = p x value_of_success - extra cost`` to it unchanged).
 
@@ -20,7 +21,7 @@ Rows (:class:`BenefitRows`: features ``X``, arm 0 = stay / 1 = escalate, outcome
   (y = strong outcome; under an outcome variant with ``w < 1``, two rows: strong with weight
   ``w``, weak with ``1 - w``), each of weight ``prior_weight``.
 
-:class:`BenefitModel` fits one LightGBM classifier per arm on the rows (sample weights). Knobs:
+:class:`IPWBenefitModel` fits one LightGBM classifier per arm on the rows (sample weights). Knobs:
 ``prior_weight`` (weight of a prior row against a mean log row; the logs dominate as they grow),
 ``clip``, LightGBM ``n_estimators`` / ``num_leaves`` / ``min_child_samples``, ``seed``.
 
@@ -38,7 +39,7 @@ import numpy as np
 
 from models.types import Predictions
 
-__all__ = ["BenefitRows", "rows_from_logs", "rows_from_pairs", "BenefitModel", "BenefitPredictor"]
+__all__ = ["BenefitRows", "rows_from_logs", "rows_from_pairs", "IPWBenefitModel", "IPWBenefitPredictor"]
 
 
 @dataclass
@@ -160,7 +161,7 @@ def rows_from_pairs(
     )
 
 
-class BenefitModel:
+class IPWBenefitModel:
     """Two weighted LightGBM classifiers, one per arm (module docstring)."""
 
     def __init__(
@@ -171,7 +172,7 @@ class BenefitModel:
         self.min_child_samples = min_child_samples
         self.seed = seed
 
-    def fit(self, rows: BenefitRows) -> BenefitModel:
+    def fit(self, rows: BenefitRows) -> IPWBenefitModel:
         import lightgbm as lgb
 
         self.models_: dict[int, Any] = {}
@@ -211,11 +212,11 @@ class BenefitModel:
         return out[0], out[1]
 
 
-class BenefitPredictor:
+class IPWBenefitPredictor:
     """A :class:`models.predictor.Predictor`: ``base``'s predictions (cache reuse, remaining work)
     with ``p_frontier`` = ``P(success | escalate) - P(success | stay)`` clipped to [0, 1]."""
 
-    def __init__(self, base: Any, model: BenefitModel):
+    def __init__(self, base: Any, model: IPWBenefitModel):
         self.base = base
         self.model = model
         self.version = f"{model.version_}+{getattr(base, 'version', 'none')}"
