@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from router.policy.types import RunState  # noqa: E402
 from router.server.state import InProcessStore  # noqa: E402
-from router.server.state_redis import FallbackStore, RedisStore, StoreUnavailable, redis_url_from_env  # noqa: E402
+from router.server.state_fallback import FallbackStore  # noqa: E402
+from router.server.state_redis import RedisStore, StoreUnavailable, redis_url_from_env  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:

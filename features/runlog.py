@@ -4,7 +4,10 @@ Reading validates every row, vectorised over the table (fast enough for millions
 each bad row is reported with its file, row number (1-based; the line number for JSONL) and a
 reason. With ``strict=True`` any bad row raises :class:`RunLogError`. Otherwise bad rows are
 *quarantined*: written to a sibling ``<file>.rejected.jsonl`` (row, reason, the raw record) and
-counted in the result. Nothing is dropped silently.
+counted in the result. Nothing is dropped silently. A ``(run_id, step)`` that occurs twice is a bad
+row ("duplicate (run_id, step)") within one file and, in :func:`read_runlog`, across files too
+(each router process writes its own file, so a step two routers numbered alike shows only there);
+the first occurrence, in file order, is kept.
 
 Run records are *merged*, never quarantined as duplicates: a run's outcome arrives after its
 steps and may be corrected later (a second ``POST /v1/runs/{id}/end``, ``runroute label``), so a
@@ -76,6 +79,7 @@ class ReadResult:
     frame: pd.DataFrame
     bad_rows: list[BadRow] = field(default_factory=list)
     rejected_path: Path | None = None
+    rows: list[int] = field(default_factory=list)  # the file row of each frame row (1-based)
 
 
 @dataclass
@@ -395,24 +399,59 @@ def read_records(
         first = bad[0]
         raise RunLogError(f"{first} ({len(bad)} bad row(s) in all; strict mode)")
     good = df.drop(index=df.index[list(reasons)]) if reasons else df
+    rows = [rownum(int(i)) for i in good.index]
     good = good.drop(columns=[c for c in good.columns if c.startswith("__")]).reset_index(drop=True)
-    good = merge_runs(good)
-    rejected_path = None
-    if bad and quarantine:
-        rejected_path = p.with_name(p.name + ".rejected.jsonl")
-        payload = b"".join(
-            orjson.dumps({"file": b.path, "row": b.row, "reason": b.reason, "raw": b.raw}, default=str)
-            + b"\n"
-            for b in bad
-        )
-        _atomic_write(rejected_path, lambda tmp: Path(tmp).write_bytes(payload))
+    if len(good):
+        good["__row"] = rows
+        good = merge_runs(good)  # a run's several run records -> one (the last label wins)
+        rows = [int(r) for r in good.pop("__row").tolist()]
+    rejected_path = _quarantine(p, bad) if bad and quarantine else None
     # normalise types (JSONL rows come in as objects)
     for c in ("step", "prompt_tokens", "completion_tokens", "tool_results_n"):
         if c in good and len(good):
             good[c] = _num(good[c]).astype("Int64")
     if "schema_version" in good and len(good):
         good["schema_version"] = SCHEMA_VERSION
-    return ReadResult(frame=good, bad_rows=bad, rejected_path=rejected_path)
+    return ReadResult(frame=good, bad_rows=bad, rejected_path=rejected_path, rows=rows)
+
+
+def _quarantine(p: Path, bad: list[BadRow]) -> Path:
+    rejected_path = p.with_name(p.name + ".rejected.jsonl")
+    payload = b"".join(
+        orjson.dumps({"file": b.path, "row": b.row, "reason": b.reason, "raw": b.raw}, default=str) + b"\n"
+        for b in bad
+    )
+    _atomic_write(rejected_path, lambda tmp: Path(tmp).write_bytes(payload))
+    return rejected_path
+
+
+def _cross_file_duplicates(results: list[ReadResult], files: list[Path]) -> dict[int, list[BadRow]]:
+    """Step rows whose (run_id, step) an earlier file already holds (several router processes
+    each write their own file, so only a reader of all of them can see a step numbered twice).
+    Returns, per file index, the bad rows; they are removed from that file's frame."""
+    first: dict[tuple[Any, Any], tuple[int, int]] = {}
+    out: dict[int, list[BadRow]] = {}
+    for fi, res in enumerate(results):
+        f = res.frame
+        if not len(f) or "record" not in f:
+            continue
+        is_step = (f["record"] == "step").to_numpy()
+        rids, steps = f["run_id"].to_numpy(), f["step"].to_numpy()
+        drop = []
+        for i in np.flatnonzero(is_step):
+            key = (rids[i], int(steps[i]))
+            seen = first.get(key)
+            if seen is None:
+                first[key] = (fi, int(res.rows[i]) if i < len(res.rows) else int(i) + 1)
+            elif seen[0] != fi:  # within one file read_records already flagged it
+                row = int(res.rows[i]) if i < len(res.rows) else int(i) + 1
+                reason = f"duplicate (run_id, step) (first in {files[seen[0]]}:{seen[1]})"
+                out.setdefault(fi, []).append(BadRow(str(files[fi]), row, reason, _raw_row(f, int(i))))
+                drop.append(i)
+        if drop:
+            res.frame = f.drop(index=f.index[drop]).reset_index(drop=True)
+            res.rows = [r for j, r in enumerate(res.rows) if j not in set(drop)]
+    return out
 
 
 def read_runlog(
@@ -423,11 +462,18 @@ def read_runlog(
 ) -> RunLog:
     """Read one or more files (or directories of ``*.parquet``/``*.jsonl``) into a :class:`RunLog`."""
     files = list_runlog_files(paths)
+    results = [read_records(f, strict=strict, quarantine=False) for f in files]
+    dups = _cross_file_duplicates(results, files)
+    if dups and strict:
+        first = next(iter(dups.values()))[0]
+        raise RunLogError(f"{first} ({sum(len(v) for v in dups.values())} duplicate row(s); strict mode)")
     frames, bad = [], []
-    for f in files:
-        res = read_records(f, strict=strict, quarantine=quarantine)
+    for fi, (f, res) in enumerate(zip(files, results, strict=True)):
+        rows = sorted(res.bad_rows + dups.get(fi, []), key=lambda b: b.row)
+        if rows and quarantine:
+            res.rejected_path = _quarantine(f, rows)
         frames.append(res.frame)
-        bad.extend(res.bad_rows)
+        bad.extend(rows)
     df = (
         pd.concat([f for f in frames if len(f)], ignore_index=True)
         if any(len(f) for f in frames)

@@ -16,8 +16,8 @@ from features.runlog import records_to_frame
 from features.schema import Run, Step
 from router.core.runs import CacheReading, RunTrack
 from router.policy.types import Decision, Snapshot
+from router.server.backends import BackendPool
 from router.server.metrics_parse import read_vllm_metrics
-from router.server.proxy import Proxy
 from router.server.scrape import ReplicaStats
 from router.sim.arrivals import run_starts
 from router.sim.frontier import FrontierConfig
@@ -130,9 +130,8 @@ def test_simulator_pressure_matches_the_training_lru_replay_and_clips_at_one() -
 
 
 def _reader(kv_cache_tokens: int | None, stats: dict[str, ReplicaStats]):  # type: ignore[no-untyped-def]
-    """The sidecar's cache reader (:meth:`Proxy.cache_reading`) over hand-set scrape figures."""
-    proxy = SimpleNamespace(scraper=SimpleNamespace(stats=stats), kv_cache_tokens=kv_cache_tokens)
-    return lambda name: Proxy.cache_reading(proxy, name)  # type: ignore[arg-type]
+    """The sidecar's cache reader (:meth:`BackendPool.cache_reading`) over hand-set scrape figures."""
+    return BackendPool([], SimpleNamespace(stats=stats), kv_cache_tokens).cache_reading
 
 
 def _end_step(track: RunTrack, read, replica: str, tier: str, sent_at: float | None, own: int) -> None:  # type: ignore[no-untyped-def]

@@ -346,7 +346,7 @@ async def test_bad_bundle_refused_old_keeps_serving(tmp_path):
         assert (await c.post("/v1/chat/completions", json={"messages": MSGS})).status_code == 200
         assert 'runroute_bundle_reloads_total{result="refused"} 1.0' in (await c.get("/metrics")).text
     async with Harness(tmp_path) as c:
-        assert err(await c.post("/admin/reload")) == (503, "bundle_not_loaded")
+        assert err(await c.post("/admin/reload")) == (409, "no_bundle_source")
 
 
 def test_settings_refuse_frontier_without_key(tmp_path, monkeypatch):

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from router.policy.types import RunState
 from router.server.state import InProcessStore
-from router.server.state_redis import FallbackStore, RedisStore, StoreUnavailable
+from router.server.state_fallback import FallbackStore
+from router.server.state_redis import RedisStore, StoreUnavailable
 
 pytestmark = pytest.mark.redis
 

@@ -252,6 +252,9 @@ def summarize_files(
             + ", ".join(f"{f}.rejected.jsonl" for f in files)
             + f"; first: {log.bad_rows[0]}[/yellow]"
         )
+        dups = sum(1 for b in log.bad_rows if b.reason.startswith("duplicate (run_id, step)"))
+        if dups:
+            con.print(f"[red]{dups} duplicate (run_id, step) row(s): steps numbered twice[/red]")
     parts = [f for f in (log.runs, log.steps, log.arrivals, log.rates) if len(f)]
     if not parts:
         from features.runlog import RunLogError

@@ -36,6 +36,10 @@ logged about a decision, happens here, synchronously, in this order:
    step of an exploring run is charged to the exploration budget, and the run-log
    :class:`features.schema.Step` record (with the decision's propensity and explore flag) is
    returned (when asked for).
+9. **races and unserved starts** (adapters with a shared store): :meth:`StepEngine.adopt` when
+   another router pinned a new run first (the step moves to that pin, reason ``pin-race``);
+   :meth:`StepEngine.unserved_start` when a run's first step was not served (the run gives its
+   admission back, as if it never started: the client's retry is admitted afresh).
 
 Knobs (constructor): ``admission`` (an :class:`~router.core.admission.AdmissionGate`, None = no
 admission), ``traffic`` (a :class:`~router.core.traffic.TrafficModel`; the gate's when None),
@@ -422,6 +426,57 @@ class StepEngine:
             propensity=d.propensity,
             explore=d.explore,
         )
+
+    # ------------------------------------------------------------------ 9: races, unserved starts
+    def adopt(self, plan: StepPlan, run: RunState, winner: RunState) -> bool:
+        """Another router stored this new run's first pin before us (set-if-absent refused ours):
+        take ``winner``'s pin for this step. Returns True when this router's own admission slot
+        must be given back (the winner's router holds the run's slot)."""
+        give_back = run.admitted == "admit-local" and self.admission is not None
+        if give_back:
+            assert self.admission is not None
+            self.admission.released(run.run_id)
+        same = (winner.tier, winner.replica) == (run.tier, run.replica)
+        for f in (
+            "tier",
+            "replica",
+            "pinned_at_step",
+            "switches",
+            "last_switch_step",
+            "admitted",
+            "owner",
+            "explore_post",
+        ):
+            setattr(run, f, getattr(winner, f))
+        run.steps_seen = max(run.steps_seen, winner.steps_seen, plan.step + 1)
+        plan.admission = winner.admitted
+        if same or winner.replica is None:
+            return give_back
+        b = next((x for x in plan.snapshot.backends if x.name == winner.replica), None)
+        if b is None:
+            return give_back
+        plan.decision = Decision(tier=b.tier, backend=b.name, model=b.model, reason="pin-race")
+        if self.traffic is not None and plan.traffic_token is not None:
+            self.traffic.step_finished(plan.traffic_token, None, 0, 0, 0, False)
+            plan.traffic_token = self.traffic.step_started(
+                b.name if b.tier == "local" else None,
+                run.run_id,
+                plan.request.prompt_tokens,
+                plan.predictions.cache_reuse_tokens,
+                plan.predictions,
+            )
+        plan.cache_start = self._reading(b.name) if b.tier == "local" else None
+        return give_back
+
+    def unserved_start(self, plan: StepPlan, run: RunState) -> bool:
+        """A run's first step ended without being served: give its admission back (the next step
+        is a first step again). Returns True when the adapter must release a slot."""
+        if plan.admission is None or run.admitted is None:
+            return False
+        holds = self.run_ended(run)
+        run.admitted = None
+        plan.admission = None
+        return holds
 
     # ------------------------------------------------------------------ run end
     def run_ended(self, run: RunState) -> bool:

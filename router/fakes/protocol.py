@@ -134,13 +134,17 @@ def render_segments(messages: Sequence[Any], tools: Sequence[Any] | None = None)
         if not isinstance(m, dict):
             raise FakeRequestError(400, f"messages[{i}] must be an object")
         role = m.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise FakeRequestError(400, f"messages[{i}].role must be one of {sorted(_ROLES)}, got {role!r}")
         text = _content_text(m.get("content"))
         calls = m.get("tool_calls")
         if calls:
+            if not isinstance(calls, list):
+                raise FakeRequestError(400, f"messages[{i}].tool_calls must be a list")
             for c in calls:
-                fn = (c or {}).get("function") or {}
+                fn = c.get("function") if isinstance(c, dict) else None
+                if not isinstance(fn, dict):
+                    raise FakeRequestError(400, f"messages[{i}].tool_calls[].function must be an object")
                 text += (
                     '<tool_call>{"name":'
                     + orjson.dumps(fn.get("name", "")).decode()
@@ -187,13 +191,15 @@ def parse_request(raw: bytes, memo: TokenMemo | None = None) -> ParsedRequest:
     if not isinstance(tools, list):
         raise FakeRequestError(400, "'tools' must be a list")
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or not isinstance((t.get("function") or {}).get("name"), str):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise FakeRequestError(
                 400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}"
             )
     tool_choice = body.get("tool_choice")
     if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name")
+        fn = tool_choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
         if name not in {t["function"]["name"] for t in tools}:
             raise FakeRequestError(400, f"tool_choice names a tool not in 'tools': {name!r}")
     elif tool_choice not in (None, "none", "auto", "required"):

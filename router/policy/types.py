@@ -57,6 +57,7 @@ class RunState:
     admitted: str | None = None  # admission decision at the first step ("admit-local", "spill", ...)
     priority: str = "interactive"
     tenant: str | None = None
+    owner: str | None = None  # the client key (its id, never the key) that started the run
     # exploration (router.policy.explore): P(this run explores | its decisions so far); None: the
     # run started without an exploring policy
     explore_post: float | None = None

@@ -66,12 +66,22 @@ class _RouterApp(FastAPI):
 
     The hot path answers every error itself (OpenAI-style); an unexpected exception still becomes
     a 500 ``internal_error`` here. Measured: the stack's per-``send`` wrappers cost ~10 us per SSE
-    chunk and ~40 us per request on this machine type.
+    chunk and ~40 us per request on this machine type. Every HTTP request first passes the header
+    guard: more than ``max_headers`` headers or more than ``max_header_bytes`` of them answer 431
+    ``headers_too_large`` (uvicorn's httptools parser has no such limit of its own).
     """
 
     hot_path: Any = None
+    max_headers: int = 100
+    max_header_bytes: int = 64 * 1024
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            hdrs = scope["headers"]
+            if len(hdrs) > self.max_headers or sum(len(k) + len(v) for k, v in hdrs) > self.max_header_bytes:
+                msg = f"request headers exceed {self.max_headers} headers / {self.max_header_bytes} bytes"
+                await error_response(431, "headers_too_large", msg)(scope, receive, send)
+                return
         if (
             self.hot_path is not None
             and scope["type"] == "http"
@@ -144,6 +154,7 @@ def create_app(
         rotate_bytes=s.runlog.rotate_bytes,
         log_prompts=s.runlog.log_prompts,
         parquet=s.runlog.parquet,
+        durability=s.runlog.durability,
     )
     engine, admission = make_engine(s, st, scraper, backends, admission_budget_hook, clock, wall)
     proxy = Proxy(
@@ -191,8 +202,17 @@ def create_app(
             await asyncio.to_thread(writer.close)
             await st.close()
 
-    app = _RouterApp(title="runroute", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = _RouterApp(
+        title="runroute",
+        version="0.1.0",
+        description="Routing sidecar for agent runs (OpenAI-compatible); errors: router.server.errors",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
     app.hot_path = proxy.chat
+    app.max_headers, app.max_header_bytes = s.server.max_headers, s.server.max_header_bytes
     app.state.proxy = proxy
     app.state.holder = holder
     app.state.metrics = metrics

@@ -31,6 +31,16 @@ import orjson
 from features.tokens import content_chars, prompt_tokens, text_tokens
 from router.core.record import StepRequest
 from router.server.errors import ProxyError
+from router.server.validate import (
+    DEFAULT_MAX_DEPTH,
+    check_depth,
+    check_messages,
+    check_metadata,
+    check_object,
+    check_optional_str,
+    check_stream_options,
+    check_tools,
+)
 
 __all__ = ["ChatRequest", "Capture", "read_request", "rewrite_body", "tool_key", "AUTO_MODELS"]
 
@@ -50,17 +60,20 @@ class ChatRequest:
     strip_usage: bool  # the client did not ask for the usage chunk
 
 
-def read_request(raw: bytes, models: dict[str, str]) -> ChatRequest:
-    """Parse and validate; raises :class:`ProxyError` (4xx) for bad input."""
+def read_request(raw: bytes, models: dict[str, str], max_depth: int = DEFAULT_MAX_DEPTH) -> ChatRequest:
+    """Parse and validate (:mod:`router.server.validate` for every field the router reads);
+    raises :class:`ProxyError` (4xx) for bad input."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise ProxyError(400, "invalid_json", f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise ProxyError(422, "body_not_object", "request body must be a JSON object")
+    check_depth(raw, body, max_depth)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
         raise ProxyError(422, "invalid_messages", "'messages' must be a non-empty list of message objects")
+    check_messages(msgs)
     model = body.get("model", "auto")
     if not isinstance(model, str):
         raise ProxyError(422, "invalid_model", "'model' must be a string")
@@ -75,6 +88,11 @@ def read_request(raw: bytes, models: dict[str, str]) -> ChatRequest:
             f"model {requested!r} is not served here; use 'auto' or one of {sorted(models)}",
         )
     so = body.get("stream_options")
+    check_stream_options(so)
+    check_tools(body.get("tools"))
+    check_metadata(body.get("metadata"))
+    check_optional_str(body.get("user"), "user")
+    check_object(body.get("response_format"), "response_format")
     strip = stream and not (isinstance(so, dict) and so.get("include_usage") is True)
     return ChatRequest(raw, body, requested, stream, strip)
 
@@ -87,8 +105,8 @@ def _looks_error(c: Any) -> bool:
             p.get("text", "") for p in c[:4] if isinstance(p, dict) and isinstance(p.get("text"), str)
         )
         head = head[:200]
-    else:
-        head = str(c)[:200] if c is not None else ""
+    else:  # validated content is a string, a list or null: nothing else is stringified
+        head = ""
     head = head.lower()
     return any(w in head for w in _ERR_WORDS)
 

@@ -11,8 +11,14 @@ Algorithm, first match wins:
    share the id; two runs that open with byte-identical system prompt *and* first user message
    collide and are treated as one run (send ``X-Run-Id`` to separate them).
 
-Ids are limited to 200 printable characters; longer or unprintable ids are hashed the same way
-(``"h-" + sha256(id)[:20]``) so they are safe in logs, headers and URLs.
+Sanitising (:func:`clean_id`, every id from a header or the body): surrounding whitespace is
+stripped; every character outside the safe set :data:`SAFE` (ASCII letters, digits and
+``-._~:@!$&'()*+,;=%``) is percent-encoded as its UTF-8 bytes (``"中文-run"`` ->
+``"%E4%B8%AD%E6%96%87-run"``, ``"a/b"`` -> ``"a%2Fb"``), so an id is always a valid HTTP header
+value (``x-runroute-run-id``), one URL path segment and one log token. ``%`` itself is kept, so
+cleaning is idempotent: the id in ``x-runroute-run-id`` and its decoded form both find the run
+under ``/v1/runs/{id}`` (the endpoints clean the path parameter the same way). An id longer than
+:data:`MAX_ID_LEN` after encoding (or empty) is hashed: ``"h-" + sha256(id)[:20]``.
 """
 
 from __future__ import annotations
@@ -23,15 +29,23 @@ from typing import Any
 
 import orjson
 
-__all__ = ["run_id_for", "hash_opening", "MAX_ID_LEN"]
+__all__ = ["run_id_for", "hash_opening", "clean_id", "MAX_ID_LEN", "SAFE"]
 
 MAX_ID_LEN = 200
+SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~:@!$&'()*+,;=%")
 
 
-def _clean(rid: str) -> str:
-    if 0 < len(rid) <= MAX_ID_LEN and rid.isprintable() and "/" not in rid:
-        return rid
-    return "h-" + hashlib.sha256(rid.encode("utf-8", "replace")).hexdigest()[:20]
+def clean_id(rid: str) -> str:
+    """The header-, URL- and log-safe form of a run id (module docstring)."""
+    rid = rid.strip()
+    if rid and len(rid) <= MAX_ID_LEN and all(ch in SAFE for ch in rid):
+        return rid  # the common case: nothing to encode
+    out = "".join(
+        ch if ch in SAFE else "".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass")) for ch in rid
+    )
+    if 0 < len(out) <= MAX_ID_LEN:
+        return out
+    return "h-" + hashlib.sha256(rid.encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
 def hash_opening(messages: list[Any]) -> str:
@@ -52,13 +66,13 @@ def hash_opening(messages: list[Any]) -> str:
 def run_id_for(header_value: str | None, body: Mapping[str, Any]) -> tuple[str, str]:
     """Return ``(run_id, source)`` with source one of ``header``, ``metadata``, ``user``, ``hash``."""
     if header_value:
-        return _clean(header_value.strip()), "header"
+        return clean_id(header_value), "header"
     meta = body.get("metadata")
     if isinstance(meta, dict):
         rid = meta.get("run_id")
         if isinstance(rid, str) and rid:
-            return _clean(rid), "metadata"
+            return clean_id(rid), "metadata"
     user = body.get("user")
     if isinstance(user, str) and user:
-        return _clean(user), "user"
+        return clean_id(user), "user"
     return hash_opening(body.get("messages") or []), "hash"

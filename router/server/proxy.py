@@ -3,17 +3,21 @@
 Algorithm per request (the decisions are the step engine's, :mod:`router.core.engine`; this module
 does the I/O around it):
 
-1. Auth (optional bearer keys), body size limit (``Content-Length`` checked before reading, the
-   stream counted while reading), one ``orjson.loads`` and validation (:mod:`router.server.chat`).
-2. Run identity (:mod:`router.server.identity`) and the run's track (:class:`RunHistory`, bounded
-   by ``server.run_history_runs`` / ``run_history_steps``); under a per-run lock (so concurrent
-   steps of one run see each other's pin): the run's pin from the run-state store, the step the
-   engine sees (:func:`router.server.proto.step_request`), fresh backend states (scraped health,
-   running, waiting, KV usage + this router's in-flight counts), and for a new run the store's
-   active-run count; then ``engine.plan``. An admission slot claim the plan asks for goes to the
-   store's atomic counter (:class:`router.server.admission.LiveAdmission`) and back to the engine;
-   a rejected new run answers 429 ``run_rejected_overload`` with ``Retry-After`` and nothing is
-   stored; otherwise ``engine.commit`` and the pin is stored.
+1. Auth (:mod:`router.server.auth`: optional client keys), body size limit (``Content-Length``
+   checked before reading, the stream counted while reading), one ``orjson.loads`` and validation
+   of every field the router reads (:mod:`router.server.chat`, :mod:`router.server.validate`).
+2. Run identity (:mod:`router.server.identity`, header-safe ids) and the run's track
+   (:class:`RunHistory`, bounded by ``server.run_history_runs`` / ``run_history_steps``); under a
+   per-run lock (so concurrent steps of one run see each other's pin): the run's pin and its step
+   index from the run-state store in one atomic call (``begin_step``: the index is unique across
+   router replicas; a run owned by another key answers 404 ``run_not_found``), the step the engine
+   sees (:func:`router.server.proto.step_request`), fresh backend states (scraped health, running,
+   waiting, KV usage + this router's in-flight counts), and for a new run the store's active-run
+   count; then ``engine.plan``. An admission slot claim the plan asks for goes to the store's
+   atomic counter (:class:`router.server.admission.LiveAdmission`) and back to the engine; a
+   rejected new run answers 429 ``run_rejected_overload`` with ``Retry-After`` and nothing is
+   stored; otherwise ``engine.commit``, and the pin is stored (a new run's first pin with
+   set-if-absent: when another router pinned it first, ``engine.adopt`` moves the step there).
 3. Forward the client's bytes with only ``model`` rewritten (:func:`router.server.proto.rewrite_body`).
    Streaming: the first upstream chunk is awaited before the client's headers are sent (so a failure
    before the first byte can still fall back), then :class:`router.server.relay.SSERelay` relays it.
@@ -22,7 +26,15 @@ does the I/O around it):
    ``engine.fallback`` (reason ``fallback-<kind>``, pinned there); otherwise 502/503/504.
 5. Record: ``engine.finish`` with what the upstream reported (usage incl. cached tokens, tool calls,
    TTFT for streams, latency) -> the run's summary (``GET /v1/runs/{id}``), the run-log ``step``
-   record to the background writer (prompt text only with ``runlog.log_prompts``), metrics.
+   record to the background writer (prompt text only with ``runlog.log_prompts``), metrics. With
+   ``runlog.durability: ack`` the response completes only after the record is fsynced. A
+   non-streaming request whose client went away meanwhile is logged 499 ``client_cancelled``.
+
+Release is structural: once a step is committed, every exit (an answer, an upstream failure, a
+client disconnect, an exception anywhere, cancellation) goes through :meth:`Proxy._close`, once:
+the step is finished (an exception: 500 ``internal_error``; a cancellation: 499), the in-flight
+counts are given back (``try/finally``), and a run whose *first* step was not served gives back its
+admission slot (``engine.unserved_start``), so a failed start never holds a slot.
 
 Clocks are injected (``clock``: monotonic seconds for the engine; ``wall``: epoch seconds for the
 run log; ``perf``: latency), so tests drive time.
@@ -31,12 +43,10 @@ run log; ``perf``: latency), so tests drive time.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
-import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +57,11 @@ from starlette.responses import Response
 from router.core.engine import StepEngine, StepPlan
 from router.core.record import StepResult, step_entry
 from router.core.runs import CacheReading, RunTrack, RunTracker
-from router.policy.admission import PRIORITIES
 from router.policy.types import BackendState, RunState
 from router.server import chat as proto
+from router.server.answers import reject_error, step_headers
+from router.server.auth import Access
+from router.server.backends import Backend, BackendPool, priority_tenant, read_body, state_of
 from router.server.errors import ProxyError, error_response
 from router.server.identity import run_id_for
 from router.server.relay import SSERelay
@@ -60,23 +72,6 @@ __all__ = ["Backend", "RunHistory", "Proxy"]
 log = logging.getLogger("runroute.proxy")
 
 
-@dataclass
-class Backend:
-    """One upstream the router may send a step to, with its live in-flight count."""
-
-    name: str
-    tier: str
-    model: str
-    root: str
-    headers: dict[str, str]
-    state_template: BackendState
-    inflight: int = 0
-
-    @property
-    def chat_url(self) -> str:
-        return self.root + "/v1/chat/completions"
-
-
 @dataclass(slots=True)
 class RunHistory(RunTrack):
     """The engine's run track plus what the sidecar shows and locks per run."""
@@ -85,6 +80,7 @@ class RunHistory(RunTrack):
     entries: deque[dict[str, Any]] = field(default_factory=deque)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     ended: bool = False
+    owner: str | None = None
 
 
 @dataclass(slots=True)
@@ -100,6 +96,7 @@ class _Step:
     arrival_s: float
     capture: proto.Capture
     ttft_s: float | None = None
+    done: bool = False
 
 
 class Proxy:
@@ -132,17 +129,18 @@ class Proxy:
         self.writer = writer
         self.m = metrics
         self.clock, self.wall, self.perf = clock, wall, perf
-        self.backends = {b.name: b for b in backends}
+        local = getattr(settings, "local", None)
+        self.pool = BackendPool(backends, scraper, getattr(local, "kv_cache_tokens", None))
+        self.backends = self.pool.backends
         self.models = {b.model: b.tier for b in backends}
-        self.keys = settings.server.client_keys()
+        self.access = Access(settings.server)
         self.max_body = settings.server.max_body_bytes
+        self.max_depth = settings.server.max_json_depth
         self.tracker: RunTracker[RunHistory] = RunTracker(
             settings.server.run_history_runs,
             settings.server.run_history_steps,
             factory=RunHistory.new,  # type: ignore[arg-type]
         )
-        local = getattr(settings, "local", None)
-        self.kv_cache_tokens: int | None = getattr(local, "kv_cache_tokens", None)
         if engine.cache_reader is None:
             engine.cache_reader = self.cache_reading
 
@@ -151,104 +149,34 @@ class Proxy:
         return self.tracker.runs
 
     # ------------------------------------------------------------------ helpers
-    def check_auth(self, request: Request) -> None:
-        if not self.keys:
-            return
-        auth = request.headers.get("authorization", "")
-        token = auth[7:] if auth[:7].lower() == "bearer " else ""
-        if not token or not any(hmac.compare_digest(token, k) for k in self.keys):
-            raise ProxyError(401, "invalid_api_key", "missing or invalid API key (Authorization: Bearer ...)")
-
-    async def _read_body(self, request: Request) -> bytes:
-        cl = request.headers.get("content-length")
-        if cl is not None:
-            try:
-                n = int(cl)
-            except ValueError:
-                raise ProxyError(400, "invalid_json", "bad Content-Length") from None
-            if n > self.max_body:
-                raise ProxyError(
-                    413, "body_too_large", f"body of {n} bytes exceeds the limit of {self.max_body}"
-                )
-            return await request.body()
-        parts, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > self.max_body:
-                raise ProxyError(413, "body_too_large", f"body exceeds the limit of {self.max_body} bytes")
-            parts.append(chunk)
-        return b"".join(parts)
+    def check_auth(self, request: Request) -> str | None:
+        """The caller's key id (None without client keys); raises 401 (:mod:`router.server.auth`)."""
+        return self.access.client(request)
 
     def cache_reading(self, replica: str) -> CacheReading | None:
-        """A local replica's prefix-cache counter from the latest scrape (vLLM ``queries - hits``
-        in tokens; capacity ``local.kv_cache_tokens`` else the scraped ``cache_config_info``)."""
-        st = self.scraper.stats.get(replica) if self.scraper is not None else None
-        if st is None or not st.scraped:
-            return None
-        return CacheReading(st.computed_tokens, self.kv_cache_tokens or st.cache_tokens or None)
+        return self.pool.cache_reading(replica)
 
-    def backend_states(self) -> list[BackendState]:
-        """Fresh backend states: scraped health/load + this router's in-flight count."""
-        stats = self.scraper.stats if self.scraper is not None else {}
-        out = []
-        for b in self.backends.values():
-            t = b.state_template
-            st = stats.get(b.name)
-            out.append(
-                BackendState(
-                    name=b.name,
-                    tier=t.tier,
-                    model=t.model,
-                    healthy=st.healthy if st is not None else t.healthy,
-                    max_context=t.max_context,
-                    running=(int(st.running) if st is not None else 0) + b.inflight,
-                    waiting=int(st.waiting) if st is not None else 0,
-                    kv_usage=st.kv_usage if st is not None else 0.0,
-                    price_in_per_m=t.price_in_per_m,
-                    price_cached_in_per_m=t.price_cached_in_per_m,
-                    price_out_per_m=t.price_out_per_m,
-                    prefill_s_per_token=t.prefill_s_per_token,
-                    ttft_base_s=t.ttft_base_s,
-                    gpu_usd_per_hour=t.gpu_usd_per_hour,
-                )
-            )
-        return out
-
-    def _state_of(self, plan: StepPlan, name: str) -> BackendState | None:
-        for b in plan.snapshot.backends:
-            if b.name == name:
-                return b
-        return None
-
-    def _priority_tenant(self, request: Request, body: dict[str, Any]) -> tuple[str, str | None]:
-        a = self.s.admission
-        raw = request.headers.get(a.priority_header)
-        prio = a.default_priority if raw is None else raw.strip().lower()
-        if prio not in PRIORITIES:
-            prio = "batch"  # unknown classes shed first
-        tenant = request.headers.get(a.tenant_header)
-        if tenant is None:
-            meta = body.get("metadata")
-            t = meta.get("tenant") if isinstance(meta, dict) else None
-            tenant = t if isinstance(t, str) and t else None
-        return prio, tenant
+    def backend_states(self, neutral: bool = False) -> list[BackendState]:
+        return self.pool.states(neutral)
 
     # ------------------------------------------------------------------ endpoint
     async def chat(self, request: Request) -> Response:
         t0 = self.perf()
         arrival = self.wall()
         try:
-            self.check_auth(request)
+            owner = self.check_auth(request)
             try:
-                raw = await self._read_body(request)
+                raw = await read_body(request, self.max_body)
             except ClientDisconnect:
                 return Response(status_code=499)
-            req = proto.read_request(raw, self.models)
-            return await self._route(request, req, t0, arrival)
+            req = proto.read_request(raw, self.models, self.max_depth)
+            return await self._route(request, req, t0, arrival, owner)
         except ProxyError as e:
             return error_response(e.status, e.code, e.message, e.headers)
 
-    async def _route(self, request: Request, req: proto.ChatRequest, t0: float, arrival: float) -> Response:
+    async def _route(
+        self, request: Request, req: proto.ChatRequest, t0: float, arrival: float, owner: str | None
+    ) -> Response:
         body = req.body
         run_id, id_source = run_id_for(request.headers.get("x-run-id"), body)
         serving = self.holder.current
@@ -259,14 +187,49 @@ class Proxy:
         if created:
             hist.id_source = id_source
             hist.entries = deque(maxlen=self.tracker.max_steps)
-        engine = self.engine
+            hist.owner = owner
         # one decision at a time per run (get -> decide -> put), so concurrent steps of a run,
         # even with a remote store, see each other's pin
         async with hist.lock:
-            run = await self.store.get(run_id) or RunState(run_id=run_id)
-            if run.admitted == "ended":  # the run id was ended before: a new run
-                run = RunState(run_id=run_id, steps_seen=run.steps_seen)
-            prio, tenant = self._priority_tenant(request, body)
+            ctx = await self._decide(request, req, hist, serving, now, t0, arrival, owner)
+        self.m.child(self.m.decisions, ctx.plan.decision.tier, ctx.plan.decision.reason).inc()
+        try:
+            return await self._forward(ctx, request)
+        except BaseException as e:  # every exit of a committed step closes it, once
+            cancelled = isinstance(e, (asyncio.CancelledError, ClientDisconnect))
+            await self._close(
+                ctx, 499 if cancelled else 500, "client_cancelled" if cancelled else "internal_error"
+            )
+            raise
+
+    async def _decide(
+        self,
+        request: Request,
+        req: proto.ChatRequest,
+        hist: RunHistory,
+        serving: Any,
+        now: float,
+        t0: float,
+        arrival: float,
+        owner: str | None,
+    ) -> _Step:
+        """Under the run's lock: pin + step index, plan, admission, commit, store (module doc, 2)."""
+        engine, body, run_id = self.engine, req.body, hist.run_id
+        pin, index = await self.store.begin_step(run_id, hist.next_step)
+        if pin is not None and pin.admitted != "ended" and not self.access.owns(pin.owner, owner):
+            await self.store.unstep(run_id, index)  # another key's run: as if it did not exist
+            raise ProxyError(404, "run_not_found", f"run {run_id!r} is not known to this router")
+        first = pin is None or pin.admitted == "ended"  # a new run: admitted afresh
+        if pin is None:
+            run = RunState(run_id=run_id, owner=owner)
+        elif pin.admitted == "ended":  # the run id was ended before: a new run
+            run = RunState(run_id=run_id, steps_seen=pin.steps_seen, owner=owner)
+        else:
+            run = pin
+        run.steps_seen = max(run.steps_seen, index)  # the store's index: the engine claims it
+        claimed = False
+        try:
+            prio, tenant = priority_tenant(self.s.admission, request, body)
             # the estimate builds on the previous step's counts only when this router saw it
             fresh = hist.base.steps and hist.next_step >= run.steps_seen
             sreq = proto.step_request(req, hist.last_tokens if fresh else None, priority=prio, tenant=tenant)
@@ -276,62 +239,62 @@ class Proxy:
                 run,
                 hist,
                 sreq,
-                self.backend_states(),
+                self.backend_states(neutral=first and getattr(self.store, "degraded", False)),
                 now=now,
                 policy=serving.policy,
                 predictor=serving.predictor,
                 active_local_runs=active,
             )
             if plan.claim_limit is not None:
-                engine.claimed(plan, run, hist, await adm.claim(plan.claim_limit))
+                claimed = await adm.claim(plan.claim_limit)
+                engine.claimed(plan, run, hist, claimed)
             elif plan.late_local:
                 await adm.claim_unlimited()
+                claimed = True
                 engine.late_local_claimed(plan, run)
             if plan.admission_decision is not None:
                 ad = plan.admission_decision
                 verdict = "reject" if plan.rejected else ad.verdict
                 self.m.child(self.m.admission, verdict, prio, ad.reason).inc()
-            if plan.rejected:
-                self._reject(plan, run)
+            if plan.rejected:  # nothing is stored; the index goes back: the retry is again step 0
+                self.m.child(self.m.requests, "none", "429").inc()
+                await self.store.unstep(run_id, plan.step)
+                raise reject_error(plan, run.run_id, self.s.admission)
             decision = plan.decision
             backend = self.backends.get(decision.backend)
             if backend is not None and not any(b.healthy for b in plan.snapshot.backends):
                 backend = None  # every backend is marked down: answer at once instead of timing out
-            if backend is None:
-                engine.commit(plan, run, hist, None)
+        except BaseException:
+            if claimed:  # claimed but never committed: the slot goes back at once
+                await self._give_back(run, engine.run_ended(run))
+            raise
+        if backend is None:
+            engine.commit(plan, run, hist, None)
+            none = Backend("", decision.tier, "", "", {}, BackendState("", "local", ""))
+            ctx = _Step(plan, run, hist, none, req, t0, arrival, proto.Capture())
+            try:
                 await self.store.put(run)
-                none = Backend("", decision.tier, "", "", {}, BackendState("", "local", ""))
-                ctx = _Step(plan, run, hist, none, req, t0, arrival, proto.Capture())
-                self._finish(ctx, 503, "no_healthy_backend")
-                raise ProxyError(
-                    503, "no_healthy_backend", f"no healthy backend available ({decision.reason})"
-                )
-            engine.commit(plan, run, hist, self._state_of(plan, backend.name))
-            if plan.flapped:
-                self.m.flaps.inc()
-            await self.store.put(run)
-        self.m.child(self.m.decisions, decision.tier, decision.reason).inc()
+            finally:
+                await self._close(ctx, 503, "no_healthy_backend", locked=True)
+            raise ProxyError(503, "no_healthy_backend", f"no healthy backend available ({decision.reason})")
+        engine.commit(plan, run, hist, state_of(plan.snapshot.backends, backend.name))
         ctx = _Step(plan, run, hist, backend, req, t0, arrival, proto.Capture(strip_usage=req.strip_usage))
-        return await self._forward(ctx)
-
-    def _reject(self, plan: StepPlan, run: RunState) -> None:
-        ad = plan.admission_decision
-        assert ad is not None
-        retry = max(1, math.ceil(plan.retry_after_s or self.s.admission.retry_after_min_s))
-        self.m.child(self.m.requests, "none", "429").inc()
-        raise ProxyError(
-            429,
-            "run_rejected_overload",
-            f"new run refused: the local tier is at capacity ({ad.reason}, predicted short step "
-            f"{ad.predicted_short_step_s:.2f}s vs SLO {self.s.admission.slo_short_step_s:g}s); "
-            f"retry after {retry}s",
-            {
-                "retry-after": str(retry),
-                "x-runroute-run-id": run.run_id,
-                "x-runroute-reason": plan.decision.reason,
-                "x-runroute-admission": "reject",
-            },
-        )
+        try:
+            if pin is None:  # a new run's first pin: set-if-absent, so two routers agree on one
+                winner = await self.store.claim(run)
+                if winner is not None:  # another router pinned this new run first: adopt its pin
+                    if engine.adopt(plan, run, winner):
+                        await self._give_back(None, True)
+                    ctx.backend = self.backends.get(plan.decision.backend, backend)
+                    await self.store.put(run)
+            else:
+                await self.store.put(run)
+        except BaseException:
+            await self._close(ctx, 500, "internal_error", locked=True)
+            raise
+        if plan.flapped:
+            self.m.flaps.inc()
+        return ctx
 
     async def _call(self, ctx: _Step) -> tuple[Any, Any, bytes | None]:
         """Send to ctx.backend. Returns (response, chunk iterator, first chunk) or raises UpstreamError.
@@ -354,7 +317,7 @@ class Proxy:
         ctx.ttft_s = self.perf() - ctx.t0
         return resp, it, first
 
-    async def _forward(self, ctx: _Step) -> Response:
+    async def _forward(self, ctx: _Step, request: Request) -> Response:
         allow_fb = self.s.fallback.enabled and (
             ctx.req.requested is None or self.s.fallback.on_requested_model
         )
@@ -387,7 +350,7 @@ class Proxy:
                     "connect": (502, "upstream_unreachable"),
                 }.get(kind, (502, "upstream_error"))
                 detail = f" (upstream status {resp.status})" if resp is not None else ""
-                self._finish(ctx, status, code)
+                await self._close(ctx, status, code)
                 return error_response(
                     status, code, f"{b.tier} upstream {b.name} failed: {kind}{detail}", self._headers(ctx)
                 )
@@ -412,7 +375,10 @@ class Proxy:
             data = first or b""
             if resp.status == 200:
                 ctx.capture.json(data)
-            self._finish(ctx, resp.status, None if resp.status < 400 else f"upstream_{resp.status}")
+            if await request.is_disconnected():  # nobody got the answer: logged as cancelled
+                await self._close(ctx, 499, "client_cancelled")
+            else:
+                await self._close(ctx, resp.status, None if resp.status < 400 else f"upstream_{resp.status}")
             return Response(
                 data,
                 status_code=resp.status,
@@ -440,22 +406,42 @@ class Proxy:
         )
 
     def _headers(self, ctx: _Step) -> dict[str, str]:
-        p = ctx.plan
-        h = {
-            "x-runroute-run-id": ctx.run.run_id,
-            "x-runroute-tier": ctx.backend.tier,
-            "x-runroute-replica": ctx.backend.name,
-            "x-runroute-reason": p.decision.reason,
-            "x-runroute-step": str(p.step),
-        }
-        if p.fallback_from:
-            h["x-runroute-fallback-from"] = p.fallback_from
-        if p.admission in ("admit-local", "spill"):
-            h["x-runroute-admission"] = p.admission
-        return h
+        return step_headers(ctx.plan, ctx.run.run_id, ctx.backend.tier, ctx.backend.name)
 
     # ------------------------------------------------------------------ record
-    def _finish(self, ctx: _Step, status: int, error_code: str | None) -> None:
+    async def _close(self, ctx: _Step, status: int, error_code: str | None, locked: bool = False) -> None:
+        """Finish the step (once) and await what must happen before the answer completes."""
+        after = self._finish(ctx, status, error_code, locked)
+        if after is not None:
+            await after
+
+    async def _give_back(self, run: RunState | None, holds: bool, lock: asyncio.Lock | None = None) -> None:
+        """Release an admission slot (``holds``) and store ``run`` (when given), under ``lock``."""
+        if lock is not None:
+            async with lock:
+                return await self._give_back(run, holds)
+        if holds and self.admission is not None:
+            await self.admission.release(run, True)
+        if run is not None:
+            await self.store.put(run)
+
+    async def _after(self, give: Awaitable[None] | None, durable: Any) -> None:
+        if give is not None:
+            await give
+        if durable is not None:
+            try:
+                await durable
+            except Exception as e:  # noqa: BLE001 - the answer still goes out; the loss is logged
+                log.error("run log: step record not durable: %s", e)
+
+    def _finish(
+        self, ctx: _Step, status: int, error_code: str | None, locked: bool = False
+    ) -> Awaitable[None] | None:
+        """Record the step (once: later calls are no-ops); returns the work the answer waits for
+        (an unserved first step's give-back, the record's fsync with ``durability: ack``)."""
+        if ctx.done:
+            return None
+        ctx.done = True
         latency = self.perf() - ctx.t0
         prompt, cached, completion = ctx.capture.counts()
         names, keys = ctx.capture.tools()
@@ -482,11 +468,16 @@ class Proxy:
             arrival_s=ctx.arrival_s,
         )
         ctx.hist.entries.append(step_entry(rec, ctx.plan.fallback_from, ctx.plan.decision.switched))
+        durable = None
         if self.writer is not None:
             out = dict(rec.__dict__)
             if self.s.runlog.log_prompts:
                 out["prompt_text"] = orjson.dumps(ctx.req.body.get("messages")).decode()
-            self.writer.submit(out)
+            durable = self.writer.submit(out)
+        give = None
+        if status != 200 and ctx.plan.admission is not None:  # a first step not served
+            holds = self.engine.unserved_start(ctx.plan, ctx.run)
+            give = self._give_back(ctx.run, holds, None if locked else ctx.hist.lock)
         m = self.m
         tier = b.tier or "none"
         m.child(m.requests, tier, str(status)).inc()
@@ -499,3 +490,6 @@ class Proxy:
             m.child(m.slo_steps, "yes" if latency <= self.s.slo.step_latency_s else "no").inc()
         if ctx.ttft_s is not None:
             m.child(m.ttft, tier).observe(ctx.ttft_s)
+        if give is None and durable is None:
+            return None
+        return self._after(give, durable)

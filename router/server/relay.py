@@ -7,14 +7,16 @@ parsed when they mention ``usage`` or ``tool_calls`` (the protocol's ``capture.e
 or drop them, e.g. the usage chunk the client did not ask for). A task watches the client
 connection: a disconnect aborts the upstream request and the step ends as cancelled (499). An
 upstream failure mid-stream sends one error event (502 ``upstream_stream_error``). ``finish`` is
-called exactly once, on every exit path, with the final status and error code.
+called exactly once, on every exit path (the whole body of ``__call__`` is one ``try``), with the
+final status and error code; what it returns (the record's fsync, a give-back) is awaited before
+the stream's last, empty body chunk goes out, or run as a task when the relay was cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.responses import Response
@@ -23,6 +25,8 @@ from router.server.errors import error_body
 from router.server.upstream import UpstreamError
 
 __all__ = ["SSERelay"]
+
+_BACKGROUND: set[asyncio.Future[Any]] = set()  # give-backs of cancelled relays, until they finish
 
 
 class SSERelay(Response):
@@ -35,7 +39,7 @@ class SSERelay(Response):
         first: bytes,
         headers: dict[str, str],
         event: Callable[[bytes], bytes | None],
-        finish: Callable[[int, str | None], None],
+        finish: Callable[[int, str | None], Awaitable[None] | None],
         *,
         on_stream_error: Callable[[], None] | None = None,
         label: str = "upstream",
@@ -55,10 +59,18 @@ class SSERelay(Response):
         self._tail = b""
         self._finished = False
 
-    def _done(self, status: int, code: str | None) -> None:
-        if not self._finished:
-            self._finished = True
-            self.finish(status, code)
+    def _done(self, status: int, code: str | None) -> Awaitable[None] | None:
+        if self._finished:
+            return None
+        self._finished = True
+        return self.finish(status, code)
+
+    def _done_later(self, status: int, code: str | None) -> None:
+        after = self._done(status, code)
+        if after is not None:
+            fut = asyncio.ensure_future(after)
+            _BACKGROUND.add(fut)
+            fut.add_done_callback(_BACKGROUND.discard)
 
     def _filter(self, chunk: bytes) -> bytes:
         buf = self._tail + chunk if self._tail else chunk
@@ -93,11 +105,14 @@ class SSERelay(Response):
                     self.resp.close()
                     return
 
-        watcher = asyncio.ensure_future(watch())
+        watcher: asyncio.Future[None] | None = None
         status, code = 200, None
-        if self.inflight is not None:
-            self.inflight(1)
+        counted = False
         try:
+            watcher = asyncio.ensure_future(watch())
+            if self.inflight is not None:
+                self.inflight(1)
+                counted = True
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
@@ -127,22 +142,26 @@ class SSERelay(Response):
                     self._tail = b""
             if disconnected:
                 status, code = 499, "client_cancelled"
-            else:
+            after = self._done(status, code)
+            if after is not None:
+                await after
+            if not disconnected:
                 await send({"type": "http.response.body", "body": self._tail, "more_body": False})
         except (OSError, asyncio.CancelledError) as e:
             status, code = 499, "client_cancelled"
             self.resp.close()
             if isinstance(e, asyncio.CancelledError):
-                self._done(status, code)
+                self._done_later(status, code)
                 raise
         except BaseException:
             status, code = 502, "relay_error"
-            self._done(status, code)
+            self._done_later(status, code)
             raise
         finally:
-            if self.inflight is not None:
+            if counted and self.inflight is not None:
                 self.inflight(-1)
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
             with contextlib.suppress(Exception):
                 self.resp.close()
-        self._done(status, code)
+        self._done_later(status, code)

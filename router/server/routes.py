@@ -6,8 +6,13 @@ scrape), ``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for 
 minutes, the replica count that holds the SLO at that forecast, expected spill and reject shares),
 ``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end`` (logs the run's outcome, gives back its
 admission slot and leaves an ``ended`` tombstone in the store for ``store.ttl_s``; a repeated end
-updates the outcome: the run-log reader keeps the last label), ``POST /admin/reload``.
-Every error is the OpenAI error shape with a code (:mod:`router.server.errors`).
+updates the outcome: the run-log reader keeps the last label), ``POST /admin/reload``,
+``GET /openapi.json`` (:mod:`router.server.openapi`). Every error is the OpenAI error shape with a
+code (:mod:`router.server.errors`). Access (:mod:`router.server.auth`): ``/v1/*`` needs a client
+key when keys are configured and a run answers only the key that started it (404 otherwise);
+``/admin/*`` needs an admin key; ``/metrics`` a metrics key when configured. A run id in a path is
+cleaned like a request's (:func:`router.server.identity.clean_id`), so the header value and its
+decoded form both find the run.
 """
 
 from __future__ import annotations
@@ -23,11 +28,19 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from router.core.engine import StepEngine
 from router.policy.types import RunState
 from router.server.errors import ProxyError, error_response
+from router.server.identity import clean_id
+from router.server.openapi import (
+    ChatCompletionRequest,
+    ErrorBody,
+    RunEndRequest,
+    error_responses,
+    install_openapi,
+    request_body,
+)
 from router.server.proxy import Backend, Proxy
 from router.server.upstream import UpstreamError
 
@@ -61,8 +74,25 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
     scraper, st, admission, up = parts.scraper, parts.store, parts.admission, parts.upstream
     backends, engine, wall = parts.backends, parts.engine, parts.wall
 
-    # also routed normally (so the route table is complete); _RouterApp short-cuts it
-    app.router.routes.append(Route("/v1/chat/completions", proxy.chat, methods=["POST"]))
+    access = proxy.access
+
+    # also routed normally (so the route table and /openapi.json are complete); _RouterApp
+    # short-cuts it before routing, so FastAPI never parses the body
+    async def chat_completions(request: Request) -> Response:
+        return await proxy.chat(request)
+
+    app.add_api_route(
+        "/v1/chat/completions",
+        chat_completions,
+        methods=["POST"],
+        summary="OpenAI chat completions, routed (model 'auto')",
+        openapi_extra=request_body(ChatCompletionRequest),
+        responses={
+            200: {"description": "the upstream's answer (JSON, or SSE with stream: true)"},
+            **error_responses(400, 401, 404, 413, 422, 429, 431, 502, 503, 504),
+        },
+    )
+    install_openapi(app, (ChatCompletionRequest, RunEndRequest, ErrorBody))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_exc(request: Request, exc: StarletteHTTPException) -> Response:
@@ -76,7 +106,17 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             return error_response(e.status, e.code, e.message)
         return None
 
-    @app.get("/v1/models")
+    def check(rule: Callable[[Request], Any], request: Request) -> Response | None:
+        try:
+            rule(request)
+        except ProxyError as e:
+            return error_response(e.status, e.code, e.message)
+        return None
+
+    def not_found(run_id: str) -> Response:
+        return error_response(404, "run_not_found", f"run {run_id!r} is not known to this router")
+
+    @app.get("/v1/models", responses=error_responses(401))
     async def models(request: Request) -> Response:
         if (r := guarded(request)) is not None:
             return r
@@ -119,8 +159,10 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         }
         return json_response(body, 200 if body["ready"] else 503)
 
-    @app.get("/metrics")
-    async def prom() -> Response:
+    @app.get("/metrics", responses=error_responses(401))
+    async def prom(request: Request) -> Response:
+        if (r := check(access.metrics, request)) is not None:
+            return r
         for b in backends:
             metrics.inflight.labels(b.name).set(b.inflight)
         for name, stt in scraper.stats.items():
@@ -137,7 +179,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
 
     _overflow_seen = [0]
 
-    @app.get("/v1/capacity")
+    @app.get("/v1/capacity", responses=error_responses(401, 404))
     async def capacity(request: Request) -> Response:
         if (r := guarded(request)) is not None:
             return r
@@ -147,14 +189,19 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         metrics.set_capacity(cap)
         return json_response(cap)
 
-    @app.get("/v1/runs/{run_id}")
+    @app.get("/v1/runs/{run_id}", responses=error_responses(401, 404))
     async def get_run(run_id: str, request: Request) -> Response:
-        if (r := guarded(request)) is not None:
-            return r
+        try:
+            caller = proxy.check_auth(request)
+        except ProxyError as e:
+            return error_response(e.status, e.code, e.message)
+        run_id = clean_id(run_id)
         h = proxy.runs.get(run_id)
         if h is None:
-            return error_response(404, "run_not_found", f"run {run_id!r} is not known to this router")
+            return not_found(run_id)
         state = await st.get(run_id)
+        if not access.owns(state.owner if state is not None else h.owner, caller):
+            return not_found(run_id)
         entries = list(h.entries)
         return json_response(
             {
@@ -175,18 +222,28 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             }
         )
 
-    @app.post("/v1/runs/{run_id}/end")
+    @app.post(
+        "/v1/runs/{run_id}/end",
+        responses=error_responses(400, 401, 404, 422),
+        openapi_extra=request_body(RunEndRequest, required=False),
+    )
     async def end_run(run_id: str, request: Request) -> Response:
-        if (r := guarded(request)) is not None:
-            return r
-        # A repeated end (or one for a run this router never served, whose tombstone is in the
+        # A repeated end (or one for a run this router never served, whose state is in the shared
         # store) updates the run's outcome: another run record is logged, and the run-log reader
         # merges a run's records so that the last label wins (features.runmerge). A record
         # without an outcome (the client gave none) leaves an earlier label alone.
+        try:
+            caller = proxy.check_auth(request)
+        except ProxyError as e:
+            return error_response(e.status, e.code, e.message)
+        run_id = clean_id(run_id)
         h = proxy.runs.get(run_id)
         state = await st.get(run_id)
+        owner = state.owner if state is not None else (h.owner if h is not None else None)
+        if not access.owns(owner, caller):
+            return not_found(run_id)
         if h is None and state is None:
-            return error_response(404, "run_not_found", f"run {run_id!r} is not known to this router")
+            return not_found(run_id)
         raw = await request.body()
         try:
             body = orjson.loads(raw) if raw.strip() else {}
@@ -201,17 +258,17 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
             return error_response(422, "invalid_reward", "'reward' must be a number")
         label = {} if outcome is None else {"outcome": outcome, "reward": reward}
+        rec = {"record": "run", "run_id": run_id, "source": "runroute", **label}
         if h is None:
             assert state is not None
             n_steps = state.steps_seen
-            writer.submit({"record": "run", "run_id": run_id, "source": "runroute", **label})
+            writer.submit(rec)
         else:
             entries = list(h.entries)
             n_steps = len(entries)
             started = entries[0]["arrival_s"] if entries else None
             ended = wall()
             first = {"started_at": started, "ended_at": max(ended, started or ended), "n_steps": n_steps}
-            rec = {"record": "run", "run_id": run_id, "source": "runroute", **label}
             writer.submit(rec if h.ended else {**rec, **first})
             h.ended = True
         if state is not None and state.admitted != "ended":
@@ -220,18 +277,20 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             holds = engine.run_ended(state)
             if admission is not None:
                 await admission.release(state, holds)
-            await st.put(RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen))
+            await st.put(
+                RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen, owner=state.owner)
+            )
         return json_response(
             {"run_id": run_id, "ended": True, "n_steps": n_steps, "outcome": outcome or "unknown"}
         )
 
-    @app.post("/admin/reload")
+    @app.post("/admin/reload", responses=error_responses(401, 403, 409))
     async def reload(request: Request) -> Response:
-        if (r := guarded(request)) is not None:
+        if (r := check(access.admin, request)) is not None:
             return r
         if not holder.has_source:
             return error_response(
-                503, "bundle_not_loaded", "no bundle source configured (bundle.path / mlflow_uri)"
+                409, "no_bundle_source", "no bundle source configured (bundle.path / mlflow_uri)"
             )
         try:
             serving = await holder.reload()

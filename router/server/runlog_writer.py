@@ -24,11 +24,26 @@ Algorithm:
   JSONL left behind by a crash stays readable by ``read_runlog`` (which accepts JSONL) and is
   rolled by the next writer started on the same directory (:meth:`roll_leftovers`).
 
-Knobs: ``directory``, ``flush_s``, ``queue_max``, ``rotate_bytes``, ``log_prompts``, ``parquet``.
+Durability (``durability``):
+
+- ``batched`` (the default, above): ``submit`` returns None at once; a SIGKILL loses at most the
+  records submitted in the last ``flush_s`` seconds (the thread writes every ``flush_s / 2`` and
+  fsyncs right after writing).
+- ``ack``: ``submit`` (called on the event loop) also returns an ``asyncio.Future`` that resolves
+  once the record is fsynced; the sidecar completes a step's response only after it, so an
+  acknowledged step is never lost. Group commit: ``submit`` wakes the writer thread, which drains
+  every queued record, writes them, fsyncs once and resolves all their futures in one
+  ``call_soon_threadsafe``; records arriving during an fsync go in the next group, so one fsync
+  covers many steps under load. The queue is not bounded in this mode (each waiting response
+  bounds it); a write or fsync error fails the futures (the response still goes out, logged).
+
+Knobs: ``directory``, ``durability``, ``flush_s``, ``queue_max``, ``rotate_bytes``, ``log_prompts``,
+``parquet``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -56,9 +71,21 @@ class RunLogWriter:
         rotate_bytes: int = 64 * 1024 * 1024,
         log_prompts: bool = False,
         parquet: bool = True,
+        durability: str = "batched",
     ):
         if not 0 < flush_s <= 1.0:
             raise ValueError("flush_s must be in (0, 1]")
+        if durability not in ("batched", "ack"):
+            raise ValueError("durability must be 'batched' or 'ack'")
+        self.durability = durability
+        self._ack = durability == "ack"
+        self._wake = threading.Event()
+        self._seq = 0  # records submitted to _q (event-loop thread)
+        self._drained = 0  # records taken from _q (writer thread)
+        self._acks: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.syncs = 0
+        self._last_acked = 0
         self.dir = Path(directory)
         self.flush_s = flush_s
         self.rotate_bytes = rotate_bytes
@@ -80,14 +107,24 @@ class RunLogWriter:
         self.path: Path | None = None
 
     # ------------------------------------------------------------------ request path
-    def submit(self, record: dict[str, Any]) -> None:
-        """Hand one record to the writer; never blocks, never drops (see module doc)."""
+    def submit(self, record: dict[str, Any]) -> asyncio.Future[None] | None:
+        """Hand one record to the writer; never blocks, never drops (see module doc). With
+        ``durability: ack`` returns a future that resolves when the record is fsynced."""
+        if self._ack:
+            loop = self._loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            self._seq += 1
+            self._acks.append((self._seq, fut))
+            self._q.append(record)
+            self._wake.set()
+            return fut
         if len(self._q) < self.queue_max:
             self._q.append(record)
         else:
             with self._lock:
                 self._overflow.append(record)
                 self.overflowed += 1
+        return None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> RunLogWriter:
@@ -100,11 +137,13 @@ class RunLogWriter:
     def close(self, timeout_s: float = 10.0) -> None:
         """Drain everything, fsync, roll the file into Parquet."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
         self._drain()
         self._sync()
+        self._acked(None)
         self._roll()
 
     def roll_leftovers(self) -> list[Path]:
@@ -126,15 +165,55 @@ class RunLogWriter:
         self._dirty = False
 
     def _run(self) -> None:
+        if self._ack:
+            while not self._stop.is_set():
+                self._wake.wait(self.flush_s / 2)
+                self._wake.clear()
+                self._group()
+            return
         while not self._stop.wait(self.flush_s / 2):
             self._drain()
             if self._dirty:
                 self._sync()
 
+    def _group(self) -> None:
+        """One group commit: drain, write, fsync once, resolve every record's future."""
+        err: BaseException | None = None
+        try:
+            self._drain()
+            self._sync()
+        except Exception as e:  # noqa: BLE001 - a disk error fails the waiters, the thread goes on
+            log.error("run log: write/fsync failed: %s", e)
+            err = e
+        self._acked(err)
+
+    def _acked(self, err: BaseException | None) -> None:
+        """Resolve (on the event loop) the futures of every record drained so far."""
+        loop, upto = self._loop, self._drained
+        if loop is None or loop.is_closed() or (upto == self._last_acked and err is None):
+            return
+        self._last_acked = upto
+        try:
+            loop.call_soon_threadsafe(self._resolve, upto, err)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits any more
+            pass
+
+    def _resolve(self, upto: int, err: BaseException | None) -> None:
+        acks = self._acks
+        while acks and acks[0][0] <= upto:
+            _, fut = acks.popleft()
+            if not fut.done():
+                if err is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(OSError(f"run log not durable: {err}"))
+
     def _drain(self) -> None:
         q = self._q
         while q:
-            self._write(q.popleft())
+            rec = q.popleft()
+            self._write(rec)
+            self._drained += 1
         if self._overflow:
             with self._lock:
                 spill, self._overflow = self._overflow, []
@@ -168,6 +247,7 @@ class RunLogWriter:
             self._fh.flush()
             os.fsync(self._fh.fileno())
             self._dirty = False
+            self.syncs += 1
 
     def _roll(self) -> None:
         if self._fh is None or self.path is None:

@@ -29,14 +29,25 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   / the first byte), ``total_s`` (whole upstream request).
 - ``fallback``: ``enabled`` (retry once on the other tier on connect error / 5xx before the first
   byte), ``on_requested_model`` (also for requests that named a concrete model).
-- ``server``: ``host``, ``port``, ``max_body_bytes`` (413 above), ``api_keys`` (client bearer keys;
-  empty = no auth), ``api_keys_env`` (name of an env var with comma-separated keys),
-  ``run_history_steps`` / ``run_history_runs`` (bounded in-memory history behind ``/v1/runs``).
-- ``runlog``: ``dir``, ``log_prompts`` (false: no prompt text is ever written), ``flush_s`` (fsync
-  period, at most 1 s), ``queue_max``, ``rotate_bytes``.
+- ``server``: ``host``, ``port``, ``max_body_bytes`` (413 above), ``max_json_depth`` (422
+  ``body_too_deep`` above), ``max_headers`` / ``max_header_bytes`` (431 above: count and total
+  size of the request headers), ``api_keys`` (client bearer keys; empty = no auth; a run belongs
+  to the key that started it), ``api_keys_env`` (name of an env var with comma-separated keys),
+  ``admin_keys`` / ``admin_keys_env`` (the only keys ``/admin/*`` accepts; see
+  :mod:`router.server.auth`), ``metrics_keys`` / ``metrics_keys_env`` (``/metrics`` needs one, or
+  an admin key, when set), ``run_history_steps`` / ``run_history_runs`` (bounded in-memory history
+  behind ``/v1/runs``).
+- ``runlog``: ``dir``, ``log_prompts`` (false: no prompt text is ever written), ``durability``
+  (``batched``: records fsynced at least every ``flush_s``, a SIGKILL loses at most the last
+  ``flush_s`` seconds of records; ``ack``: a step's response completes only after its record is
+  fsynced, group-committed), ``flush_s`` (fsync period, at most 1 s), ``queue_max``, ``rotate_bytes``.
 - ``scrape``: ``interval_s`` (each local replica's ``/metrics``; 0 turns scraping off),
   ``timeout_s``, ``unhealthy_after`` (consecutive failed scrapes before a replica is unhealthy).
-- ``store``: run-state store: ``kind`` (``memory`` | ``redis``), ``redis_url``, ``ttl_s``.
+- ``store``: run-state store: ``kind`` (``memory`` | ``redis``), ``redis_url``, ``ttl_s``,
+  ``admit_ttl_s``, ``key_prefix``; Redis only: ``router_slots`` / ``router_slot`` / ``step_gap``
+  (router-scoped step numbering while Redis is unreachable,
+  :mod:`router.server.state_fallback`), ``health_check_s`` (pooled connections idle longer are
+  PINGed before use).
 - ``admission``: admission control at a run's first step (:mod:`router.server.admission`,
   :mod:`router.policy.admission`); **on by default** with conservative figures derived from the
   local tier (see :class:`AdmissionSettings`), e.g. ``RUNROUTE_ADMISSION__ENABLED=false``,
@@ -181,21 +192,45 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    max_json_depth: int = Field(default=64, ge=2, le=250)
+    max_headers: int = Field(default=100, ge=8)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     api_keys: list[str] = Field(default_factory=list)
     api_keys_env: str | None = None
+    admin_keys: list[str] = Field(default_factory=list)
+    admin_keys_env: str | None = None
+    metrics_keys: list[str] = Field(default_factory=list)
+    metrics_keys_env: str | None = None
     run_history_steps: int = Field(default=1000, gt=0)
     run_history_runs: int = Field(default=10000, gt=0)
 
-    def client_keys(self) -> frozenset[str]:
-        keys = set(self.api_keys)
-        if self.api_keys_env and os.environ.get(self.api_keys_env):
-            keys.update(k.strip() for k in os.environ[self.api_keys_env].split(",") if k.strip())
+    @staticmethod
+    def _keys(listed: list[str], env: str | None) -> frozenset[str]:
+        keys = {k for k in listed if k}
+        if env and os.environ.get(env):
+            keys.update(k.strip() for k in os.environ[env].split(",") if k.strip())
         return frozenset(keys)
+
+    def client_keys(self) -> frozenset[str]:
+        return self._keys(self.api_keys, self.api_keys_env)
+
+    def admin_key_set(self) -> frozenset[str]:
+        return self._keys(self.admin_keys, self.admin_keys_env)
+
+    def metrics_key_set(self) -> frozenset[str]:
+        return self._keys(self.metrics_keys, self.metrics_keys_env)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ServerSettings:
+        if self.admin_key_set() & self.client_keys():
+            raise ValueError("server.admin_keys must differ from the client api_keys")
+        return self
 
 
 class RunLogSettings(_Strict):
     dir: Path = Path("runroute-logs")
     log_prompts: bool = False
+    durability: Literal["batched", "ack"] = "batched"
     flush_s: float = Field(default=0.5, gt=0, le=1.0)
     queue_max: int = Field(default=10000, gt=0)
     rotate_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
@@ -216,6 +251,16 @@ class StoreSettings(_Strict):
     # admission counters expire this long after their last change, bounding slots leaked by a
     # router process that died between admit and release (None = never)
     admit_ttl_s: float | None = Field(default=6 * 3600.0, gt=0)
+    router_slots: int = Field(default=16, ge=1, le=1024)  # most routers sharing one Redis
+    router_slot: int | None = Field(default=None, ge=0)  # None = leased in Redis at first contact
+    step_gap: int = Field(default=1024, ge=1)
+    health_check_s: float = Field(default=5.0, ge=0)
+
+    @model_validator(mode="after")
+    def _slot(self) -> StoreSettings:
+        if self.router_slot is not None and self.router_slot >= self.router_slots:
+            raise ValueError("store.router_slot must be < store.router_slots")
+        return self
 
 
 class AdmissionSettings(AdmissionConfig):

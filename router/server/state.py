@@ -2,6 +2,13 @@
 
 Interface (all async, so the Redis implementation never blocks the event loop):
 - ``get(run_id) -> RunState | None``; ``put(state)``; ``delete(run_id)``;
+- ``begin_step(run_id, floor) -> (RunState | None, step)``: the run's pin and its next step index,
+  allocated atomically: ``max(the store's counter, floor, pin.steps_seen)``, and the counter moves
+  past it, so two steps of one run never get one index, whichever router numbers them;
+- ``unstep(run_id, step)``: give back the index ``begin_step`` just handed out (a rejected new run:
+  its retry is again step 0) unless a later one was handed out meanwhile;
+- ``claim(state) -> RunState | None``: set-if-absent for a new run's first pin: None when ``state``
+  was stored, else the pin another router stored first (the caller adopts it);
 - ``try_admit(key, limit, ttl_s) -> bool``: atomically count one more active admitted run under
   ``key`` unless that would exceed ``limit``; ``release(key)`` gives one back.
 - ``active(key) -> int``.
@@ -30,6 +37,9 @@ class RunStateStore(Protocol):
     async def get(self, run_id: str) -> RunState | None: ...
     async def put(self, state: RunState) -> None: ...
     async def delete(self, run_id: str) -> None: ...
+    async def begin_step(self, run_id: str, floor: int) -> tuple[RunState | None, int]: ...
+    async def unstep(self, run_id: str, step: int) -> bool: ...
+    async def claim(self, state: RunState) -> RunState | None: ...
     async def try_admit(self, key: str, limit: int) -> bool: ...
     async def release(self, key: str) -> None: ...
     async def active(self, key: str) -> int: ...
@@ -44,14 +54,53 @@ class InProcessStore:
         self._clock = clock
         self._runs: OrderedDict[str, tuple[float, RunState]] = OrderedDict()
         self._counters: dict[str, int] = {}
+        self._steps: OrderedDict[str, tuple[float, int]] = OrderedDict()  # run -> (touched, next index)
 
     def _expire(self) -> None:
         now = self._clock()
-        while self._runs:
-            rid, (t, _) = next(iter(self._runs.items()))
-            if now - t < self.ttl_s:
-                break
-            self._runs.pop(rid)
+        for d in (self._runs, self._steps):
+            while d:
+                rid, (t, _) = next(iter(d.items()))
+                if now - t < self.ttl_s:
+                    break
+                d.pop(rid)
+
+    def next_index(self, run_id: str) -> int:
+        """The run's step counter (the next index it would hand out; 0 when unknown)."""
+        hit = self._steps.get(run_id)
+        return hit[1] if hit else 0
+
+    def advance(self, run_id: str, next_index: int) -> None:
+        """Move the run's step counter to at least ``next_index`` (never back)."""
+        n = max(next_index, self.next_index(run_id))
+        self._steps.pop(run_id, None)
+        self._steps[run_id] = (self._clock(), n)
+
+    def counters(self) -> dict[str, int]:
+        """Every live step counter (run -> next index)."""
+        self._expire()
+        return {rid: n for rid, (_, n) in self._steps.items()}
+
+    async def begin_step(self, run_id: str, floor: int) -> tuple[RunState | None, int]:
+        pin = await self.get(run_id)
+        step = max(floor, self.next_index(run_id), pin.steps_seen if pin is not None else 0)
+        self.advance(run_id, step + 1)
+        return pin, step
+
+    async def unstep(self, run_id: str, step: int) -> bool:
+        if self.next_index(run_id) != step + 1:
+            return False
+        t, _ = self._steps.pop(run_id)
+        if step:
+            self._steps[run_id] = (t, step)
+        return True
+
+    async def claim(self, state: RunState) -> RunState | None:
+        hit = await self.get(state.run_id)
+        if hit is not None:
+            return hit
+        await self.put(state)
+        return None
 
     async def get(self, run_id: str) -> RunState | None:
         self._expire()

@@ -74,16 +74,22 @@ def make_store(s: RouterSettings) -> Any:
 
     if s.store.kind == "memory":
         return InProcessStore(ttl_s=s.store.ttl_s)
-    from router.server.state_redis import FallbackStore, RedisStore
+    from router.server.state_fallback import FallbackStore
+    from router.server.state_redis import RedisStore
 
+    st = s.store
     return FallbackStore(
         RedisStore(
-            s.store.redis_url,
-            key_prefix=s.store.key_prefix,
-            ttl_s=s.store.ttl_s,
-            admit_ttl_s=s.store.admit_ttl_s,
+            st.redis_url,
+            key_prefix=st.key_prefix,
+            ttl_s=st.ttl_s,
+            admit_ttl_s=st.admit_ttl_s,
+            health_check_s=st.health_check_s,
         ),
-        InProcessStore(ttl_s=s.store.ttl_s),
+        InProcessStore(ttl_s=st.ttl_s),
+        slots=st.router_slots,
+        slot=st.router_slot,
+        step_gap=st.step_gap,
     )
 
 

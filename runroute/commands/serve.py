@@ -10,7 +10,10 @@ With no config it starts on embedded defaults so a newcomer can try it at once:
   first start when absent (progress printed; MLflow off);
 - run logs under ``./runroute-logs``.
 
-It prints where everything is, then serves with uvloop + httptools, one worker.
+It prints where everything is, then serves with uvloop + httptools, one worker. SIGTERM and SIGINT
+both shut down gracefully and then stop the demo's fake backends: uvicorn re-raises the signal it
+caught after its shutdown, and SIGTERM's handler here turns it into ``SystemExit`` (143) so the
+fakes' context managers run (the default action would kill the process with them orphaned).
 """
 
 from __future__ import annotations
@@ -77,6 +80,12 @@ def register(app: typer.Typer) -> None:
             server["host"] = host
         if port is not None:
             server["port"] = port
+        import signal
+
+        def _terminate(signum: int, frame: object) -> None:
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, _terminate)
         with contextlib.ExitStack() as stack:
             try:
                 if config is not None:

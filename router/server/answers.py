@@ -1,0 +1,52 @@
+"""What the hot path tells the client about a step besides the upstream's answer.
+
+- :func:`step_headers`: ``x-runroute-run-id`` (the header-safe run id), ``-tier``, ``-replica``,
+  ``-reason``, ``-step``, ``-fallback-from`` (after a fallback), ``-admission`` (``admit-local`` /
+  ``spill`` at a run's first step).
+- :func:`reject_error`: the 429 ``run_rejected_overload`` of a new run admission refused, with
+  ``Retry-After`` = the plan's estimate (at least ``retry_after_min_s``, whole seconds, >= 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from router.core.engine import StepPlan
+from router.server.errors import ProxyError
+
+__all__ = ["step_headers", "reject_error"]
+
+
+def step_headers(plan: StepPlan, run_id: str, tier: str, replica: str) -> dict[str, str]:
+    h = {
+        "x-runroute-run-id": run_id,
+        "x-runroute-tier": tier,
+        "x-runroute-replica": replica,
+        "x-runroute-reason": plan.decision.reason,
+        "x-runroute-step": str(plan.step),
+    }
+    if plan.fallback_from:
+        h["x-runroute-fallback-from"] = plan.fallback_from
+    if plan.admission in ("admit-local", "spill"):
+        h["x-runroute-admission"] = plan.admission
+    return h
+
+
+def reject_error(plan: StepPlan, run_id: str, adm: Any) -> ProxyError:
+    """``adm``: the admission settings (``retry_after_min_s``, ``slo_short_step_s``)."""
+    ad = plan.admission_decision
+    assert ad is not None
+    retry = max(1, math.ceil(plan.retry_after_s or adm.retry_after_min_s))
+    return ProxyError(
+        429,
+        "run_rejected_overload",
+        f"new run refused: the local tier is at capacity ({ad.reason}, predicted short step "
+        f"{ad.predicted_short_step_s:.2f}s vs SLO {adm.slo_short_step_s:g}s); retry after {retry}s",
+        {
+            "retry-after": str(retry),
+            "x-runroute-run-id": run_id,
+            "x-runroute-reason": plan.decision.reason,
+            "x-runroute-admission": "reject",
+        },
+    )

@@ -1,0 +1,129 @@
+"""The sidecar's upstreams as the step engine sees them, and the request-reading helpers of the hot path.
+
+- :class:`Backend`: one upstream (name, tier, model, root URL, headers, the policy's price/latency
+  template) with this router's live in-flight count.
+- :class:`BackendPool`: fresh :class:`~router.policy.types.BackendState` per step = the template +
+  the latest scrape (health, running, waiting, KV usage) + this router's in-flight count; with
+  ``neutral`` (a new run while the shared store is down) no load figures at all, so the placement
+  is the policy's rendezvous hash alone and routers that share no pin still agree on a run's
+  replica. ``cache_reading``: a local replica's prefix-cache counter for the engine
+  (capacity ``local.kv_cache_tokens`` else the scraped ``cache_config_info``).
+- :func:`read_body`: the body under ``max_body`` (``Content-Length`` checked before reading, a
+  chunked body counted while reading; 413 ``body_too_large``).
+- :func:`priority_tenant`: the run's priority class (header, unknown classes -> ``batch``) and
+  tenant (header, else ``metadata.tenant``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from starlette.requests import Request
+
+from router.core.runs import CacheReading
+from router.policy.admission import PRIORITIES
+from router.policy.types import BackendState
+from router.server.errors import ProxyError
+
+__all__ = ["Backend", "BackendPool", "read_body", "priority_tenant", "state_of"]
+
+
+@dataclass
+class Backend:
+    """One upstream the router may send a step to, with its live in-flight count."""
+
+    name: str
+    tier: str
+    model: str
+    root: str
+    headers: dict[str, str]
+    state_template: BackendState
+    inflight: int = 0
+
+    @property
+    def chat_url(self) -> str:
+        return self.root + "/v1/chat/completions"
+
+
+class BackendPool:
+    """The backends of one app and their per-step states (module docstring)."""
+
+    def __init__(self, backends: list[Backend], scraper: Any, kv_cache_tokens: int | None = None):
+        self.backends = {b.name: b for b in backends}
+        self.scraper = scraper
+        self.kv_cache_tokens = kv_cache_tokens
+
+    def cache_reading(self, replica: str) -> CacheReading | None:
+        st = self.scraper.stats.get(replica) if self.scraper is not None else None
+        if st is None or not st.scraped:
+            return None
+        return CacheReading(st.computed_tokens, self.kv_cache_tokens or st.cache_tokens or None)
+
+    def states(self, neutral: bool = False) -> list[BackendState]:
+        stats = self.scraper.stats if self.scraper is not None else {}
+        if neutral:
+            stats = {n: replace(st, running=0, waiting=0, kv_usage=0.0) for n, st in stats.items()}
+        out = []
+        for b in self.backends.values():
+            t = b.state_template
+            st = stats.get(b.name)
+            out.append(
+                BackendState(
+                    name=b.name,
+                    tier=t.tier,
+                    model=t.model,
+                    healthy=st.healthy if st is not None else t.healthy,
+                    max_context=t.max_context,
+                    running=(int(st.running) if st is not None else 0) + (0 if neutral else b.inflight),
+                    waiting=int(st.waiting) if st is not None else 0,
+                    kv_usage=st.kv_usage if st is not None else 0.0,
+                    price_in_per_m=t.price_in_per_m,
+                    price_cached_in_per_m=t.price_cached_in_per_m,
+                    price_out_per_m=t.price_out_per_m,
+                    prefill_s_per_token=t.prefill_s_per_token,
+                    ttft_base_s=t.ttft_base_s,
+                    gpu_usd_per_hour=t.gpu_usd_per_hour,
+                )
+            )
+        return out
+
+
+def state_of(states: list[BackendState], name: str) -> BackendState | None:
+    for b in states:
+        if b.name == name:
+            return b
+    return None
+
+
+async def read_body(request: Request, max_body: int) -> bytes:
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        try:
+            n = int(cl)
+        except ValueError:
+            raise ProxyError(400, "invalid_json", "bad Content-Length") from None
+        if n > max_body:
+            raise ProxyError(413, "body_too_large", f"body of {n} bytes exceeds the limit of {max_body}")
+        return await request.body()
+    parts, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > max_body:
+            raise ProxyError(413, "body_too_large", f"body exceeds the limit of {max_body} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def priority_tenant(a: Any, request: Request, body: dict[str, Any]) -> tuple[str, str | None]:
+    """``a``: the admission settings (header names, default priority)."""
+    raw = request.headers.get(a.priority_header)
+    prio = a.default_priority if raw is None else raw.strip().lower()
+    if prio not in PRIORITIES:
+        prio = "batch"  # unknown classes shed first
+    tenant = request.headers.get(a.tenant_header)
+    if tenant is None:
+        meta = body.get("metadata")
+        t = meta.get("tenant") if isinstance(meta, dict) else None
+        tenant = t if isinstance(t, str) and t else None
+    return prio, tenant

@@ -1,0 +1,112 @@
+"""The sidecar's published HTTP API (``GET /openapi.json``): request and response models.
+
+The hot path (``POST /v1/chat/completions``) bypasses FastAPI's routing and validation for speed
+(:class:`router.server.app` short-cuts it), so its route is declared with the request model below
+in ``openapi_extra`` only: the document describes exactly what :mod:`router.server.validate`
+checks, and the handler stays the proxy's own. The other endpoints parse their bodies themselves
+(so every error keeps the OpenAI error shape with a code) and declare these models the same way.
+
+:func:`install_openapi` adds the models' ``$defs`` to ``components.schemas`` and the bearer-key
+security scheme, once, when the document is first built.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ErrorBody",
+    "ChatMessage",
+    "ChatCompletionRequest",
+    "RunEndRequest",
+    "request_body",
+    "error_responses",
+    "install_openapi",
+]
+
+_REF = "#/components/schemas/{model}"
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: str
+
+
+class ErrorBody(BaseModel):
+    """Every error: ``{"error": {"message", "type", "code"}}`` (:mod:`router.server.errors`)."""
+
+    error: ErrorDetail
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any] | str] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool | None = None
+
+
+class ChatCompletionRequest(BaseModel):
+    """What the router reads of a chat-completions body; every other field passes through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field("auto", description="'auto' (the router decides) or a served model")
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = Field(None, description="string values; run_id, tenant are read")
+    user: str | None = None
+
+
+class RunEndRequest(BaseModel):
+    outcome: Literal["success", "failure", "unknown"] = "unknown"
+    reward: float | None = None
+
+
+def request_body(model: type[BaseModel], required: bool = True) -> dict[str, Any]:
+    """``openapi_extra`` declaring ``model`` as the JSON request body."""
+    return {
+        "requestBody": {
+            "required": required,
+            "content": {"application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}},
+        }
+    }
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {s: {"model": ErrorBody, "description": "error (OpenAI shape, with a code)"} for s in statuses}
+
+
+def install_openapi(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
+    """Build the document with ``models`` in ``components.schemas`` and bearer auth declared."""
+    base = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = base()
+        comps = doc.setdefault("components", {})
+        schemas = comps.setdefault("schemas", {})
+        for m in models:
+            js = m.model_json_schema(ref_template=_REF)
+            schemas.update(js.pop("$defs", {}))
+            schemas[m.__name__] = js
+        comps.setdefault("securitySchemes", {})["bearer"] = {"type": "http", "scheme": "bearer"}
+        doc["security"] = [{"bearer": []}, {}]
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]

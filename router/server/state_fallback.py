@@ -1,0 +1,414 @@
+"""``FallbackStore``: Redis first, the router's own in-process state while Redis is down, resync after.
+
+A write-through mirror (implements ``router.server.state.RunStateStore``). Normally every read goes
+to Redis (so a pin changed by another router is seen) and every result is mirrored into the
+in-process ``local`` store (pins and each run's step counter). When Redis raises
+``StoreUnavailable`` the store turns ``degraded``: operations are served from ``local`` (pins this
+router has seen; admission counted locally, starting from the last count Redis reported for the
+key), writes and deletes are remembered, and a warning is logged at most once per
+``log_interval_s``. Every ``retry_interval_s`` a background probe pings Redis; when it answers, the
+store recovers (below) and ``degraded`` clears. (A Redis that restarted while this router was idle
+is picked up without a degraded period: the Redis client retries a dead pooled connection once.)
+
+Step numbers while degraded (router-scoped, so two routers cut off from Redis never number one
+step twice): each router leases a slot ``r`` of ``slots`` in Redis (``claim_slot``, renewed every
+``slot_lease_s / 3`` on the request path; ``slot`` pins it in config; a router that never reached
+Redis uses ``crc32(host, pid) % slots`` and logs it). While degraded it numbers a run's steps only
+with indices ``= r (mod slots)``, and the first such index of a run in an outage lies at least
+``step_gap`` above the highest index the router knew for the run. After the outage it raises the
+run's Redis counter to ``its last index + 1 + step_gap``. So indices never collide as long as, for
+any run, fewer than ``step_gap`` steps were numbered by other routers that this router had not
+seen (before the outage, or while it was still degraded and another router was not). Indices jump
+by ``step_gap`` (and step in ``slots``) around an outage; they stay increasing in time per router.
+
+Recovery (one at a time per router, under a lock; after an outage, after ``StoreReset`` from an
+epoch-checked operation, or when ``get`` finds a pin missing in Redis that ``local`` holds):
+
+- data loss (the epoch changed): this router puts back its own share of what Redis lost, once: its
+  net admissions over its lifetime (admits minus releases in both modes) are added to each counter,
+  every step counter it holds is raised to ``its value + step_gap``, every pin it holds is written
+  with the deterministic rule (``put_newer``: more ``steps_seen`` wins, a tie goes to the smaller
+  JSON text), and its slot is leased again. Summed over routers that restores the counters exactly
+  (up to the floor at 0) and every pin some live router still holds;
+- outage write-back: remembered pins (``put_newer``; deletions as deletes), step counters numbered
+  while degraded (``+ step_gap``), admission deltas (added, floored at 0).
+
+``resyncs`` counts recoveries after outages, ``resets`` recoveries after data loss. The epoch key has
+no TTL; keep it out of eviction (``maxmemory-policy`` ``noeviction`` or ``volatile-*``).
+
+Knobs: ``retry_interval_s`` (1), ``log_interval_s`` (60), ``slots`` (16: the most routers sharing a
+Redis), ``slot`` (None = leased), ``slot_lease_s`` (60), ``step_gap`` (1024), ``clock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import TypeVar
+
+from router.policy.types import RunState
+from router.server.state import InProcessStore
+from router.server.state_redis import RedisStore, StoreReset, StoreUnavailable
+
+__all__ = ["FallbackStore"]
+
+T = TypeVar("T")
+
+log = logging.getLogger("runroute.state")
+
+
+def _host_slot(slots: int) -> int:
+    return zlib.crc32(f"{socket.gethostname()}-{os.getpid()}".encode()) % slots
+
+
+class FallbackStore:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        primary: RedisStore,
+        local: InProcessStore | None = None,
+        *,
+        retry_interval_s: float = 1.0,
+        log_interval_s: float = 60.0,
+        slots: int = 16,
+        slot: int | None = None,
+        slot_lease_s: float = 60.0,
+        step_gap: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if slots < 1 or step_gap < 1 or (slot is not None and not 0 <= slot < slots):
+            raise ValueError("need slots >= 1, step_gap >= 1 and 0 <= slot < slots")
+        self.primary = primary
+        self.local: InProcessStore = local if local is not None else InProcessStore(ttl_s=primary.ttl_s)
+        self.retry_interval_s = retry_interval_s
+        self.log_interval_s = log_interval_s
+        self.slots, self.step_gap, self.slot_lease_s = slots, step_gap, slot_lease_s
+        self._slot_fixed = slot is not None
+        self.slot = slot if slot is not None else _host_slot(slots)
+        self._slot_leased = False
+        self._slot_due = 0.0
+        self._slot_token = uuid.uuid4().hex
+        self._clock = clock
+        self._degraded = False
+        self._since = 0.0
+        self._next_probe = 0.0
+        self._last_log = float("-inf")
+        self._local_ops = 0
+        self._probe_task: asyncio.Task[None] | None = None
+        self._dirty: dict[str, RunState | None] = {}  # run_id -> state to write back (None = delete)
+        self._dirty_steps: dict[str, int] = {}  # run_id -> next index numbered while degraded
+        self._outage_runs: set[str] = set()  # runs this router numbered in the current outage
+        self._last_count: dict[str, int] = {}  # last admission count Redis reported per key
+        self._counts: dict[str, int] = {}  # admission counts while degraded
+        self._delta: dict[str, int] = {}  # admissions - releases while degraded, to add back
+        self._held: dict[str, int] = {}  # admissions - releases by this router, over its lifetime
+        self._epoch: str | None = None  # the Redis data set this router's state was written to
+        self._lock: asyncio.Lock | None = None
+        self.resyncs = 0
+        self.resets = 0
+
+    @property
+    def degraded(self) -> bool:
+        return self._degraded
+
+    # --- degraded-mode bookkeeping ---------------------------------------------------------------
+
+    def _enter_degraded(self, err: Exception) -> None:
+        now = self._clock()
+        if not self._degraded:
+            self._degraded = True
+            self._since = now
+            self._next_probe = now + self.retry_interval_s
+        self._log(str(err))
+
+    def _log(self, why: str) -> None:
+        now = self._clock()
+        if now - self._last_log >= self.log_interval_s:
+            self._last_log = now
+            log.warning(
+                "run-state store degraded for %.0f s (%s); serving local pins (%d local ops so far)",
+                now - self._since,
+                why,
+                self._local_ops,
+            )
+
+    def _local(self) -> None:
+        """Called on every operation served locally: count it, log (rate-limited), maybe probe."""
+        self._local_ops += 1
+        self._log("redis unreachable")
+        if self._clock() >= self._next_probe and (self._probe_task is None or self._probe_task.done()):
+            self._next_probe = self._clock() + self.retry_interval_s
+            self._probe_task = asyncio.get_running_loop().create_task(self._probe())
+
+    async def _probe(self) -> None:
+        try:
+            await self.primary.ping()
+            await self._recover()
+        except Exception as e:  # noqa: BLE001 - any failure keeps us degraded; the next probe retries
+            log.debug("run-state store probe failed: %s", e)
+            return
+        self._degraded = False
+        self._counts.clear()
+        self._outage_runs.clear()
+        self.resyncs += 1
+        log.info(
+            "run-state store recovered after %.1f s; state resynced to redis", self._clock() - self._since
+        )
+
+    # --- recovery ----------------------------------------------------------------------------------
+
+    async def _learn(self) -> None:
+        """At first contact: the data set's epoch; every ``slot_lease_s / 3``: this router's slot."""
+        if self._epoch is None:
+            self._epoch = await self.primary.epoch(uuid.uuid4().hex)
+        if not self._slot_fixed and self._clock() >= self._slot_due:
+            await self._lease_slot()
+
+    async def _lease_slot(self) -> None:
+        self._slot_due = self._clock() + self.slot_lease_s / 3
+        pref = self.slot if self._slot_leased else -1
+        got = await self.primary.claim_slot(self._slot_token, self.slots, self.slot_lease_s, pref)
+        if got < 0:
+            log.warning(
+                "all %d router slots are leased; numbering degraded steps in slot %d", self.slots, self.slot
+            )
+        else:
+            if self._slot_leased and got != self.slot:
+                log.warning("router slot %d was taken; now slot %d", self.slot, got)
+            self.slot, self._slot_leased = got, True
+
+    async def _recover(self) -> None:
+        """Write this router's state back to Redis (module docstring); one recovery at a time."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            now_epoch = await self.primary.epoch(uuid.uuid4().hex)
+            if self._epoch is not None and now_epoch != self._epoch:
+                await self._restore_share()
+                self._epoch = now_epoch  # the share is back: never add it twice, even if pins fail below
+                counters = self.local.counters()
+                await self.primary.advance_many({rid: n + self.step_gap for rid, n in counters.items()})
+                await self.primary.put_newer_many(
+                    [st for st in await self.local.states() if st.run_id not in self._dirty]
+                )
+                self._slot_due = 0.0
+            self._epoch = now_epoch
+            while self._dirty:
+                rid, st = next(iter(self._dirty.items()))
+                if st is None:
+                    await self.primary.delete(rid)
+                else:
+                    await self.primary.put_newer(st)
+                if self._dirty.get(rid, ...) is st:
+                    del self._dirty[rid]
+            while self._dirty_steps:
+                rid, n = next(iter(self._dirty_steps.items()))
+                await self.primary.advance(rid, n + self.step_gap)
+                if self._dirty_steps.get(rid) == n:
+                    del self._dirty_steps[rid]
+            while self._delta:
+                key, d = next(iter(self._delta.items()))
+                self._last_count[key] = await self.primary.adjust(key, d)
+                left = self._delta.get(key, 0) - d
+                if left:
+                    self._delta[key] = left
+                else:
+                    self._delta.pop(key, None)
+            if not self._slot_fixed:
+                await self._lease_slot()
+
+    async def _restore_share(self) -> None:
+        """Add this router's net admissions to a wiped Redis' counters (deltas pending are included)."""
+        share = {k: n for k, n in self._held.items() if n}
+        self._delta.clear()  # synchronously with the snapshot: later changes land in _delta again
+        for key, n in share.items():
+            self._last_count[key] = await self.primary.adjust(key, n)
+        self.resets += 1
+        log.warning(
+            "redis lost its data (epoch changed); restored this router's admissions %s, pins, steps", share
+        )
+
+    async def _on_primary(self, op: Callable[[str | None], Awaitable[T]]) -> T:
+        """Run ``op(epoch)`` against Redis; learn the epoch first, and recover on StoreReset."""
+        await self._learn()
+        for _ in range(3):
+            try:
+                return await op(self._epoch)
+            except StoreReset:
+                await self._recover()
+        raise StoreUnavailable("redis data set keeps changing (epoch); serving local state")
+
+    async def resync_now(self) -> bool:
+        """Probe and resync immediately (tests, admin); returns True when no longer degraded."""
+        if self._degraded:
+            await self._probe()
+        return not self._degraded
+
+    # --- RunStateStore -----------------------------------------------------------------------------
+
+    async def begin_step(self, run_id: str, floor: int) -> tuple[RunState | None, int]:
+        floor = max(floor, self.local.next_index(run_id))
+        if not self._degraded:
+            try:
+                pin, step = await self._on_primary(lambda e: self.primary.begin_step(run_id, floor, e))
+            except StoreUnavailable as e:
+                self._enter_degraded(e)
+            else:
+                self.local.advance(run_id, step + 1)
+                if pin is not None:
+                    await self.local.put(pin)
+                    return pin, step
+                mine = await self.local.get(run_id)
+                if mine is not None:  # redis lost it (expiry): heal from our copy
+                    try:
+                        await self.primary.put_newer(mine)
+                    except StoreUnavailable as e:
+                        self._enter_degraded(e)
+                        self._dirty[run_id] = mine
+                return mine, step
+        self._local()
+        pin = await self.local.get(run_id)
+        base = max(floor, pin.steps_seen if pin is not None else 0)
+        if run_id not in self._outage_runs:
+            self._outage_runs.add(run_id)
+            base += self.step_gap
+        step = base + (self.slot - base) % self.slots
+        self.local.advance(run_id, step + 1)
+        self._dirty_steps[run_id] = step + 1
+        return pin, step
+
+    async def unstep(self, run_id: str, step: int) -> bool:
+        await self.local.unstep(run_id, step)
+        if not self._degraded:
+            try:
+                return await self.primary.unstep(run_id, step)
+            except StoreUnavailable as e:
+                self._enter_degraded(e)
+        self._local()
+        if self._dirty_steps.get(run_id) == step + 1:
+            del self._dirty_steps[run_id]
+        return False
+
+    async def claim(self, state: RunState) -> RunState | None:
+        if not self._degraded:
+            try:
+                other = await self.primary.claim(state)
+            except StoreUnavailable as e:
+                self._enter_degraded(e)
+            else:
+                await self.local.put(other if other is not None else state)
+                return other
+        self._local()
+        other = await self.local.claim(state)
+        if other is None:
+            self._dirty[state.run_id] = replace(state)
+        return other
+
+    async def get(self, run_id: str) -> RunState | None:
+        if not self._degraded:
+            try:
+                await self._learn()
+                st = await self.primary.get(run_id)  # plain GET: the hot path uses begin_step
+            except StoreUnavailable as e:
+                self._enter_degraded(e)
+            else:
+                if st is not None:
+                    await self.local.put(st)
+                    return st
+                mine = await self.local.get(run_id)
+                if mine is not None:  # redis lost it (restart/flush, or expiry): heal from our copy
+                    try:
+                        if await self.primary.epoch(uuid.uuid4().hex) != self._epoch:
+                            await self._recover()  # the whole data set is gone: restore our share
+                        else:
+                            await self.primary.put_newer(mine)
+                    except StoreUnavailable as e:
+                        self._enter_degraded(e)
+                        self._dirty[run_id] = mine
+                return mine
+        self._local()
+        return await self.local.get(run_id)
+
+    async def put(self, state: RunState) -> None:
+        await self.local.put(state)
+        if not self._degraded:
+            try:
+                await self.primary.put(state)
+                return
+            except StoreUnavailable as e:
+                self._enter_degraded(e)
+        self._local()
+        self._dirty[state.run_id] = replace(state)
+
+    async def delete(self, run_id: str) -> None:
+        await self.local.delete(run_id)
+        if not self._degraded:
+            try:
+                await self.primary.delete(run_id)
+                return
+            except StoreUnavailable as e:
+                self._enter_degraded(e)
+        self._local()
+        self._dirty[run_id] = None
+
+    async def try_admit(self, key: str, limit: int) -> bool:
+        if not self._degraded:
+            try:
+                ok, n = await self._on_primary(lambda e: self.primary.try_admit_n(key, limit, e))
+                self._last_count[key] = n
+                if ok:
+                    self._held[key] = self._held.get(key, 0) + 1
+                return ok
+            except StoreUnavailable as e:
+                self._enter_degraded(e)
+        self._local()
+        n = self._counts.get(key, self._last_count.get(key, 0))
+        if n >= limit:
+            self._counts[key] = n
+            return False
+        self._counts[key] = n + 1
+        self._delta[key] = self._delta.get(key, 0) + 1
+        self._held[key] = self._held.get(key, 0) + 1
+        return True
+
+    async def release(self, key: str) -> None:
+        if not self._degraded:
+            try:
+                self._last_count[key] = await self._on_primary(lambda e: self.primary.release_n(key, e))
+                self._held[key] = self._held.get(key, 0) - 1
+                return
+            except StoreUnavailable as e:
+                self._enter_degraded(e)
+        self._local()
+        self._counts[key] = max(0, self._counts.get(key, self._last_count.get(key, 0)) - 1)
+        self._delta[key] = self._delta.get(key, 0) - 1
+        self._held[key] = self._held.get(key, 0) - 1
+
+    async def active(self, key: str) -> int:
+        if not self._degraded:
+            try:
+                n = await self.primary.active(key)
+                self._last_count[key] = n
+                return n
+            except StoreUnavailable as e:
+                self._enter_degraded(e)
+        self._local()
+        return self._counts.get(key, self._last_count.get(key, 0))
+
+    async def close(self) -> None:
+        if self._probe_task is not None and not self._probe_task.done():
+            self._probe_task.cancel()
+            try:
+                await self._probe_task
+            except (asyncio.CancelledError, StoreUnavailable):
+                pass
+        await self.primary.close()
+        await self.local.close()

@@ -1,0 +1,96 @@
+"""Fixtures of the multi-router tests (tests/test_multi_router*.py; parts in multi_router_support.py).
+
+Module-scoped: each module that asks for one gets its own private redis-server / fakes / cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+from multi_router_support import (
+    FAKE_BASE_MS,
+    REDIS_BIN,
+    Cluster,
+    RedisProc,
+    RouterProc,
+    free_port,
+    router_config,
+)
+
+from router.fakes.launch import fake_in_thread
+
+
+@pytest.fixture(scope="module")
+def redis_proc(tmp_path_factory) -> Iterator[RedisProc]:
+    if REDIS_BIN is None:  # .ci/run installs it: a missing one is a broken environment, never a skip
+        pytest.fail("redis-server is not installed (apt-get install redis-server); Redis tests need it")
+    r = RedisProc(free_port(), tmp_path_factory.mktemp("redis"))
+    r.start()
+    try:
+        yield r
+    finally:
+        r.kill()
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    knobs = dict(model="local-model", base_ms=FAKE_BASE_MS, prefill_ms_per_token=0.0, decode_ms_per_token=0.0)
+    with (
+        fake_in_thread("vllm", name="v0", **knobs) as v0,
+        fake_in_thread("vllm", name="v1", **knobs) as v1,
+        fake_in_thread("frontier", name="fr", model="frontier-model", zero_latency=True) as fr,
+    ):
+        yield v0, v1, fr
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory) -> Path:
+    """A small real bundle whose P(frontier) stays ~0.15 (labels unrelated to the features)."""
+    from features.extract import N_FEATURES
+    from models.bundle import ModelBundle
+    from models.escalation import EscalationClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, N_FEATURES))
+    y = (rng.random(300) < 0.15).astype(int)
+    est = EscalationClassifier(n_estimators=10, calibration="sigmoid", cv=3, n_jobs=1).fit(X, y)
+    out = tmp_path_factory.mktemp("bundle") / "b"
+    ModelBundle(escalation=est, thresholds={"p_frontier_up": 0.95, "p_frontier_down": 0.0}).save(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, redis_proc, fakes, bundle_dir) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("routers")
+    cfg_path = tmp / "runroute.yaml"
+    cfg_path.write_text(yaml.safe_dump(router_config(tmp, fakes, bundle_dir, redis_proc.url)))
+    a = RouterProc("a", cfg_path, free_port(), tmp / "router-a.log")
+    b = RouterProc("b", cfg_path, free_port(), tmp / "router-b.log")
+    client = httpx.Client(timeout=10.0)
+    try:
+        with ThreadPoolExecutor(2) as ex:  # start both at once: start-up is mostly imports
+            for f in [ex.submit(a.start), ex.submit(b.start)]:
+                f.result()
+        yield Cluster(a, b, redis_proc, fakes, client)
+    finally:
+        client.close()
+        a.stop()
+        b.stop()
+
+
+@pytest.fixture
+def live(cluster: Cluster) -> Cluster:
+    """The cluster with Redis and both routers up (an earlier test may have left one down)."""
+    if not cluster.redis.ping():
+        cluster.redis.kill()
+        cluster.redis.start()
+    for r in (cluster.a, cluster.b):
+        if not r.alive():
+            r.start()
+    return cluster
