@@ -8,7 +8,7 @@ What it does (``python bench/bench_ope.py [--runs 2000] [--repeats 1]``):
    :class:`router.policy.explore.ExplorePolicy` (``--explore-rate``); outcomes are drawn from the
    tasks' recorded outcomes (the demo's outcome model).
 2. Candidates (deterministic): always-local, always-frontier, oracle, the logging policy's own base
-   (learned), and the learned policy without de-escalation at the 40% and 75% quantiles of the
+   (learned), and the learned policy without de-escalation at the 20% and 50% quantiles of the
    logged runs' maximum P(frontier). Each one's
    *truth* is its expected net value per run (value of success x success - cost), success and cost
    on the same arrivals, served by the simulator.
@@ -100,7 +100,7 @@ def main() -> int:
         recs = served.records
         mx = pd.Series([r.predictions["p_frontier"] for r in recs]).groupby([r.run_id for r in recs]).max()
         cands = dict(fixed)
-        for q in (0.4, 0.75):
+        for q in (0.2, 0.5):
             name = f"learned@q{int(q * 100)}"
             th = round(float(mx.quantile(q)), 4)
             cands[name] = {"kind": "learned", "name": name, "p_frontier_up": th, "p_frontier_down": 0.0}
