@@ -9,15 +9,9 @@ row ("duplicate (run_id, step)") within one file and, in :func:`read_runlog`, ac
 (each router process writes its own file, so a step two routers numbered alike shows only there);
 the first occurrence, in file order, is kept.
 
-Run records are *merged*, never quarantined as duplicates: a run's outcome arrives after its
-steps and may be corrected later (a second ``POST /v1/runs/{id}/end``, ``runroute label``), so a
-run may have several ``run`` records, in one file or across files. :func:`merge_runs` keeps one
-per run: every field takes the last non-null value in reading order (files in the order given, a
-directory's run logs by name and then its ``labels-*`` files by name, rows in file order), except
-the label pair ``outcome`` / ``reward``, which comes whole from the last record that carries an
-``outcome`` (a record without one, e.g. an end call that gave none, leaves the label alone; a
-label of ``unknown`` retracts it). So the last label wins, deterministically. A repeated
-``(run_id, step)`` is still a bad row (a step is written once).
+Run records are *merged*, never quarantined as duplicates (a later end call or ``runroute label``
+updates a run): :func:`features.runmerge.merge_runs` keeps one per run, the last label winning;
+directories are read in :func:`features.runmerge.list_runlog_files` order (logs, then labels).
 
 Writing is atomic (temporary file + rename), so a crash never leaves a half-written file.
 """
@@ -37,7 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from features.runmerge import merge_runs
+from features.runmerge import LABEL_PREFIX, list_runlog_files, merge_runs
 from features.schema import ARROW_SCHEMA, COLUMNS, RECORD_MODELS, SCHEMA_VERSION, SchemaVersionError
 
 __all__ = [
@@ -55,8 +49,6 @@ __all__ = [
     "LABEL_PREFIX",
     "list_runlog_files",
 ]
-
-LABEL_PREFIX = "labels-"  # label files (runroute label) in a run-log directory; read after the logs
 
 
 class RunLogError(ValueError):
@@ -480,32 +472,3 @@ def read_runlog(
         else _empty_frame()
     )
     return RunLog.from_frame(merge_runs(df) if len(frames) > 1 else df, bad)
-
-
-def list_runlog_files(
-    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-) -> list[Path]:
-    """The files :func:`read_runlog` reads, in its order: given files as given; a directory's
-    ``*.parquet`` / ``*.jsonl`` run logs by name, then its ``labels-*`` files by name."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    files: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            found = sorted(
-                (
-                    x
-                    for x in p.iterdir()
-                    if x.suffix in (".parquet", ".jsonl")
-                    and not x.name.endswith(".rejected.jsonl")
-                    and not x.name.startswith(".")
-                ),
-                key=lambda x: (x.name.startswith(LABEL_PREFIX), x.name),
-            )
-            if not found:
-                raise RunLogError(f"{p}: directory holds no .parquet or .jsonl run logs")
-            files.extend(found)
-        else:
-            files.append(p)
-    return files

@@ -1,4 +1,8 @@
-"""Merging a run's ``run`` records: the last label wins.
+"""Run-log files in reading order, and merging a run's ``run`` records: the last label wins.
+
+:func:`list_runlog_files` lists what :func:`features.runlog.read_runlog` reads, in its order: given
+files as given; a directory's ``*.parquet`` / ``*.jsonl`` run logs by name, then its ``labels-*``
+files (``runroute label``, :mod:`features.labels`) by name, so labels come after the logs.
 
 A run's outcome arrives after its steps and may be corrected later (a second
 ``POST /v1/runs/{id}/end``, ``runroute label``), so a run log may hold several ``run`` records of
@@ -11,9 +15,15 @@ record was; other record kinds keep their rows and order. No knobs.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
 import pandas as pd
 
-__all__ = ["merge_runs"]
+__all__ = ["merge_runs", "list_runlog_files", "LABEL_PREFIX"]
+
+LABEL_PREFIX = "labels-"  # label files (runroute label) in a run-log directory; read after the logs
 
 
 def merge_runs(df: pd.DataFrame) -> pd.DataFrame:
@@ -41,3 +51,34 @@ def merge_runs(df: pd.DataFrame) -> pd.DataFrame:
     merged.index = runs.index[~rid.duplicated().to_numpy()]
     out = pd.concat([df[~is_run], merged[runs.columns]]).sort_index(kind="stable")
     return out.reset_index(drop=True)
+
+
+def list_runlog_files(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+) -> list[Path]:
+    """The files :func:`features.runlog.read_runlog` reads, in its order: given files as given; a directory's
+    ``*.parquet`` / ``*.jsonl`` run logs by name, then its ``labels-*`` files by name."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    files: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(
+                (
+                    x
+                    for x in p.iterdir()
+                    if x.suffix in (".parquet", ".jsonl")
+                    and not x.name.endswith(".rejected.jsonl")
+                    and not x.name.startswith(".")
+                ),
+                key=lambda x: (x.name.startswith(LABEL_PREFIX), x.name),
+            )
+            if not found:
+                from features.runlog import RunLogError  # runlog imports this module
+
+                raise RunLogError(f"{p}: directory holds no .parquet or .jsonl run logs")
+            files.extend(found)
+        else:
+            files.append(p)
+    return files
