@@ -34,8 +34,12 @@ interpreter with the tree first on PYTHONPATH; ``--ref-bundle``), ``--variant LA
 (dotted config keys, YAML values, e.g. ``noadm:admission.enabled=false``), ``--no-mini``, ``--bundle``,
 ``--prime-concurrency`` (32), ``--idle-max`` (s, 20), ``--seed``, ``--out`` (folder: records, JSON,
 PNG; default a temp dir), ``--peers``, ``--report-from DIR/realistic.json`` (re-render a finished run's
-tables, JSON and PNG from its records without running anything). Planned axes (issues 16-18: protocol, ``runlog.durability``,
-tracing) fit as ``--variant`` (config) and the load generator's ``--protocol``.
+tables, JSON and PNG from its records without running anything). The protocol axis: ``--protocol``
+(chat | responses | messages: the load generator's bodies, the same conversations in each protocol)
+with ``--backend proto`` (:mod:`proto_backend`: the peers' backend model for all three protocols;
+implied for responses/messages, where ``mini``, a chat-only proxy, is left out); a translated run
+is the variant ``--variant xlate:local.protocols=[chat]`` (the sidecar translates to chat). Planned
+axes (issues 17-18: ``runlog.durability``, tracing) fit as ``--variant``.
 
 Usage: ``.venv/bin/python bench/overhead.py --realistic [--duration 5] [--ref-tree ../wt-oldmain]``;
 about 4-5 minutes with the defaults and a ref tree.
@@ -180,7 +184,7 @@ def _loadgen(a: argparse.Namespace, s: System, state: Path, extra: list[str]) ->
     cmd = ["taskset", "-c", "0", sys.executable, str(HERE / "realistic_load.py"), "--url", s.url]
     cmd += ["--model", s.model, "--label", s.label, "--state", str(state), "--runs", str(a.runs)]
     cmd += ["--steps", str(a.steps), "--min-body", str(a.min_body), "--max-body", str(a.max_body)]
-    return cmd + ["--id-via", a.id_via, *extra]
+    return cmd + ["--id-via", a.id_via, "--protocol", a.protocol, *extra]
 
 
 def _run_lines(cmd: list[str], timeout_s: float, on_line: Any = None) -> dict[str, Any]:
@@ -225,6 +229,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--min-body", type=int, default=2048)
     ap.add_argument("--max-body", type=int, default=204800)
     ap.add_argument("--id-via", choices=["header", "metadata"], default="header")
+    ap.add_argument("--protocol", choices=["chat", "responses", "messages"], default="chat")
+    ap.add_argument("--backend", choices=["peers", "proto"], default="peers")
     ap.add_argument("--ref-tree", type=Path, default=None)
     ap.add_argument("--ref-python", default=None)
     ap.add_argument("--ref-bundle", type=Path, default=None)
@@ -247,6 +253,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         a.ref_tree = a.ref_tree.resolve()
     if a.ref_tree is not None and not (a.ref_tree / "runroute" / "cli.py").exists():
         raise SystemExit(f"realistic: --ref-tree {a.ref_tree} is not a runroute checkout")
+    if a.protocol != "chat":
+        a.backend, a.no_mini = "proto", True
     if shutil.which("taskset") is None:
         raise SystemExit("realistic: needs taskset (util-linux) for CPU pinning")
     return a
@@ -282,7 +290,14 @@ def main(argv: list[str] | None = None) -> int:
     _ensure_bundle(a.bundle)
     rates, modes = [float(r) for r in a.rates.split(",")], a.modes.split(",")
     bport = free_port()
-    backend = start_backend(sys.executable, a.peers, bport)
+    if a.backend == "proto":
+        backend = subprocess.Popen(
+            ["taskset", "-c", "0", sys.executable, str(HERE / "proto_backend.py"), "--port", str(bport)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    else:
+        backend = start_backend(sys.executable, a.peers, bport)
     systems: list[System] = []
     cells: list[dict[str, Any]] = []
     decisions: dict[str, list[str]] = {}

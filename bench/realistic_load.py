@@ -36,7 +36,12 @@ Algorithm:
 Knobs: ``--url``, ``--model``, ``--label``, ``--runs`` (1000), ``--steps`` (50), ``--min-body`` (2048),
 ``--max-body`` (204800), ``--id-via`` (header | metadata), ``--stream``, ``--rate``, ``--duration``,
 ``--drain``, ``--seed``, ``--timeout`` (s per request), ``--prime``, ``--concurrency`` (prime workers).
-Protocol: ``chat`` only today (``BODIES`` maps a protocol to its body builder and path).
+Protocol (``--protocol``; ``BODIES`` maps a protocol to its body builder and path): ``chat``,
+``responses`` (the same conversation as Responses input items: the system prompt as
+``instructions``, each (tool call, tool result) pair as a ``function_call`` and a
+``function_call_output`` item, the tools as Responses function tools) or ``messages`` (Anthropic
+Messages: ``system``, each pair as an assistant ``tool_use`` turn and a user ``tool_result`` turn).
+The bodies of one step have about the same size in every protocol.
 """
 
 from __future__ import annotations
@@ -53,7 +58,16 @@ from typing import Any
 import aiohttp
 import orjson
 
-__all__ = ["BODIES", "ChatBodies", "RunState", "main", "run_cell", "prime"]
+__all__ = [
+    "BODIES",
+    "ChatBodies",
+    "ResponsesBodies",
+    "MessagesBodies",
+    "RunState",
+    "main",
+    "run_cell",
+    "prime",
+]
 
 _WORDS = (
     "def return self value index config request response token cache step run tool result error path "
@@ -90,6 +104,7 @@ class ChatBodies:
     """Chat-completions bodies of step ``k`` of a run, as bytes, from pre-serialised parts."""
 
     path = "/v1/chat/completions"
+    ok_marker, done_marker = b'"choices"', b"[DONE]"
 
     def __init__(self, model: str, steps: int, min_body: int, max_body: int, stream: bool, id_via: str):
         if steps < 2 or min_body < 1024 or max_body < min_body:
@@ -157,7 +172,93 @@ class ChatBodies:
         return self.head(run, gen) + self.history[step] + self.tail(run_id)
 
 
-BODIES = {"chat": ChatBodies}
+class ResponsesBodies(ChatBodies):
+    """The same conversations as OpenAI Responses requests (module docstring)."""
+
+    path = "/v1/responses"
+    ok_marker, done_marker = b'"output"', b"response.completed"
+
+    def __init__(self, *args: Any):
+        self._rtools = [
+            {"type": "function", **{k: t["function"][k] for k in ("name", "description", "parameters")}}
+            for t in _TOOLS
+        ]
+        super().__init__(*args)
+        self._tail = self._tail.replace(
+            b'],"tools":' + orjson.dumps(_TOOLS), b'],"tools":' + orjson.dumps(self._rtools)
+        )
+        self._tail = self._tail.replace(b'"max_tokens":64', b'"max_output_tokens":64')
+
+    @staticmethod
+    def _pair(asst: dict[str, Any], call_id: str, content: str) -> bytes:
+        fn = asst["tool_calls"][0]["function"]
+        call = {"type": "function_call", "call_id": call_id, "name": fn["name"], "arguments": fn["arguments"]}
+        out = {"type": "function_call_output", "call_id": call_id, "output": content}
+        return b"," + orjson.dumps(call) + b"," + orjson.dumps(out)
+
+    def head(self, run: int, gen: int) -> bytes:
+        chat = orjson.loads(super().head(run, gen) + b"]}")
+        system, user = chat["messages"][0]["content"], chat["messages"][1]
+        return (
+            b'{"model":'
+            + orjson.dumps(self.model)
+            + b',"instructions":'
+            + orjson.dumps(system)
+            + b',"input":['
+            + orjson.dumps(user)
+        )
+
+
+class MessagesBodies(ChatBodies):
+    """The same conversations as Anthropic Messages requests (module docstring)."""
+
+    path = "/v1/messages"
+    ok_marker, done_marker = b'"content"', b"message_stop"
+
+    def __init__(self, *args: Any):
+        self._atools = [
+            {
+                "name": t["function"]["name"],
+                "description": t["function"]["description"],
+                "input_schema": t["function"]["parameters"],
+            }
+            for t in _TOOLS
+        ]
+        super().__init__(*args)
+        self._tail = self._tail.replace(
+            b'],"tools":' + orjson.dumps(_TOOLS), b'],"tools":' + orjson.dumps(self._atools)
+        )
+
+    @staticmethod
+    def _pair(asst: dict[str, Any], call_id: str, content: str) -> bytes:
+        fn = asst["tool_calls"][0]["function"]
+        use = {"type": "tool_use", "id": call_id, "name": fn["name"], "input": orjson.loads(fn["arguments"])}
+        res = {"type": "tool_result", "tool_use_id": call_id, "content": content}
+        return (
+            b","
+            + orjson.dumps({"role": "assistant", "content": [use]})
+            + b","
+            + orjson.dumps({"role": "user", "content": [res]})
+        )
+
+    def head(self, run: int, gen: int) -> bytes:
+        chat = orjson.loads(super().head(run, gen) + b"]}")
+        system, user = chat["messages"][0]["content"], chat["messages"][1]
+        return (
+            b'{"model":'
+            + orjson.dumps(self.model)
+            + b',"system":'
+            + orjson.dumps(system)
+            + b',"messages":['
+            + orjson.dumps(user)
+        )
+
+    def tail(self, run_id: str) -> bytes:
+        meta = b',"metadata":{"user_id":' + orjson.dumps(run_id) + b"}" if self.id_via == "metadata" else b""
+        return self._tail + meta + b"}"
+
+
+BODIES = {"chat": ChatBodies, "responses": ResponsesBodies, "messages": MessagesBodies}
 
 
 class RunState:
@@ -214,6 +315,7 @@ async def _send(
     headers: dict[str, str],
     stream: bool,
     t_sched: float,
+    markers: tuple[bytes, bytes] = (ChatBodies.ok_marker, ChatBodies.done_marker),
 ) -> dict[str, Any]:
     rec: dict[str, Any] = {"t_sched": t_sched, "t_sent": time.perf_counter(), "t_first": None, "status": -1}
     try:
@@ -221,16 +323,17 @@ async def _send(
             rec["srv_step"] = r.headers.get("x-runroute-step")
             rec["tier"] = r.headers.get("x-runroute-tier")
             if stream:
-                last = b""
+                last, done = b"", False
                 async for chunk in r.content.iter_any():
                     if rec["t_first"] is None:
                         rec["t_first"] = time.perf_counter()
+                    done = done or markers[1] in last + chunk
                     last = (last + chunk)[-64:]
-                ok = r.status != 200 or b"[DONE]" in last
+                ok = r.status != 200 or done
             else:
                 data = await r.read()
                 rec["t_first"] = time.perf_counter()
-                ok = r.status != 200 or b'"choices"' in data
+                ok = r.status != 200 or markers[0] in data
             rec["status"] = r.status if ok else -3
     except asyncio.CancelledError:
         rec["status"] = -2
@@ -263,7 +366,9 @@ async def run_cell(a: argparse.Namespace, st: RunState) -> tuple[list[dict[str, 
 
     async def one(meta: dict[str, Any], body: bytes, headers: dict[str, str], t_sched: float) -> None:
         try:
-            rec = await _send(session, url, body, headers, a.stream, t_sched)
+            rec = await _send(
+                session, url, body, headers, a.stream, t_sched, (bodies.ok_marker, bodies.done_marker)
+            )
         except asyncio.CancelledError:
             meta.update(t_sched=t_sched, t_sent=None, t_first=None, t_done=None, status=-2)
             records.append(meta)
@@ -328,8 +433,9 @@ async def prime(a: argparse.Namespace, st: RunState) -> dict[str, Any]:
             run, gen, n = queue.get_nowait()
             rid = st.run_id(run, gen)
             for step in range(n):
+                body = bodies.body(run, gen, step, rid)
                 rec = await _send(
-                    session, url, bodies.body(run, gen, step, rid), _headers(a, rid), False, 0.0
+                    session, url, body, _headers(a, rid), False, 0.0, (bodies.ok_marker, bodies.done_marker)
                 )
                 counts["sent"] += 1
                 counts["ok"] += rec["status"] == 200

@@ -72,6 +72,8 @@ class Run(_Base):
     strong_model: str | None = None
     strong_outcome: Literal["success", "failure", "unknown"] | None = None
     n_steps: NonNegInt | None = None
+    # why the run ended: "client" (the client ended it), "idle" (no step for identity.idle_end_s)
+    end_reason: str | None = None
 
     @model_validator(mode="after")
     def _check_times(self) -> Run:
@@ -182,6 +184,7 @@ ARROW_SCHEMA = pa.schema(
         ("strong_model", pa.string()),
         ("strong_outcome", pa.string()),
         ("n_steps", pa.int64()),
+        ("end_reason", pa.string()),
         ("step", pa.int64()),
         ("arrival_s", pa.float64()),
         ("tool_pause_s", pa.float64()),

@@ -1,4 +1,6 @@
-"""Fixtures of the multi-router tests (tests/test_multi_router*.py; parts in multi_router_support.py).
+"""Fixtures of the multi-router tests (tests/test_multi_router*.py; parts in multi_router_support.py)
+and of the protocol/client tests (``small_bundle``, ``proto_fakes``, ``sidecar``; parts in
+protocol_support.py).
 
 Module-scoped: each module that asks for one gets its own private redis-server / fakes / cluster.
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -22,6 +25,7 @@ from multi_router_support import (
     free_port,
     router_config,
 )
+from protocol_support import running_sidecar, sidecar_settings
 
 from router.fakes.launch import fake_in_thread
 
@@ -94,3 +98,64 @@ def live(cluster: Cluster) -> Cluster:
         if not r.alive():
             r.start()
     return cluster
+
+
+# ---------------------------------------------------------------- protocol and client tests
+
+
+@pytest.fixture(scope="session")
+def small_bundle(tmp_path_factory) -> Path:
+    """A small real ModelBundle (LightGBM escalation model on synthetic rows); P(frontier) stays
+    low, so the learned policy keeps runs local unless a test says otherwise."""
+    from features.extract import N_FEATURES
+    from models.bundle import ModelBundle
+    from models.escalation import EscalationClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, N_FEATURES))
+    y = (rng.random(400) < 0.15).astype(int)
+    est = EscalationClassifier(n_estimators=20, calibration="sigmoid", cv=3, n_jobs=1).fit(X, y)
+    out = tmp_path_factory.mktemp("bundle") / "b"
+    ModelBundle(escalation=est, thresholds={"p_frontier_up": 0.95, "p_frontier_down": 0.9}).save(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def proto_fakes():
+    """Two fake vLLM replicas (chat, responses, messages), a fake OpenAI frontier and a fake
+    Anthropic frontier; runs finish after 3 tool turns."""
+    knobs = dict(
+        model="local-model",
+        zero_latency=True,
+        max_tool_turns=3,
+        strict_model=False,
+        max_model_len=200000,
+        capacity_blocks=40000,
+        max_tokens_cap=64,
+    )
+    with (
+        fake_in_thread("vllm", name="v0", **knobs) as v0,
+        fake_in_thread("vllm", name="v1", **knobs) as v1,
+        fake_in_thread(
+            "frontier", model="frontier-model", zero_latency=True, api_key="sk-oa", max_tool_turns=3
+        ) as oa,
+        fake_in_thread(
+            "anthropic",
+            model="claude-fake",
+            zero_latency=True,
+            api_key="sk-an",
+            strict_model=False,
+            max_tool_turns=3,
+        ) as an,
+    ):
+        yield {"v0": v0, "v1": v1, "openai": oa, "anthropic": an}
+
+
+@pytest.fixture
+def sidecar(tmp_path, proto_fakes, small_bundle):
+    """A factory: ``with sidecar(**settings_overrides) as (url, app): ...``."""
+
+    def make(**over: Any):
+        return running_sidecar(sidecar_settings(tmp_path, proto_fakes, small_bundle, **over))
+
+    return make

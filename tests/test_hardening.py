@@ -64,12 +64,11 @@ async def test_f1_bad_stream_options_is_422_and_holds_no_slot(tmp_path, so):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("where", ["user", "metadata"])
-async def test_f2_unicode_run_id_is_served_under_a_header_safe_id(tmp_path, stream, where):
+async def test_f2_unicode_run_id_is_served_under_a_header_safe_id(tmp_path, stream):
     raw_id = "中文-run 🚀x"
     async with Harness(tmp_path) as c:
-        body: dict = {"messages": MSGS, "stream": stream}
-        body["user" if where == "user" else "metadata"] = raw_id if where == "user" else {"run_id": raw_id}
+        # (``user`` is a tenant attribute, not a run id, since issue 16: metadata.run_id carries it)
+        body: dict = {"messages": MSGS, "stream": stream, "metadata": {"run_id": raw_id}}
         r = await c.post("/v1/chat/completions", json=body)
         assert r.status_code == 200, r.text
         rid = r.headers["x-runroute-run-id"]
@@ -86,7 +85,9 @@ async def test_f2_unicode_run_id_is_served_under_a_header_safe_id(tmp_path, stre
 
 async def test_f2_slash_in_a_run_id_is_encoded_and_found_by_its_header_form(tmp_path):
     async with Harness(tmp_path) as c:
-        r = await c.post("/v1/chat/completions", json={"messages": MSGS, "user": "team/run-1"})
+        r = await c.post(
+            "/v1/chat/completions", json={"messages": MSGS, "metadata": {"run_id": "team/run-1"}}
+        )
         rid = r.headers["x-runroute-run-id"]
         assert rid == "team%2Frun-1"
         assert (await c.get(f"/v1/runs/{urllib.parse.quote(rid, safe='')}")).status_code == 200
@@ -94,7 +95,7 @@ async def test_f2_slash_in_a_run_id_is_encoded_and_found_by_its_header_form(tmp_
 
 async def test_f2_overlong_run_id_is_hashed_and_bounded(tmp_path):
     async with Harness(tmp_path) as c:
-        r = await c.post("/v1/chat/completions", json={"messages": MSGS, "user": "é" * 500})
+        r = await c.post("/v1/chat/completions", json={"messages": MSGS, "metadata": {"run_id": "é" * 500}})
         rid = r.headers["x-runroute-run-id"]
         assert r.status_code == 200 and rid.startswith("h-") and len(rid) == 22
 

@@ -114,6 +114,7 @@ class AdmissionGate:
             waiting_requests=waiting,
             frontier_healthy=frontier,
             mean_remaining_run_s=t.mean_remaining_run_s(),
+            slot_free_s=t.slot_free_s(),
         )
 
     def _count(self, verdict: str) -> None:

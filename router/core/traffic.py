@@ -127,7 +127,9 @@ class TrafficModel:
     """See the module docstring. Knobs: ``tau_s`` (decay time constant of the rates, s),
     ``prefill_weight`` (decode-token equivalents per uncached prefill token),
     ``default_decode_tokens`` (expected output of a step before a run has history),
-    ``min_rate_steps`` (local steps seen before the per-run rate is trusted), ``forecaster``.
+    ``min_rate_steps`` (local steps seen before the per-run rate is trusted), ``forecaster``,
+    ``idle_end_s`` (the sidecar ends a run idle this long: a bound on when its slot frees; None =
+    no such bound).
     """
 
     def __init__(
@@ -139,6 +141,7 @@ class TrafficModel:
         default_decode_tokens: float = 64.0,
         min_rate_steps: int = 20,
         forecaster: ArrivalForecaster | None = None,
+        idle_end_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ):
@@ -147,6 +150,7 @@ class TrafficModel:
         self.prefill_weight = prefill_weight
         self.default_decode_tokens = default_decode_tokens
         self.min_rate_steps = min_rate_steps
+        self.idle_end_s = idle_end_s
         self.clock, self.wall = clock, wall
         self.forecaster = forecaster or ArrivalForecaster()
         self.replicas = {r: ReplicaLoad(r, DecayingRate(tau_s, now)) for r in replicas}
@@ -290,6 +294,26 @@ class TrafficModel:
             left = [max(self.run_duration_s - (now - r.admitted_s), floor) for r in self.runs.values()]
             est.append(sum(left) / len(left))
         return max(est) if est else None
+
+    def slot_free_s(self) -> tuple[float, ...]:
+        """Predicted seconds until each active run's slot frees, soonest first.
+
+        Per run, the earliest of: its predicted end (``remaining_steps_p50`` x the step cycle, else
+        the mean run duration - its age) and its idle expiry (``idle_end_s`` - time since its last
+        step: the sidecar ends it then). Runs with neither are left out."""
+        now = self.clock()
+        out = []
+        for r in self.runs.values():
+            cands = []
+            if self.step_cycle_s is not None and r.remaining_steps > 0:
+                cands.append(r.remaining_steps * self.step_cycle_s)
+            elif self.run_duration_s is not None:
+                cands.append(max(self.run_duration_s - (now - r.admitted_s), self.step_cycle_s or 0.0))
+            if self.idle_end_s is not None:
+                cands.append(max(self.idle_end_s - (now - r.last_s), 0.0))
+            if cands:
+                out.append(min(cands))
+        return tuple(sorted(out))
 
     def predicted_remaining_tokens(self) -> float:
         return float(sum(r.remaining_tokens for r in self.runs.values()))

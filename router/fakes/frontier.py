@@ -13,7 +13,14 @@ large capacity; a prompt that does not fit beside the requests in flight is serv
 Prices (USD per 1M tokens) are announced in ``x-fake-prices``; a non-streaming response also carries
 its cost in ``x-fake-cost-usd`` = (uncached in x price_in + cached x price_cached_in + out x price_out) / 1e6.
 
-Knobs (besides ``server.CommonKnobs``): ``api_key`` (none = no auth); ``rate_limit_rps`` (0 = off),
+API styles (``api_style``): ``openai`` serves ``/v1/chat/completions`` and ``/v1/responses`` with a
+Bearer key; ``azure`` serves ``/openai/deployments/{azure_deployment}/chat/completions`` and
+``/openai/responses``, needs the ``api-version`` query parameter (404 without, as Azure) and takes
+the key in ``api-key``; ``compatible`` serves ``{path_prefix}/chat/completions`` with the key in
+``auth_header`` after ``auth_scheme`` (Gemini's OpenAI-compatible base is ``/v1beta/openai``).
+
+Knobs (besides ``server.CommonKnobs``): ``api_key`` (none = no auth), ``api_style``,
+``azure_deployment``, ``path_prefix``, ``auth_header``, ``auth_scheme``; ``rate_limit_rps`` (0 = off),
 ``rate_limit_burst``; ``ttft_ms`` (400), ``tokens_per_s`` (80), ``jitter`` (0); ``price_in_per_m``,
 ``price_cached_in_per_m``, ``price_out_per_m``; ``prompt_cache`` (true), ``cache_min_tokens``,
 ``cache_block``, ``cache_capacity_blocks``. ``max_concurrency`` defaults to 0 (unlimited).
@@ -24,7 +31,7 @@ from __future__ import annotations
 import hmac
 import math
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from aiohttp import web
 from pydantic import Field
@@ -49,6 +56,14 @@ class FrontierKnobs(CommonKnobs):
     price_cached_in_per_m: float = Field(1.25, ge=0)
     price_out_per_m: float = Field(10.0, ge=0)
     prompt_cache: bool = True
+    # API style: "openai" (/v1/chat/completions + /v1/responses, Bearer), "azure"
+    # (/openai/deployments/{azure_deployment}/chat/completions?api-version=..., api-key header),
+    # "compatible" ({path_prefix}/chat/completions, auth_header with auth_scheme)
+    api_style: str = Field("openai", pattern="^(openai|azure|compatible)$")
+    azure_deployment: str = "fake-deployment"
+    path_prefix: str = "/v1beta/openai"
+    auth_header: str = "authorization"
+    auth_scheme: str = "Bearer"
     cache_min_tokens: int = Field(1024, ge=1)
     cache_block: int = Field(128, ge=1)
     cache_capacity_blocks: int = Field(1_000_000, ge=1)
@@ -59,6 +74,7 @@ class FakeFrontier(FakeServer):
     knobs_class = FrontierKnobs
     response_extra = {"system_fingerprint": "fp_fake", "service_tier": "default"}
     usage_null_in_chunks = True
+    protocols: ClassVar[tuple[str, ...]] = ("chat", "responses")
     error_types = {
         400: "invalid_request_error",
         401: "invalid_request_error",
@@ -89,17 +105,44 @@ class FakeFrontier(FakeServer):
         if new.rate_limit_burst != old.rate_limit_burst:
             self._tokens = min(self._tokens, new.rate_limit_burst)
 
-    def precheck(self, request: web.Request) -> web.Response | None:
+    def routes(self) -> list[tuple[str, str]]:
         k = self.knobs
-        if k.api_key is not None:
-            auth = request.headers.get("Authorization", "")
-            if not (
-                auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].encode(), k.api_key.encode())
-            ):
-                self.stats.unauthorized += 1
-                return self.error_response(
-                    401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
-                )
+        if k.api_style == "azure":
+            return [
+                (f"/openai/deployments/{k.azure_deployment}/chat/completions", "chat"),
+                ("/openai/responses", "responses"),
+            ]
+        if k.api_style == "compatible":
+            return [(k.path_prefix.rstrip("/") + "/chat/completions", "chat")]
+        return super().routes()
+
+    def authorized(self, request: web.Request) -> bool:
+        k = self.knobs
+        assert k.api_key is not None
+        if k.api_style == "azure":
+            got = request.headers.get("api-key", "")
+        else:
+            raw = request.headers.get(k.auth_header, "")
+            pre = (k.auth_scheme + " ") if k.auth_scheme else ""
+            got = raw[len(pre) :] if raw.startswith(pre) else ""
+        return bool(got) and hmac.compare_digest(got.encode(), k.api_key.encode())
+
+    def precheck(self, request: web.Request, protocol: str = "chat") -> web.Response | None:
+        k = self.knobs
+        if k.api_style == "azure" and not request.query.get("api-version"):
+            return self.protocol_error(protocol, 404, "Resource not found", "invalid_request_error", "404")
+        if k.api_key is not None and not self.authorized(request):
+            self.stats.unauthorized += 1
+            if protocol == "messages":
+                return self.protocol_error(protocol, 401, "invalid x-api-key")
+            return self.error_response(
+                401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
+            )
+        return self.rate_limit(protocol)
+
+    def rate_limit(self, protocol: str) -> web.Response | None:
+        """Take a token from the bucket; a 429 with Retry-After when it is empty."""
+        k = self.knobs
         if k.rate_limit_rps > 0:
             now = time.monotonic()
             self._tokens = min(k.rate_limit_burst, self._tokens + (now - self._refilled) * k.rate_limit_rps)
@@ -113,7 +156,8 @@ class FakeFrontier(FakeServer):
                     "x-ratelimit-limit-requests": str(int(k.rate_limit_burst)),
                     "x-ratelimit-remaining-requests": "0",
                 }
-                return self.error_response(
+                return self.protocol_error(
+                    protocol,
                     429,
                     "Rate limit reached for requests (fake frontier).",
                     "requests",

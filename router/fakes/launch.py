@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import orjson
 from aiohttp import web
 
+from router.fakes.anthropic import FakeAnthropic
 from router.fakes.frontier import FakeFrontier
 from router.fakes.server import FakeServer, KnobError
 from router.fakes.vllm import FakeVllm
@@ -51,7 +52,11 @@ __all__ = [
     "main",
 ]
 
-FAKE_KINDS: dict[str, type[FakeServer]] = {"vllm": FakeVllm, "frontier": FakeFrontier}
+FAKE_KINDS: dict[str, type[FakeServer]] = {
+    "vllm": FakeVllm,
+    "frontier": FakeFrontier,
+    "anthropic": FakeAnthropic,
+}
 T = TypeVar("T")
 
 

@@ -39,6 +39,8 @@ __all__ = [
     "TokenMemo",
     "error_body",
     "parse_request",
+    "parse_body",
+    "load_body",
     "prompt_tokens",
     "render_prompt",
     "render_segments",
@@ -171,16 +173,27 @@ class ParsedRequest:
     tool_choice: Any
     response_format: dict[str, Any] | None
     seed: int
+    segments: list[str] | None = None  # the template's segments (tools, messages, generation prompt)
+    tool_results: int = 0  # tool messages in the request (the run's tool turns so far)
 
 
 def parse_request(raw: bytes, memo: TokenMemo | None = None) -> ParsedRequest:
     """Parse and validate a chat-completions body; raise FakeRequestError(400) on bad input."""
+    return parse_body(load_body(raw), memo)
+
+
+def load_body(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise FakeRequestError(400, f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise FakeRequestError(400, "request body must be a JSON object")
+    return body
+
+
+def parse_body(body: dict[str, Any], memo: TokenMemo | None = None) -> ParsedRequest:
+    """Validate a chat-completions body (a dict); raise FakeRequestError(400) on bad input."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise FakeRequestError(400, "'messages' must be a non-empty list")
@@ -235,4 +248,6 @@ def parse_request(raw: bytes, memo: TokenMemo | None = None) -> ParsedRequest:
         tool_choice=tool_choice,
         response_format=rf if rf and rf.get("type") != "text" else None,
         seed=seed,
+        segments=segments,
+        tool_results=sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "tool"),
     )

@@ -1,7 +1,8 @@
 """The aiohttp server shared by the fake backends; each fake supplies its engine model.
 
-Request path of ``POST /v1/chat/completions``: ``precheck`` (auth, rate limit) -> parse and validate
-the body once with orjson -> failure injection (``error_rate``: a 5xx before the first byte) ->
+Request path of ``POST /v1/chat/completions`` (and, where the fake serves them, ``/v1/responses`` and
+``/v1/messages``, answered in their own shapes by :mod:`router.fakes.answers`): ``precheck`` (auth,
+rate limit) -> parse and validate the body once with orjson -> failure injection (``error_rate``: a 5xx before the first byte) ->
 synthesise the completion -> ``admit`` (wait for a slot in the engine's FIFO queue) -> sleep the
 time to first token -> write the answer (one JSON body, or SSE chunks paced by the per-token decode
 time, then a usage chunk when ``stream_options.include_usage`` is set, then ``data: [DONE]``) ->
@@ -15,7 +16,8 @@ delay before the first byte; ``error_rate`` / ``error_status`` injected failures
 mid-body aborts; ``seed`` for the failure-injection RNG; ``default_tokens`` completion length when the
 request sets no max_tokens; ``max_tokens_cap`` the longest completion; ``tool_call_rate`` chance of a
 tool call under tool_choice "auto"; ``strict_model`` refuse requests naming another model (404, as
-the real servers do); ``max_concurrency`` requests served at once (0 = unlimited), the rest wait FIFO.
+the real servers do); ``max_concurrency`` requests served at once (0 = unlimited), the rest wait FIFO; ``max_tool_turns``
+(0 = never) answers with text once a request carries that many tool results (a run that finishes).
 
 Extra endpoints for tests and demos: ``GET /fake/state`` (counters and knobs, JSON) and
 ``POST /fake/config`` (JSON object of knob updates, validated; the response is the new knob set).
@@ -27,83 +29,27 @@ import asyncio
 import random
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from router.fakes.protocol import FakeRequestError, ParsedRequest, TokenMemo, error_body, parse_request
-from router.fakes.responses import SSE_DONE, chat_response, new_id, sse, stream_chunks, usage_chunk
+from router.fakes.answers import Exchange
+from router.fakes.apis import anthropic_error_body, messages_view
+from router.fakes.knobs import CommonKnobs, KnobError, Stats, Ticket, validate_knobs
+from router.fakes.protocol import (
+    FakeRequestError,
+    ParsedRequest,
+    TokenMemo,
+    error_body,
+    load_body,
+    parse_body,
+)
 from router.fakes.synth import Completion, synthesize
 
 __all__ = ["CommonKnobs", "FakeServer", "Ticket", "KnobError"]
 
 _JSON = "application/json"
-
-
-class KnobError(ValueError):
-    """Bad knob name or value, as one line."""
-
-
-class CommonKnobs(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-    model: str = "fake-model"
-    name: str | None = None
-    zero_latency: bool = False
-    delay_ms: float = Field(0.0, ge=0)
-    error_rate: float = Field(0.0, ge=0, le=1)
-    error_status: int = Field(500, ge=500, le=599)
-    abort_rate: float = Field(0.0, ge=0, le=1)
-    seed: int = 0
-    default_tokens: int = Field(16, ge=1)
-    max_tokens_cap: int = Field(256, ge=1)
-    tool_call_rate: float = Field(1.0, ge=0, le=1)
-    strict_model: bool = True
-    max_concurrency: int = Field(0, ge=0)
-
-
-def validate_knobs(cls: type[BaseModel], values: dict[str, Any]) -> Any:
-    try:
-        return cls.model_validate(values)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "knobs"
-        known = ", ".join(sorted(cls.model_fields))
-        hint = f" (known knobs: {known})" if err["type"] == "extra_forbidden" else ""
-        raise KnobError(f"bad knob {loc!r}: {err['msg']}{hint}") from None
-
-
-@dataclass(slots=True)
-class Ticket:
-    """One admitted request: what the engine decided and when it happened."""
-
-    arrived: float
-    admitted: float = 0.0
-    cached_tokens: int = 0
-    created_tokens: int = 0
-    prompt_tokens: int = 0
-    slot: Any = None  # engine-specific (e.g. a prefix-cache allocation)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Stats:
-    requests: int = 0
-    completed: int = 0
-    streamed: int = 0
-    bad_requests: int = 0
-    errors_injected: int = 0
-    aborts_injected: int = 0
-    rate_limited: int = 0
-    unauthorized: int = 0
-    cancelled: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    models_seen: dict[str, int] = field(default_factory=dict)
 
 
 class FakeServer:
@@ -119,6 +65,7 @@ class FakeServer:
     vllm_shapes: ClassVar[bool] = False  # build vLLM's response/chunk shapes (see fakes.responses)
     usage_null_in_chunks: ClassVar[bool] = False
     error_types: ClassVar[dict[int, str]] = {}
+    protocols: ClassVar[tuple[str, ...]] = ("chat",)
 
     def __init__(self, **knobs: Any):
         self.knobs = validate_knobs(self.knobs_class, knobs)
@@ -127,6 +74,7 @@ class FakeServer:
         self._waiting: deque[tuple[asyncio.Future[Ticket], Ticket, ParsedRequest, Completion]] = deque()
         self._rng = random.Random(self.knobs.seed)
         self._memo = TokenMemo()
+        self.responses_store: dict[str, list[dict[str, Any]]] = {}
         self._port: int | None = None
         self._header_value = ""
         self._refresh_header()
@@ -189,8 +137,13 @@ class FakeServer:
     ) -> dict[str, str]:
         return {}
 
-    def precheck(self, request: web.Request) -> web.Response | None:
+    def precheck(self, request: web.Request, protocol: str = "chat") -> web.Response | None:
         return None
+
+    def routes(self) -> list[tuple[str, str]]:
+        """``(path, protocol)`` of the generation endpoints this fake serves."""
+        paths = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+        return [(paths[p], p) for p in self.protocols]
 
     def metrics_text(self) -> str:
         return ""
@@ -268,7 +221,15 @@ class FakeServer:
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self.handle_chat)
+        for path, proto in self.routes():
+            handler = {
+                "chat": self.handle_chat,
+                "responses": self.handle_responses,
+                "messages": self.handle_messages,
+            }[proto]
+            app.router.add_post(path, handler)
+            if proto == "messages":
+                app.router.add_post(path + "/count_tokens", self.handle_count_tokens)
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/metrics", self.handle_metrics)
@@ -333,19 +294,72 @@ class FakeServer:
         return web.Response(body=orjson.dumps(self.knobs.model_dump()), content_type=_JSON)
 
     async def handle_chat(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, "chat")
+
+    async def handle_responses(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, "responses")
+
+    async def handle_messages(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, "messages")
+
+    async def handle_count_tokens(self, request: web.Request) -> web.StreamResponse:
+        refused = self.precheck(request, "messages")
+        if refused is not None:
+            return refused
+        try:
+            view, _ = messages_view(load_body(await request.read()), need_max_tokens=False)
+            n = len(parse_body(view, self._memo).tokens)
+        except FakeRequestError as e:
+            return self.protocol_error("messages", e.status, e.message, e.type, e.code, param=e.param)
+        return web.Response(body=orjson.dumps({"input_tokens": n}), content_type=_JSON)
+
+    def protocol_error(
+        self,
+        protocol: str,
+        status: int,
+        message: str,
+        type_: str | None = None,
+        code: Any = None,
+        headers=None,
+        param=None,
+    ):
+        """An error in the protocol's shape (Messages: Anthropic's, else OpenAI's / vLLM's)."""
+        if protocol == "messages":
+            t = {
+                400: "invalid_request_error",
+                401: "authentication_error",
+                404: "not_found_error",
+                429: "rate_limit_error",
+                529: "overloaded_error",
+            }
+            return web.Response(
+                status=status,
+                body=anthropic_error_body(t.get(status, "api_error"), message),
+                content_type=_JSON,
+                headers=headers,
+            )
+        return self.error_response(status, message, type_, code, headers, param)
+
+    def on_parsed(self, ex: Exchange, req: ParsedRequest, ticket: Ticket) -> None:  # pragma: no cover - hook
+        return None
+
+    async def handle(self, request: web.Request, protocol: str) -> web.StreamResponse:
         st = self.stats
         st.requests += 1
         arrived = time.perf_counter()
-        refused = self.precheck(request)
+        refused = self.precheck(request, protocol)
         if refused is not None:
             return refused
         k = self.knobs
+        ex = Exchange(self, protocol)
         try:
-            req = parse_request(await request.read(), self._memo)
+            req = ex.parse(await request.read())
             if req.model is not None:
                 st.models_seen[req.model] = st.models_seen.get(req.model, 0) + 1
                 if k.strict_model and req.model != k.model:
                     raise self.model_not_found(req.model)
+            if k.max_tool_turns and req.tool_results >= k.max_tool_turns:
+                req.tool_choice = "none"  # the agent's task is done: a final text answer
             comp = synthesize(
                 req,
                 default_tokens=k.default_tokens,
@@ -355,15 +369,17 @@ class FakeServer:
             self.validate(req, comp)
         except FakeRequestError as e:
             st.bad_requests += 1
-            return self.error_response(e.status, e.message, e.type, e.code, param=e.param)
+            return self.protocol_error(protocol, e.status, e.message, e.type, e.code, param=e.param)
+        st.protocols[protocol] = st.protocols.get(protocol, 0) + 1
         lat = not k.zero_latency
         if lat and k.delay_ms > 0:
             await asyncio.sleep(k.delay_ms / 1000.0)
         if k.error_rate and self._rng.random() < k.error_rate:
             st.errors_injected += 1
-            return self.error_response(k.error_status, "injected failure (fake backend error_rate)")
+            return self.protocol_error(protocol, k.error_status, "injected failure (fake backend error_rate)")
         abort = bool(k.abort_rate) and self._rng.random() < k.abort_rate
         ticket = Ticket(arrived=arrived, prompt_tokens=len(req.tokens))
+        self.on_parsed(ex, req, ticket)
         await self._admit(ticket, req, comp)
         ok = False
         ttft = 0.0
@@ -372,10 +388,11 @@ class FakeServer:
                 t = self.ttft_s(ticket)
                 if t > 0:
                     await asyncio.sleep(t)
+            ex.ids(comp)
             if req.stream:
-                resp, ttft = await self._stream(request, ticket, req, comp, abort)
+                resp, ttft = await self._stream(request, ticket, req, comp, abort, ex)
             else:
-                resp, ttft = await self._unary(request, ticket, req, comp, abort)
+                resp, ttft = await self._unary(request, ticket, req, comp, abort, ex)
             ok = not abort
             return resp
         except (asyncio.CancelledError, ConnectionError):  # client went away mid-answer
@@ -389,28 +406,22 @@ class FakeServer:
                 st.cached_tokens += ticket.cached_tokens
                 st.completion_tokens += comp.completion_tokens
 
-    def _ids(self, comp: Completion) -> tuple[str, str]:
-        return new_id(), (new_id("chatcmpl-tool-") if comp.tool_name else "")
-
     async def _unary(
-        self, request: web.Request, ticket: Ticket, req: ParsedRequest, comp: Completion, abort: bool
+        self,
+        request: web.Request,
+        ticket: Ticket,
+        req: ParsedRequest,
+        comp: Completion,
+        abort: bool,
+        ex: Exchange,
     ) -> tuple[web.StreamResponse, float]:
         ttft = time.perf_counter() - ticket.arrived
         if not self.knobs.zero_latency:
             d = self.decode_s_per_token(ticket) * max(0, comp.completion_tokens - 1)
             if d > 0:
                 await asyncio.sleep(d)
-        rid, call_id = self._ids(comp)
         usage = self.usage(ticket, comp)
-        body = chat_response(
-            comp,
-            rid=rid,
-            model=self.knobs.model,
-            usage=usage,
-            call_id=call_id,
-            extra=self.response_extra,
-            vllm=self.vllm_shapes,
-        )
+        body = ex.body_bytes(comp, usage)
         headers = self.response_headers(ticket, comp, usage)
         if not abort:
             return web.Response(body=body, content_type=_JSON, headers=headers), ttft
@@ -424,33 +435,28 @@ class FakeServer:
         return resp, ttft
 
     async def _stream(
-        self, request: web.Request, ticket: Ticket, req: ParsedRequest, comp: Completion, abort: bool
+        self,
+        request: web.Request,
+        ticket: Ticket,
+        req: ParsedRequest,
+        comp: Completion,
+        abort: bool,
+        ex: Exchange,
     ) -> tuple[web.StreamResponse, float]:
         self.stats.streamed += 1
-        rid, call_id = self._ids(comp)
         resp = web.StreamResponse(headers=self.response_headers(ticket, comp, None))
         resp.content_type = "text/event-stream"
         resp.headers["Cache-Control"] = "no-cache"
         await resp.prepare(request)
         per_tok = 0.0 if self.knobs.zero_latency else self.decode_s_per_token(ticket)
-        model = self.knobs.model
-        chunks = list(
-            stream_chunks(
-                comp,
-                rid=rid,
-                model=model,
-                call_id=call_id,
-                usage_null=self.usage_null_in_chunks and req.include_usage,
-                extra=self.response_extra,
-                vllm=self.vllm_shapes,
-            )
-        )
+        usage = self.usage(ticket, comp)
+        chunks = ex.events(comp, req, usage)
         cut_at = len(chunks) // 2 if abort else -1
         t_first = time.perf_counter()
         ttft = t_first - ticket.arrived
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        for i, (done, ch) in enumerate(chunks):
+        for i, (done, data) in enumerate(chunks):
             if i == cut_at:
                 self.stats.aborts_injected += 1
                 _cut(request)
@@ -459,13 +465,8 @@ class FakeServer:
                 wait = t0 + (done - 1) * per_tok - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
-            await resp.write(sse(ch))
-        tail = b""
-        if req.include_usage:
-            tail = sse(
-                usage_chunk(rid, model, self.usage(ticket, comp), self.response_extra, vllm=self.vllm_shapes)
-            )
-        await resp.write(tail + SSE_DONE)
+            await resp.write(data)
+        await resp.write(ex.tail(comp, req, usage))
         await resp.write_eof()
         return resp, ttft
 

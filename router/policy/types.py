@@ -36,6 +36,8 @@ class BackendState:
     price_in_per_m: float = 0.0
     price_cached_in_per_m: float = 0.0
     price_out_per_m: float = 0.0
+    # the provider's prompt-cache write price (Anthropic: 1.25 x input); 0 = the input price
+    price_cache_write_per_m: float = 0.0
     # latency model terms (seconds), used to price prefill/cold start
     prefill_s_per_token: float = 0.0
     ttft_base_s: float = 0.0

@@ -4,7 +4,10 @@
   ``-reason``, ``-step``, ``-fallback-from`` (after a fallback), ``-admission`` (``admit-local`` /
   ``spill`` at a run's first step).
 - :func:`reject_error`: the 429 ``run_rejected_overload`` of a new run admission refused, with
-  ``Retry-After`` = the plan's estimate (at least ``retry_after_min_s``, whole seconds, >= 1).
+  ``Retry-After`` = the plan's estimate of when a slot frees (at least ``retry_after_min_s``, whole
+  seconds, >= 1), ``retry-after-ms``, and ``x-should-retry``: ``true`` up to
+  ``client_retry_max_s``, else ``false`` (the openai/anthropic SDKs retry silently on their own,
+  the anthropic one waiting any Retry-After; past the bound the caller sees the 429 at once).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def reject_error(plan: StepPlan, run_id: str, adm: Any) -> ProxyError:
     """``adm``: the admission settings (``retry_after_min_s``, ``slo_short_step_s``)."""
     ad = plan.admission_decision
     assert ad is not None
-    retry = max(1, math.ceil(plan.retry_after_s or adm.retry_after_min_s))
+    wait = plan.retry_after_s if plan.retry_after_s is not None else adm.retry_after_min_s
+    retry = max(1, math.ceil(wait))
     return ProxyError(
         429,
         "run_rejected_overload",
@@ -45,6 +49,8 @@ def reject_error(plan: StepPlan, run_id: str, adm: Any) -> ProxyError:
         f"{ad.predicted_short_step_s:.2f}s vs SLO {adm.slo_short_step_s:g}s); retry after {retry}s",
         {
             "retry-after": str(retry),
+            "retry-after-ms": str(max(1, math.ceil(wait * 1000))),
+            "x-should-retry": "true" if retry <= adm.client_retry_max_s else "false",
             "x-runroute-run-id": run_id,
             "x-runroute-reason": plan.decision.reason,
             "x-runroute-admission": "reject",

@@ -21,8 +21,10 @@ background); ``admission_budget_hook`` (``tenant -> bool``) replaces the per-ten
 built from settings. ``clock`` (monotonic) and ``wall`` (epoch) are injected into the engine, the
 traffic model and the run log.
 
-Endpoints: ``POST /v1/chat/completions`` (:mod:`router.server.proxy`, short-cutting the middleware
-stack) and the rest (:mod:`router.server.routes`).
+Endpoints: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``
+(:mod:`router.server.proxy`, short-cutting the middleware stack) and the rest
+(:mod:`router.server.routes`). The idle-run sweep (:mod:`router.server.lifecycle`) runs in the
+background every ``identity.sweep_s``.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def _json(obj: Any, status: int = 200) -> Response:
 
 
 class _RouterApp(FastAPI):
-    """FastAPI, except that ``POST /v1/chat/completions`` skips the middleware stack.
+    """FastAPI, except that the hot paths (``POST /v1/chat/completions``, ``/v1/responses``,
+    ``/v1/messages``) skip the middleware stack.
 
     The hot path answers every error itself (OpenAI-style); an unexpected exception still becomes
     a 500 ``internal_error`` here. Measured: the stack's per-``send`` wrappers cost ~10 us per SSE
@@ -71,7 +74,7 @@ class _RouterApp(FastAPI):
     ``headers_too_large`` (uvicorn's httptools parser has no such limit of its own).
     """
 
-    hot_path: Any = None
+    hot_paths: dict[str, Any] = {}
     max_headers: int = 100
     max_header_bytes: int = 64 * 1024
 
@@ -82,12 +85,12 @@ class _RouterApp(FastAPI):
                 msg = f"request headers exceed {self.max_headers} headers / {self.max_header_bytes} bytes"
                 await error_response(431, "headers_too_large", msg)(scope, receive, send)
                 return
-        if (
-            self.hot_path is not None
-            and scope["type"] == "http"
-            and scope["path"] == "/v1/chat/completions"
-            and scope["method"] == "POST"
-        ):
+        hot = (
+            self.hot_paths.get(scope["path"])
+            if scope["type"] == "http" and scope["method"] == "POST"
+            else None
+        )
+        if hot is not None:
             started = False
 
             async def tracking_send(msg: Any) -> None:
@@ -96,10 +99,10 @@ class _RouterApp(FastAPI):
                 await send(msg)
 
             try:
-                response = await self.hot_path(Request(scope, receive))
+                response = await hot(Request(scope, receive))
                 await response(scope, receive, tracking_send)
             except Exception:
-                log.exception("unhandled error on the chat-completions path")
+                log.exception("unhandled error on the hot path %s", scope["path"])
                 if not started:
                     await error_response(500, "internal_error", "internal router error")(scope, receive, send)
             return
@@ -187,6 +190,7 @@ def create_app(
         holder.start()
         if admission is not None:
             admission.start()
+        proxy.lifecycle.start()
         # the bundle, settings and imported modules live for the whole process: move them out of the
         # collector's generations so a full collection under load does not walk them (tail latency)
         gc.collect()
@@ -194,6 +198,7 @@ def create_app(
         try:
             yield
         finally:
+            await proxy.lifecycle.stop()
             if admission is not None:
                 await admission.stop()
             await scraper.stop()
@@ -205,13 +210,18 @@ def create_app(
     app = _RouterApp(
         title="runroute",
         version="0.1.0",
-        description="Routing sidecar for agent runs (OpenAI-compatible); errors: router.server.errors",
+        description="Routing sidecar for agent runs (chat completions, OpenAI Responses, Anthropic Messages); "
+        "errors: router.server.errors",
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json",
     )
-    app.hot_path = proxy.chat
+    app.hot_paths = {
+        "/v1/chat/completions": proxy.chat,
+        "/v1/responses": proxy.responses,
+        "/v1/messages": proxy.messages,
+    }
     app.max_headers, app.max_header_bytes = s.server.max_headers, s.server.max_header_bytes
     app.state.proxy = proxy
     app.state.holder = holder

@@ -4,7 +4,7 @@ Algorithm (every check compares keys with ``hmac.compare_digest``; a key never l
 only its id ``"k-" + blake2b(key, 8 bytes)`` does, e.g. as a run's ``owner`` in the run-state store):
 
 - Client endpoints (``/v1/*``): with client keys configured (``server.api_keys`` /
-  ``api_keys_env``) a request needs ``Authorization: Bearer <client key>`` (else 401
+  ``api_keys_env``) a request needs ``Authorization: Bearer <client key>`` (or ``x-api-key`` / ``api-key``, as Anthropic and Azure clients send it; else 401
   ``invalid_api_key``); with none configured they are open and runs have no owner.
 - Run ownership: a run belongs to the key whose request started it (:attr:`RunState.owner`); a
   request with another key gets 404 ``run_not_found`` on reading it, stepping it (chat) or ending
@@ -42,8 +42,13 @@ def key_id(key: str) -> str:
 
 
 def _bearer(request: Request) -> str:
-    auth = request.headers.get("authorization", "")
-    return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    """The key of a request: ``Authorization: Bearer``, else ``x-api-key`` (Anthropic clients, e.g.
+    Claude Code with ``ANTHROPIC_API_KEY``) or ``api-key`` (Azure-style clients)."""
+    h = request.headers
+    auth = h.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return (h.get("x-api-key") or h.get("api-key") or "").strip()
 
 
 def _match(token: str, keys: Iterable[str]) -> bool:

@@ -17,12 +17,17 @@ always captured, and the usage-only chunk is removed again when the client did n
 Capture (:class:`Capture`): usage (prompt, cached = ``prompt_tokens_details.cached_tokens``,
 completion) and tool calls (names, argument strings -> a key per call: a repeated key is a loop
 signal) from a JSON answer or from the SSE events that mention ``usage`` or ``tool_calls``.
+
+:class:`ChatAdapter` is this module as a :class:`router.server.protocol.Adapter` (the hot path's
+interface); a backend that does not speak Chat Completions (an Anthropic frontier) gets the request
+translated by :mod:`router.server.translate`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +35,9 @@ import orjson
 
 from features.tokens import content_chars, prompt_tokens, text_tokens
 from router.core.record import StepRequest
-from router.server.errors import ProxyError
+from router.server.errors import ProxyError, error_body, error_response
+from router.server.protocol import AUTO_MODELS, ClientRequest, resolve_model
+from router.server.sse import looks_error, text_of
 from router.server.validate import (
     DEFAULT_MAX_DEPTH,
     check_depth,
@@ -42,25 +49,23 @@ from router.server.validate import (
     check_tools,
 )
 
-__all__ = ["ChatRequest", "Capture", "read_request", "rewrite_body", "tool_key", "AUTO_MODELS"]
+__all__ = [
+    "ChatRequest",
+    "Capture",
+    "ChatAdapter",
+    "read_request",
+    "rewrite_body",
+    "tool_key",
+    "AUTO_MODELS",
+]
 
 _MODEL_RE = re.compile(rb'"model"\s*:\s*"(?:[^"\\]|\\.)*"')
-_ERR_WORDS = ("error", "exception", "traceback")
-AUTO_MODELS = frozenset({"auto", "runroute-auto"})
+ChatRequest = ClientRequest
 
 
-@dataclass(slots=True)
-class ChatRequest:
-    """A validated chat-completions body and what the router reads from it."""
-
-    raw: bytes
-    body: dict[str, Any]
-    requested: str | None  # a concrete model, None for auto
-    stream: bool
-    strip_usage: bool  # the client did not ask for the usage chunk
-
-
-def read_request(raw: bytes, models: dict[str, str], max_depth: int = DEFAULT_MAX_DEPTH) -> ChatRequest:
+def read_request(
+    raw: bytes, models: Mapping[str, str], aliases: Any = None, max_depth: int = DEFAULT_MAX_DEPTH
+) -> ClientRequest:
     """Parse and validate (:mod:`router.server.validate` for every field the router reads);
     raises :class:`ProxyError` (4xx) for bad input."""
     try:
@@ -80,13 +85,7 @@ def read_request(raw: bytes, models: dict[str, str], max_depth: int = DEFAULT_MA
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise ProxyError(422, "invalid_stream", "'stream' must be a boolean")
-    requested = None if model in AUTO_MODELS else model
-    if requested is not None and requested not in models:
-        raise ProxyError(
-            404,
-            "model_not_found",
-            f"model {requested!r} is not served here; use 'auto' or one of {sorted(models)}",
-        )
+    requested, alias = resolve_model(model, models, aliases)
     so = body.get("stream_options")
     check_stream_options(so)
     check_tools(body.get("tools"))
@@ -94,24 +93,13 @@ def read_request(raw: bytes, models: dict[str, str], max_depth: int = DEFAULT_MA
     check_optional_str(body.get("user"), "user")
     check_object(body.get("response_format"), "response_format")
     strip = stream and not (isinstance(so, dict) and so.get("include_usage") is True)
-    return ChatRequest(raw, body, requested, stream, strip)
+    return ClientRequest("chat", raw, body, requested, stream, model_alias=alias, strip_usage=strip)
 
 
-def _looks_error(c: Any) -> bool:
-    if isinstance(c, str):
-        head = c[:200]
-    elif isinstance(c, list):
-        head = " ".join(
-            p.get("text", "") for p in c[:4] if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )
-        head = head[:200]
-    else:  # validated content is a string, a list or null: nothing else is stringified
-        head = ""
-    head = head.lower()
-    return any(w in head for w in _ERR_WORDS)
+_looks_error = looks_error
 
 
-def step_request(req: ChatRequest, previous_total: int | None, **kw: Any) -> StepRequest:
+def step_request(req: ClientRequest, previous_total: int | None, **kw: Any) -> StepRequest:
     """The engine's view of a chat request (module docstring). ``previous_total``: the run's
     previous served step's prompt + completion tokens (None at its first step)."""
     body = req.body
@@ -212,14 +200,26 @@ class Capture:
     usage: dict[str, Any] | None = None
     tool_names: dict[int, str] = field(default_factory=dict)
     tool_args: dict[int, str] = field(default_factory=dict)
+    markers: tuple[bytes, ...] | None = (b'"usage"', b'"tool_calls"')
+    translating: bool = False
 
-    def json(self, data: bytes) -> None:
+    def json(self, data: bytes) -> bytes:
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return
-        if not isinstance(obj, dict):
-            return
+            return data
+        if isinstance(obj, dict):
+            self.read(obj)
+        return data
+
+    def finish_stream(self) -> bytes:
+        return b""
+
+    def response_id(self) -> str | None:
+        return None
+
+    def read(self, obj: dict[str, Any]) -> None:
+        """Usage and tool calls of a ``chat.completion`` object."""
         u = obj.get("usage")
         if isinstance(u, dict):
             self.usage = u
@@ -247,6 +247,16 @@ class Capture:
             return ev
         if not isinstance(obj, dict):
             return ev
+        self.read_chunk(obj)
+        if self.strip_usage and isinstance(obj.get("usage"), dict):
+            if not obj.get("choices"):
+                return None
+            del obj["usage"]
+            return ev[:i] + b"data: " + orjson.dumps(obj)
+        return ev
+
+    def read_chunk(self, obj: dict[str, Any]) -> None:
+        """Usage and tool-call deltas of one ``chat.completion.chunk``."""
         for ch in obj.get("choices") or ():
             delta = ch.get("delta") if isinstance(ch, dict) else None
             calls = delta.get("tool_calls") if isinstance(delta, dict) else None
@@ -264,12 +274,6 @@ class Capture:
         u = obj.get("usage")
         if isinstance(u, dict):
             self.usage = u
-            if self.strip_usage:
-                if not obj.get("choices"):
-                    return None
-                del obj["usage"]
-                return ev[:i] + b"data: " + orjson.dumps(obj)
-        return ev
 
     def counts(self) -> tuple[int | None, int | None, int]:
         """``(prompt, cached, completion)`` from the captured usage (None where absent)."""
@@ -289,3 +293,74 @@ class Capture:
         names = tuple(self.tool_names[k] for k in order)
         keys = tuple(tool_key(self.tool_names.get(k, ""), self.tool_args.get(k, "")) for k in order)
         return names, keys
+
+
+class ChatAdapter:
+    """Chat Completions as a :class:`router.server.protocol.Adapter`."""
+
+    name = "chat"
+    path = "/v1/chat/completions"
+
+    def read(
+        self, raw: bytes, models: Mapping[str, str], aliases: Any = None, max_depth: int = DEFAULT_MAX_DEPTH
+    ) -> ClientRequest:
+        return read_request(raw, models, aliases, max_depth)
+
+    def step_request(self, req: ClientRequest, previous_total: int | None, **kw: Any) -> StepRequest:
+        return step_request(req, previous_total, **kw)
+
+    def opening(self, req: ClientRequest) -> tuple[str | None, str | None, bool]:
+        return chat_opening(req.body.get("messages") or [])
+
+    def natural_id(self, req: ClientRequest, headers: Mapping[str, str]) -> tuple[str, str] | None:
+        return None
+
+    def user(self, req: ClientRequest) -> str | None:
+        u = req.body.get("user")
+        return u if isinstance(u, str) and u else None
+
+    def outbound(self, req: ClientRequest, backend_protocol: str, model: str, backend: str = "") -> bytes:
+        if backend_protocol == "chat":
+            return rewrite_body(req.raw, req.body, model, req.stream)
+        from router.server.translate import chat_to_messages
+
+        return orjson.dumps(chat_to_messages(req.body, model))
+
+    def capture(self, req: ClientRequest, backend_protocol: str) -> Any:
+        if backend_protocol == "chat":
+            return Capture(strip_usage=req.strip_usage)
+        from router.server.translate_stream import translating_capture
+
+        return translating_capture(req, backend_protocol)
+
+    def error_body(self, status: int, code: str, message: str) -> bytes:
+        return error_body(status, code, message)
+
+    def stream_error(self, status: int, code: str, message: str) -> bytes:
+        return b"data: " + error_body(status, code, message) + b"\n\n"
+
+    def error_response(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> Any:
+        return error_response(status, code, message, headers)
+
+
+def chat_opening(messages: list[Any]) -> tuple[str | None, str | None, bool]:
+    """``(system text, first user text, is_opening)`` of a message list: the first
+    system/developer message, the first user message, and whether no assistant turn came yet."""
+    system = user = None
+    opening = True
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        role = m.get("role")
+        if role in ("system", "developer"):
+            if system is None:
+                system = text_of(m.get("content"))
+        elif role == "user":
+            if user is None:
+                user = text_of(m.get("content"))
+        elif role in ("assistant", "tool", "function"):
+            opening = False
+            break
+    return system, user, opening

@@ -1,15 +1,26 @@
-"""Run identity: which agent run does a chat-completions request belong to?
+"""Run identity: which agent run does a request belong to, in any of the three protocols?
 
 Algorithm, first match wins:
 
 1. the ``X-Run-Id`` request header (the agent or its framework knows the run; recommended);
-2. ``metadata.run_id`` in the body (OpenAI's ``metadata`` object), else the body's ``user`` field;
-3. a stable hash of the conversation's opening: ``"h-" + sha256(orjson([system, first_user]))[:20]``
-   where ``system`` is the content of the first ``system``/``developer`` message (or null) and
-   ``first_user`` the content of the first ``user`` message (or null); contents are hashed as given
-   (string or list of parts). Each step of an agent run re-sends the same opening, so its steps
-   share the id; two runs that open with byte-identical system prompt *and* first user message
-   collide and are treated as one run (send ``X-Run-Id`` to separate them).
+2. ``metadata.run_id`` in the body (OpenAI's ``metadata`` object);
+3. an id the protocol itself carries (:meth:`router.server.protocol.Adapter.natural_id`): a
+   Responses ``previous_response_id`` names the run of the response it continues; a Claude Code
+   session (``x-claude-code-session-id`` header, or the ``session_<uuid>`` in its
+   ``metadata.user_id``) is one run;
+4. a stable hash of the conversation's opening, protocol-independent so a run may change protocol
+   between steps: ``"h-" + sha256(orjson([user scope, system text, first user text]))[:20]`` where
+   the texts are normalised to plain strings (a chat system/developer message, Responses
+   ``instructions`` or a system item, Messages ``system``; the first user message; string content
+   or the concatenated ``text`` of its parts) and the user scope is the body's ``user`` (chat,
+   Responses) or ``metadata.user_id`` (Messages), so identical openings of two users never merge.
+   ``user`` is a tenant/user attribute, never a run id by itself.
+
+   Generations (:class:`OpeningRuns`): the hash names the *latest* run with that opening; a request
+   with that opening starts a new run (``<hash>.<n>``) when the latest run ended (``POST
+   /v1/runs/{id}/end`` or the idle sweep), went idle longer than ``identity.reopen_gap_s``, or when
+   the request is itself an opening (no assistant turn yet) while the latest run already served
+   one: the second trial of a task starts at step 0 instead of resuming the first at step 2.
 
 Sanitising (:func:`clean_id`, every id from a header or the body): surrounding whitespace is
 stripped; every character outside the safe set :data:`SAFE` (ASCII letters, digits and
@@ -19,17 +30,36 @@ value (``x-runroute-run-id``), one URL path segment and one log token. ``%`` its
 cleaning is idempotent: the id in ``x-runroute-run-id`` and its decoded form both find the run
 under ``/v1/runs/{id}`` (the endpoints clean the path parameter the same way). An id longer than
 :data:`MAX_ID_LEN` after encoding (or empty) is hashed: ``"h-" + sha256(id)[:20]``.
+
+Idle end (:func:`idle_end_from_pauses`): a run with no step for ``identity.idle_end_s`` is ended by
+the sidecar's sweep (end reason ``idle``), releasing its admission slot. The default, 900 s, is
+``1.25 x`` the largest per-source p99 of ``tool_pause_s`` in the shipped run logs (Mooncake 690 s,
+tau2-bench 4.6 s), rounded up to a minute; run :func:`idle_end_from_pauses` on your own logs.
+
+How clients pass a run id: see the README ("Clients and protocols").
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-__all__ = ["run_id_for", "hash_opening", "clean_id", "MAX_ID_LEN", "SAFE"]
+__all__ = [
+    "run_id_for",
+    "explicit_id",
+    "hash_opening",
+    "opening_hash",
+    "clean_id",
+    "OpeningRuns",
+    "idle_end_from_pauses",
+    "MAX_ID_LEN",
+    "SAFE",
+]
 
 MAX_ID_LEN = 200
 SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~:@!$&'()*+,;=%")
@@ -48,31 +78,78 @@ def clean_id(rid: str) -> str:
     return "h-" + hashlib.sha256(rid.encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
-def hash_opening(messages: list[Any]) -> str:
-    system = user = None
-    for m in messages:
-        if not isinstance(m, dict):
-            continue
-        role = m.get("role")
-        if system is None and role in ("system", "developer"):
-            system = m.get("content")
-        elif role == "user":
-            user = m.get("content")
-            break
-    digest = hashlib.sha256(orjson.dumps([system, user])).hexdigest()[:20]
-    return "h-" + digest
+_clean = clean_id
 
 
-def run_id_for(header_value: str | None, body: Mapping[str, Any]) -> tuple[str, str]:
-    """Return ``(run_id, source)`` with source one of ``header``, ``metadata``, ``user``, ``hash``."""
-    if header_value:
-        return clean_id(header_value), "header"
+def opening_hash(system: str | None, user: str | None, scope: str | None = None) -> str:
+    """The protocol-independent hash of an opening (module docstring, rule 4)."""
+    return "h-" + hashlib.sha256(orjson.dumps([scope, system, user])).hexdigest()[:20]
+
+
+def hash_opening(messages: list[Any], scope: str | None = None) -> str:
+    """The opening hash of a chat-completions message list."""
+    from router.server.chat import chat_opening
+
+    system, user, _ = chat_opening(messages)
+    return opening_hash(system, user, scope)
+
+
+def explicit_id(header_value: str | None, body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Rules 1-2: the ``X-Run-Id`` header, else ``metadata.run_id``."""
+    if header_value and header_value.strip():
+        return _clean(header_value.strip()), "header"
     meta = body.get("metadata")
     if isinstance(meta, dict):
         rid = meta.get("run_id")
         if isinstance(rid, str) and rid:
-            return clean_id(rid), "metadata"
+            return _clean(rid), "metadata"
+    return None
+
+
+def run_id_for(header_value: str | None, body: Mapping[str, Any]) -> tuple[str, str]:
+    """Chat-completions identity without generations: ``(run_id, source)`` (header, metadata,
+    hash); the sidecar resolves through :class:`OpeningRuns`."""
+    found = explicit_id(header_value, body)
+    if found is not None:
+        return found
     user = body.get("user")
-    if isinstance(user, str) and user:
-        return clean_id(user), "user"
-    return hash_opening(body.get("messages") or []), "hash"
+    return hash_opening(body.get("messages") or [], user if isinstance(user, str) and user else None), "hash"
+
+
+@dataclass(slots=True)
+class _Latest:
+    run_id: str
+    generation: int
+
+
+class OpeningRuns:
+    """The latest run of each opening hash and the rule that starts the next one (rule 4).
+
+    ``status(run_id) -> (ended, idle_s, served_opening)`` is asked of the caller's run tracker."""
+
+    def __init__(self, reopen_gap_s: float, max_entries: int = 100000):
+        self.reopen_gap_s = reopen_gap_s
+        self.max_entries = max_entries
+        self._latest: dict[str, _Latest] = {}
+
+    def resolve(self, base: str, is_opening: bool, status: Any) -> str:
+        cur = self._latest.get(base)
+        if cur is None:
+            cur = self._latest[base] = _Latest(base, 1)
+            if len(self._latest) > self.max_entries:
+                self._latest.pop(next(iter(self._latest)))
+            return base
+        ended, idle_s, served_opening = status(cur.run_id)
+        if ended or (idle_s is not None and idle_s > self.reopen_gap_s) or (is_opening and served_opening):
+            cur.generation += 1
+            cur.run_id = f"{base}.{cur.generation}"
+        return cur.run_id
+
+
+def idle_end_from_pauses(pauses: Iterable[float], factor: float = 1.25, round_to_s: float = 60.0) -> float:
+    """The idle-end time for a population of tool pauses: ``factor x p99``, rounded up."""
+    xs = sorted(float(p) for p in pauses if p is not None and p == p)
+    if not xs:
+        raise ValueError("no tool pauses")
+    k = min(len(xs) - 1, max(0, math.ceil(0.99 * len(xs)) - 1))
+    return math.ceil(factor * xs[k] / round_to_s) * round_to_s

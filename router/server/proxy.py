@@ -1,32 +1,41 @@
-"""The hot path: ``POST /v1/chat/completions`` — read, run the step engine, forward, relay, record.
+"""The hot path: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages`` — read, run the
+step engine, forward, relay, record; the same code for every protocol.
 
-Algorithm per request (the decisions are the step engine's, :mod:`router.core.engine`; this module
-does the I/O around it):
+Algorithm per request (the decisions are the step engine's, :mod:`router.core.engine`; the protocol
+details are the adapter's, :mod:`router.server.protocol`; this module does the I/O around them):
 
 1. Auth (:mod:`router.server.auth`: optional client keys), body size limit (``Content-Length``
    checked before reading, the stream counted while reading), one ``orjson.loads`` and validation
-   of every field the router reads (:mod:`router.server.chat`, :mod:`router.server.validate`).
-2. Run identity (:mod:`router.server.identity`, header-safe ids) and the run's track
+   of every field the router reads (``adapter.read``: :mod:`router.server.chat`,
+   :mod:`router.server.responses`, :mod:`router.server.messages`, :mod:`router.server.validate`);
+   bad input is a 4xx in the protocol's own error shape.
+2. Run identity (:class:`router.server.lifecycle.RunLifecycle`: header, ``metadata.run_id``, the
+   protocol's own id, the opening hash with generations; header-safe ids) and the run's track
    (:class:`RunHistory`, bounded by ``server.run_history_runs`` / ``run_history_steps``); under a
    per-run lock (so concurrent steps of one run see each other's pin): the run's pin and its step
    index from the run-state store in one atomic call (``begin_step``: the index is unique across
    router replicas; a run owned by another key answers 404 ``run_not_found``), the step the engine
-   sees (:func:`router.server.proto.step_request`), fresh backend states (scraped health, running,
-   waiting, KV usage + this router's in-flight counts), and for a new run the store's active-run
-   count; then ``engine.plan``. An admission slot claim the plan asks for goes to the store's
+   sees (``adapter.step_request``), fresh backend states (:class:`router.server.backends.BackendPool`:
+   the local replicas + the frontier the request's model maps to; scraped health, running, waiting,
+   KV usage + this router's in-flight counts), and for a new run the store's active-run count; then
+   ``engine.plan``. An admission slot claim the plan asks for goes to the store's
    atomic counter (:class:`router.server.admission.LiveAdmission`) and back to the engine; a
-   rejected new run answers 429 ``run_rejected_overload`` with ``Retry-After`` and nothing is
-   stored; otherwise ``engine.commit``, and the pin is stored (a new run's first pin with
+   rejected new run answers 429 ``run_rejected_overload`` with ``Retry-After`` (the predicted time
+   until a slot frees) and nothing is stored; otherwise ``engine.commit``, and the pin is stored (a new run's first pin with
    set-if-absent: when another router pinned it first, ``engine.adopt`` moves the step there).
-3. Forward the client's bytes with only ``model`` rewritten (:func:`router.server.proto.rewrite_body`).
-   Streaming: the first upstream chunk is awaited before the client's headers are sent (so a failure
-   before the first byte can still fall back), then :class:`router.server.relay.SSERelay` relays it.
+3. Forward (``adapter.outbound``, :mod:`router.server.stepio`): to a backend that speaks the
+   client's protocol, the client's bytes with only ``model`` rewritten (the fast path); otherwise a
+   translation (:mod:`router.server.translate`). Streaming: the first upstream chunk is awaited
+   before the client's headers are sent (so a failure before the first byte can still fall back),
+   then :class:`router.server.relay.SSERelay` relays it through the adapter's capture.
 4. Fallback: a connect error, a timeout or a 5xx before the first byte retries once on the other
    tier when ``fallback.enabled`` (and ``on_requested_model`` for concrete-model requests) through
    ``engine.fallback`` (reason ``fallback-<kind>``, pinned there); otherwise 502/503/504.
 5. Record: ``engine.finish`` with what the upstream reported (usage incl. cached tokens, tool calls,
    TTFT for streams, latency) -> the run's summary (``GET /v1/runs/{id}``), the run-log ``step``
-   record to the background writer (prompt text only with ``runlog.log_prompts``), metrics. With
+   record (``protocol`` = chat / responses / messages) to the background writer (prompt text only
+   with ``runlog.log_prompts``), metrics; ``adapter.remember`` keeps a Responses answer for
+   ``previous_response_id`` chaining. With
    ``runlog.durability: ack`` the response completes only after the record is fsynced. A
    non-streaming request whose client went away meanwhile is logged 499 ``client_cancelled``.
 
@@ -46,25 +55,27 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from router.core.engine import StepEngine, StepPlan
-from router.core.record import StepResult, step_entry
+from router.core.engine import StepEngine
 from router.core.runs import CacheReading, RunTrack, RunTracker
 from router.policy.types import BackendState, RunState
-from router.server import chat as proto
-from router.server.answers import reject_error, step_headers
+from router.server.answers import reject_error
 from router.server.auth import Access
 from router.server.backends import Backend, BackendPool, priority_tenant, read_body, state_of
-from router.server.errors import ProxyError, error_response
-from router.server.identity import run_id_for
+from router.server.chat import ChatAdapter
+from router.server.errors import ProxyError
+from router.server.lifecycle import RunLifecycle
+from router.server.messages import MessagesAdapter
+from router.server.protocol import Adapter, ClientRequest
 from router.server.relay import SSERelay
+from router.server.responses import ResponsesAdapter, ResponseStore
+from router.server.stepio import StepContext, StepIO
 from router.server.upstream import UpstreamError
 
 __all__ = ["Backend", "RunHistory", "Proxy"]
@@ -81,25 +92,21 @@ class RunHistory(RunTrack):
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     ended: bool = False
     owner: str | None = None
+    inflight: int = 0  # steps of this run being served now (the idle sweep leaves it alone)
+    served_opening: bool = False  # an opening step (no assistant turn yet) was answered
+    tenant: str | None = None
+    protocols: set[str] = field(default_factory=set)
+    last_seen_s: float | None = None  # arrival of the latest step (a long stream is not idle)
+
+    @property
+    def busy(self) -> bool:
+        return self.inflight > 0
 
 
-@dataclass(slots=True)
-class _Step:
-    """Everything the proxy holds about one step while it is being served."""
-
-    plan: StepPlan
-    run: RunState
-    hist: RunHistory
-    backend: Backend
-    req: proto.ChatRequest
-    t0: float
-    arrival_s: float
-    capture: proto.Capture
-    ttft_s: float | None = None
-    done: bool = False
+_Step = StepContext
 
 
-class Proxy:
+class Proxy(StepIO):
     """Owns the request path; built by :func:`router.server.app.create_app` from injected parts."""
 
     def __init__(
@@ -132,7 +139,7 @@ class Proxy:
         local = getattr(settings, "local", None)
         self.pool = BackendPool(backends, scraper, getattr(local, "kv_cache_tokens", None))
         self.backends = self.pool.backends
-        self.models = {b.model: b.tier for b in backends}
+        self.models = self.pool.models
         self.access = Access(settings.server)
         self.max_body = settings.server.max_body_bytes
         self.max_depth = settings.server.max_json_depth
@@ -141,6 +148,22 @@ class Proxy:
             settings.server.run_history_steps,
             factory=RunHistory.new,  # type: ignore[arg-type]
         )
+        ident = settings.identity
+        self.lifecycle = RunLifecycle(
+            tracker=self.tracker,
+            store=store,
+            engine=engine,
+            admission=admission,
+            writer=writer,
+            identity=ident,
+            clock=clock,
+            wall=wall,
+        )
+        self.adapters: dict[str, Any] = {
+            "chat": ChatAdapter(),
+            "responses": ResponsesAdapter(ResponseStore(ident.response_store_entries)),
+            "messages": MessagesAdapter(ident.session_header),
+        }
         if engine.cache_reader is None:
             engine.cache_reader = self.cache_reading
 
@@ -156,11 +179,22 @@ class Proxy:
     def cache_reading(self, replica: str) -> CacheReading | None:
         return self.pool.cache_reading(replica)
 
-    def backend_states(self, neutral: bool = False) -> list[BackendState]:
-        return self.pool.states(neutral)
+    def backend_states(
+        self, neutral: bool = False, backends: list[Backend] | None = None
+    ) -> list[BackendState]:
+        return self.pool.states(neutral, backends)
 
-    # ------------------------------------------------------------------ endpoint
+    # ------------------------------------------------------------------ endpoints
     async def chat(self, request: Request) -> Response:
+        return await self.handle(request, self.adapters["chat"])
+
+    async def responses(self, request: Request) -> Response:
+        return await self.handle(request, self.adapters["responses"])
+
+    async def messages(self, request: Request) -> Response:
+        return await self.handle(request, self.adapters["messages"])
+
+    async def handle(self, request: Request, proto: Adapter) -> Response:
         t0 = self.perf()
         arrival = self.wall()
         try:
@@ -169,16 +203,24 @@ class Proxy:
                 raw = await read_body(request, self.max_body)
             except ClientDisconnect:
                 return Response(status_code=499)
-            req = proto.read_request(raw, self.models, self.max_depth)
-            return await self._route(request, req, t0, arrival, owner)
+            req = proto.read(raw, self.models, self.pool.aliases, self.max_depth)
+            fwd = {k: v for k in ("anthropic-beta", "openai-beta") if (v := request.headers.get(k))}
+            if fwd:
+                req.extra["headers"] = fwd
+            return await self._route(request, proto, req, t0, arrival, owner)
         except ProxyError as e:
-            return error_response(e.status, e.code, e.message, e.headers)
+            return proto.error_response(e.status, e.code, e.message, e.headers)
 
     async def _route(
-        self, request: Request, req: proto.ChatRequest, t0: float, arrival: float, owner: str | None
+        self,
+        request: Request,
+        proto: Adapter,
+        req: ClientRequest,
+        t0: float,
+        arrival: float,
+        owner: str | None,
     ) -> Response:
-        body = req.body
-        run_id, id_source = run_id_for(request.headers.get("x-run-id"), body)
+        run_id, id_source, user = self.lifecycle.resolve(request.headers, proto, req)
         serving = self.holder.current
         if serving is None:
             raise ProxyError(503, "bundle_not_loaded", "no model bundle is loaded")
@@ -188,10 +230,30 @@ class Proxy:
             hist.id_source = id_source
             hist.entries = deque(maxlen=self.tracker.max_steps)
             hist.owner = owner
+        hist.last_seen_s = now
+        hist.inflight += 1
+        try:
+            return await self._locked_step(request, proto, req, hist, serving, now, t0, arrival, owner, user)
+        finally:
+            hist.inflight -= 1
+
+    async def _locked_step(
+        self,
+        request: Request,
+        proto: Adapter,
+        req: ClientRequest,
+        hist: RunHistory,
+        serving: Any,
+        now: float,
+        t0: float,
+        arrival: float,
+        owner: str | None,
+        user: str | None,
+    ) -> Response:
         # one decision at a time per run (get -> decide -> put), so concurrent steps of a run,
         # even with a remote store, see each other's pin
         async with hist.lock:
-            ctx = await self._decide(request, req, hist, serving, now, t0, arrival, owner)
+            ctx = await self._decide(request, proto, req, hist, serving, now, t0, arrival, owner, user)
         self.m.child(self.m.decisions, ctx.plan.decision.tier, ctx.plan.decision.reason).inc()
         try:
             return await self._forward(ctx, request)
@@ -205,13 +267,15 @@ class Proxy:
     async def _decide(
         self,
         request: Request,
-        req: proto.ChatRequest,
+        proto: Adapter,
+        req: ClientRequest,
         hist: RunHistory,
         serving: Any,
         now: float,
         t0: float,
         arrival: float,
         owner: str | None,
+        user: str | None,
     ) -> _Step:
         """Under the run's lock: pin + step index, plan, admission, commit, store (module doc, 2)."""
         engine, body, run_id = self.engine, req.body, hist.run_id
@@ -227,19 +291,23 @@ class Proxy:
         else:
             run = pin
         run.steps_seen = max(run.steps_seen, index)  # the store's index: the engine claims it
+        hist.ended = False
         claimed = False
         try:
-            prio, tenant = priority_tenant(self.s.admission, request, body)
+            prio, tenant = priority_tenant(self.s.admission, request, body, user)
+            hist.tenant = hist.tenant or tenant
+            hist.protocols.add(proto.name)
             # the estimate builds on the previous step's counts only when this router saw it
             fresh = hist.base.steps and hist.next_step >= run.steps_seen
             sreq = proto.step_request(req, hist.last_tokens if fresh else None, priority=prio, tenant=tenant)
             adm = self.admission
             active = await adm.active() if adm is not None and run.admitted is None else 0
+            candidates = self.pool.for_request(req.requested, req.model_alias, run.replica)
             plan = engine.plan(
                 run,
                 hist,
                 sreq,
-                self.backend_states(neutral=first and getattr(self.store, "degraded", False)),
+                self.backend_states(first and getattr(self.store, "degraded", False), candidates),
                 now=now,
                 policy=serving.policy,
                 predictor=serving.predictor,
@@ -271,14 +339,14 @@ class Proxy:
         if backend is None:
             engine.commit(plan, run, hist, None)
             none = Backend("", decision.tier, "", "", {}, BackendState("", "local", ""))
-            ctx = _Step(plan, run, hist, none, req, t0, arrival, proto.Capture())
+            ctx = _Step(plan, run, hist, none, req, proto, t0, arrival, proto.capture(req, req.protocol))
             try:
                 await self.store.put(run)
             finally:
                 await self._close(ctx, 503, "no_healthy_backend", locked=True)
             raise ProxyError(503, "no_healthy_backend", f"no healthy backend available ({decision.reason})")
         engine.commit(plan, run, hist, state_of(plan.snapshot.backends, backend.name))
-        ctx = _Step(plan, run, hist, backend, req, t0, arrival, proto.Capture(strip_usage=req.strip_usage))
+        ctx = _Step(plan, run, hist, backend, req, proto, t0, arrival, proto.capture(req, req.protocol))
         try:
             if pin is None:  # a new run's first pin: set-if-absent, so two routers agree on one
                 winner = await self.store.claim(run)
@@ -302,8 +370,8 @@ class Proxy:
         Non-2xx responses come back with iterator None and the whole body as ``first``.
         """
         b = ctx.backend
-        fwd = proto.rewrite_body(ctx.req.raw, ctx.req.body, b.model, ctx.req.stream)
-        resp = await self.upstream.post(b.tier, b.chat_url, fwd, b.headers)
+        url, body, headers = self._outbound(ctx)
+        resp = await self.upstream.post(b.tier, url, body, headers)
         if resp.status >= 300 or not ctx.req.stream:
             return resp, None, await resp.read()
         it = resp.iter_chunks().__aiter__()
@@ -337,13 +405,17 @@ class Proxy:
                 if e.kind == "connect" and self.scraper is not None:
                     self.scraper.mark_failed(b.name)
                 resp = it = first = None
+            except ProxyError as e:  # the request cannot be sent there (e.g. untranslatable): a 4xx
+                await self._close(ctx, e.status, e.code)
+                raise
             finally:
                 b.inflight -= 1
             if kind is None:
                 break
             d = None
             if allow_fb and attempt == 0:
-                d = self.engine.fallback(ctx.plan, ctx.run, b.name, kind, self.backend_states())
+                others = self.pool.for_request(ctx.req.requested, ctx.req.model_alias, None)
+                d = self.engine.fallback(ctx.plan, ctx.run, b.name, kind, self.backend_states(False, others))
             if d is None:
                 status, code = {
                     "timeout": (504, "upstream_timeout"),
@@ -351,7 +423,7 @@ class Proxy:
                 }.get(kind, (502, "upstream_error"))
                 detail = f" (upstream status {resp.status})" if resp is not None else ""
                 await self._close(ctx, status, code)
-                return error_response(
+                return ctx.proto.error_response(
                     status, code, f"{b.tier} upstream {b.name} failed: {kind}{detail}", self._headers(ctx)
                 )
             attempt += 1
@@ -372,19 +444,12 @@ class Proxy:
             ctx.ttft_s = None
 
         if it is None:  # non-streaming, or a non-2xx status in either mode
-            data = first or b""
-            if resp.status == 200:
-                ctx.capture.json(data)
+            data, media = self._answer_body(ctx, resp, first or b"")
             if await request.is_disconnected():  # nobody got the answer: logged as cancelled
                 await self._close(ctx, 499, "client_cancelled")
             else:
                 await self._close(ctx, resp.status, None if resp.status < 400 else f"upstream_{resp.status}")
-            return Response(
-                data,
-                status_code=resp.status,
-                media_type=resp.headers.get("content-type", "application/json"),
-                headers=self._headers(ctx),
-            )
+            return Response(data, status_code=resp.status, media_type=media, headers=self._headers(ctx))
         backend = ctx.backend
 
         def inflight(n: int) -> None:
@@ -393,103 +458,18 @@ class Proxy:
         def stream_error() -> None:
             self.m.child(self.m.upstream_errors, backend.tier, "stream").inc()
 
+        cap = ctx.capture
         return SSERelay(
             resp,
             it,
             first or b"",
             self._headers(ctx),
-            ctx.capture.event,
+            cap.event,
             lambda status, code: self._finish(ctx, status, code),
             on_stream_error=stream_error,
             label=f"{backend.tier} upstream {backend.name}",
             inflight=inflight,
+            markers=cap.markers,
+            finish_stream=cap.finish_stream,
+            error_event=ctx.proto.stream_error,
         )
-
-    def _headers(self, ctx: _Step) -> dict[str, str]:
-        return step_headers(ctx.plan, ctx.run.run_id, ctx.backend.tier, ctx.backend.name)
-
-    # ------------------------------------------------------------------ record
-    async def _close(self, ctx: _Step, status: int, error_code: str | None, locked: bool = False) -> None:
-        """Finish the step (once) and await what must happen before the answer completes."""
-        after = self._finish(ctx, status, error_code, locked)
-        if after is not None:
-            await after
-
-    async def _give_back(self, run: RunState | None, holds: bool, lock: asyncio.Lock | None = None) -> None:
-        """Release an admission slot (``holds``) and store ``run`` (when given), under ``lock``."""
-        if lock is not None:
-            async with lock:
-                return await self._give_back(run, holds)
-        if holds and self.admission is not None:
-            await self.admission.release(run, True)
-        if run is not None:
-            await self.store.put(run)
-
-    async def _after(self, give: Awaitable[None] | None, durable: Any) -> None:
-        if give is not None:
-            await give
-        if durable is not None:
-            try:
-                await durable
-            except Exception as e:  # noqa: BLE001 - the answer still goes out; the loss is logged
-                log.error("run log: step record not durable: %s", e)
-
-    def _finish(
-        self, ctx: _Step, status: int, error_code: str | None, locked: bool = False
-    ) -> Awaitable[None] | None:
-        """Record the step (once: later calls are no-ops); returns the work the answer waits for
-        (an unserved first step's give-back, the record's fsync with ``durability: ack``)."""
-        if ctx.done:
-            return None
-        ctx.done = True
-        latency = self.perf() - ctx.t0
-        prompt, cached, completion = ctx.capture.counts()
-        names, keys = ctx.capture.tools()
-        b = ctx.backend
-        res = StepResult(
-            status=status,
-            error_code=error_code,
-            prompt_tokens=prompt,
-            cached_tokens=cached,
-            completion_tokens=completion,
-            tool_calls=names,
-            tool_call_keys=keys,
-            ttft_s=ctx.ttft_s,
-            latency_s=latency,
-        )
-        rec = self.engine.finish(
-            ctx.plan,
-            ctx.hist,
-            res,
-            now=self.clock(),
-            tier=b.tier or None,
-            replica=b.name or None,
-            model=b.model or None,
-            arrival_s=ctx.arrival_s,
-        )
-        ctx.hist.entries.append(step_entry(rec, ctx.plan.fallback_from, ctx.plan.decision.switched))
-        durable = None
-        if self.writer is not None:
-            out = dict(rec.__dict__)
-            if self.s.runlog.log_prompts:
-                out["prompt_text"] = orjson.dumps(ctx.req.body.get("messages")).decode()
-            durable = self.writer.submit(out)
-        give = None
-        if status != 200 and ctx.plan.admission is not None:  # a first step not served
-            holds = self.engine.unserved_start(ctx.plan, ctx.run)
-            give = self._give_back(ctx.run, holds, None if locked else ctx.hist.lock)
-        m = self.m
-        tier = b.tier or "none"
-        m.child(m.requests, tier, str(status)).inc()
-        if status == 200:
-            short = names or rec.completion_tokens <= self.s.slo.short_step_tokens
-            m.child(m.step_latency, tier, "short" if short else "long").observe(latency)
-            m.child(m.prompt_tokens, tier).inc(rec.prompt_tokens)
-            if rec.cached_tokens:
-                m.child(m.cache_hit_tokens, tier, b.name).inc(rec.cached_tokens)
-            m.child(m.slo_steps, "yes" if latency <= self.s.slo.step_latency_s else "no").inc()
-        if ctx.ttft_s is not None:
-            m.child(m.ttft, tier).observe(ctx.ttft_s)
-        if give is None and durable is None:
-            return None
-        return self._after(give, durable)

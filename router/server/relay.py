@@ -3,13 +3,17 @@
 Algorithm: the first upstream chunk was already awaited (so a failure before the first byte could
 still fall back); the response headers go out, then every chunk is cut at its last blank line
 (``\\n\\n``) and the complete events are sent; the rest waits for the next chunk. Events are only
-parsed when they mention ``usage`` or ``tool_calls`` (the protocol's ``capture.event`` may rewrite
-or drop them, e.g. the usage chunk the client did not ask for). A task watches the client
+parsed when they contain one of the capture's ``markers`` (chat: ``usage``, ``tool_calls``; the
+protocol's ``capture.event`` may rewrite or drop them, e.g. the usage chunk the client did not ask
+for); ``markers=None`` (a translation) hands every event to ``event``, and ``finish_stream`` adds
+what the end of the upstream stream implies (a translation's closing events). A task watches the client
 connection: a disconnect aborts the upstream request and the step ends as cancelled (499). An
-upstream failure mid-stream sends one error event (502 ``upstream_stream_error``). ``finish`` is
-called exactly once, on every exit path (the whole body of ``__call__`` is one ``try``), with the
-final status and error code; what it returns (the record's fsync, a give-back) is awaited before
-the stream's last, empty body chunk goes out, or run as a task when the relay was cancelled.
+upstream failure mid-stream sends one error event in the client's protocol (``error_event``; 502
+``upstream_stream_error``). ``finish`` is called exactly once, on every exit path (the whole body
+of ``__call__`` is one ``try``), with the final status and error code, after ``finish_stream``
+(so a translation's closing events, e.g. the Responses id, are known to it); what it returns (the
+record's fsync, a give-back) is awaited before the stream's last body chunk goes out, or run as a
+task when the relay was cancelled.
 """
 
 from __future__ import annotations
@@ -44,7 +48,13 @@ class SSERelay(Response):
         on_stream_error: Callable[[], None] | None = None,
         label: str = "upstream",
         inflight: Callable[[int], None] | None = None,
+        markers: tuple[bytes, ...] | None = (b'"usage"', b'"tool_calls"'),
+        finish_stream: Callable[[], bytes] | None = None,
+        error_event: Callable[[int, str, str], bytes] | None = None,
     ):
+        self.markers = markers
+        self.finish_stream = finish_stream
+        self.error_event = error_event
         self.resp, self.it, self.first = resp, it, first
         self.event, self.finish = event, finish
         self.on_stream_error, self.label, self.inflight = on_stream_error, label, inflight
@@ -79,13 +89,14 @@ class SSERelay(Response):
             self._tail = buf
             return b""
         complete, self._tail = buf[: cut + 2], buf[cut + 2 :]
-        if b'"usage"' not in complete and b'"tool_calls"' not in complete:
+        marks = self.markers
+        if marks is not None and not any(m in complete for m in marks):
             return complete
         out = []
         for ev in complete.split(b"\n\n"):
             if not ev:
                 continue
-            if b'"usage"' in ev or b'"tool_calls"' in ev:
+            if marks is None or any(m in ev for m in marks):
                 kept = self.event(ev)
                 if kept is None:
                     continue
@@ -131,22 +142,29 @@ class SSERelay(Response):
                     status, code = 502, "upstream_stream_error"
                     if self.on_stream_error is not None:
                         self.on_stream_error()
-                    err = error_body(502, code, f"{self.label} failed mid-stream")
-                    await send(
-                        {
-                            "type": "http.response.body",
-                            "body": self._tail + b"data: " + err + b"\n\n",
-                            "more_body": True,
-                        }
-                    )
+                    msg = f"{self.label} failed mid-stream"
+                    if self.error_event is not None:
+                        err = self.error_event(502, code, msg)
+                    else:
+                        err = b"data: " + error_body(502, code, msg) + b"\n\n"
+                    tail = b"" if self.markers is None else self._tail
+                    await send({"type": "http.response.body", "body": tail + err, "more_body": True})
                     self._tail = b""
             if disconnected:
                 status, code = 499, "client_cancelled"
+            end = b""
+            if not disconnected:
+                if self.markers is not None:
+                    end = self._tail
+                elif self._tail.strip():
+                    end = self.event(self._tail) or b""
+                if self.finish_stream is not None and status == 200:
+                    end += self.finish_stream()
             after = self._done(status, code)
             if after is not None:
                 await after
             if not disconnected:
-                await send({"type": "http.response.body", "body": self._tail, "more_body": False})
+                await send({"type": "http.response.body", "body": end, "more_body": False})
         except (OSError, asyncio.CancelledError) as e:
             status, code = 499, "client_cancelled"
             self.resp.close()

@@ -4,9 +4,10 @@
 ``GET /metrics`` (Prometheus text; scraped figures and the capacity gauges refreshed on each
 scrape), ``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for the next 5/15/60
 minutes, the replica count that holds the SLO at that forecast, expected spill and reject shares),
-``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end`` (logs the run's outcome, gives back its
-admission slot and leaves an ``ended`` tombstone in the store for ``store.ttl_s``; a repeated end
-updates the outcome: the run-log reader keeps the last label), ``POST /admin/reload``,
+``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end`` (:meth:`router.server.lifecycle.RunLifecycle.end`:
+logs the outcome, gives back the run's admission slot and leaves an ``ended`` tombstone in the store
+for ``store.ttl_s``; a repeated end updates the outcome), ``POST /v1/messages/count_tokens`` (forwarded to the Anthropic frontier when one is
+configured, else the sidecar's estimate; Anthropic's error shape), ``POST /admin/reload``,
 ``GET /openapi.json`` (:mod:`router.server.openapi`). Every error is the OpenAI error shape with a
 code (:mod:`router.server.errors`). Access (:mod:`router.server.auth`): ``/v1/*`` needs a client
 key when keys are configured and a run answers only the key that started it (404 otherwise);
@@ -30,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.core.engine import StepEngine
-from router.policy.types import RunState
+from router.server.backends import Backend
 from router.server.errors import ProxyError, error_response
 from router.server.identity import clean_id
 from router.server.openapi import (
@@ -41,7 +42,7 @@ from router.server.openapi import (
     install_openapi,
     request_body,
 )
-from router.server.proxy import Backend, Proxy
+from router.server.proxy import Proxy
 from router.server.upstream import UpstreamError
 
 __all__ = ["Parts", "register_routes", "json_response"]
@@ -68,11 +69,18 @@ class Parts:
     wall: Callable[[], float]
 
 
+def _hot(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    async def endpoint(request: Request) -> Response:
+        return await handler(request)
+
+    return endpoint
+
+
 def register_routes(app: FastAPI, parts: Parts) -> None:
     """Add every endpoint but the hot path's handler (which :class:`_RouterApp` short-cuts)."""
     proxy, holder, metrics, writer = parts.proxy, parts.holder, parts.metrics, parts.writer
     scraper, st, admission, up = parts.scraper, parts.store, parts.admission, parts.upstream
-    backends, engine, wall = parts.backends, parts.engine, parts.wall
+    backends = parts.backends
 
     access = proxy.access
 
@@ -92,6 +100,27 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             **error_responses(400, 401, 404, 413, 422, 429, 431, 502, 503, 504),
         },
     )
+    for path, handler, what in (
+        ("/v1/responses", proxy.responses, "OpenAI Responses, routed (model 'auto')"),
+        ("/v1/messages", proxy.messages, "Anthropic Messages, routed (model 'auto' or a mapped name)"),
+    ):
+        app.add_api_route(
+            path,
+            _hot(handler),
+            methods=["POST"],
+            summary=what,
+            responses={
+                200: {"description": "the upstream's answer (JSON, or SSE with stream: true)"},
+                **error_responses(400, 401, 404, 413, 422, 429, 431, 502, 503, 504),
+            },
+        )
+
+    @app.post(
+        "/v1/messages/count_tokens", summary="Anthropic token count", responses=error_responses(400, 401)
+    )
+    async def count_tokens(request: Request) -> Response:
+        return await count_message_tokens(proxy, up, request)
+
     install_openapi(app, (ChatCompletionRequest, RunEndRequest, ErrorBody))
 
     @app.exception_handler(StarletteHTTPException)
@@ -228,10 +257,6 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         openapi_extra=request_body(RunEndRequest, required=False),
     )
     async def end_run(run_id: str, request: Request) -> Response:
-        # A repeated end (or one for a run this router never served, whose state is in the shared
-        # store) updates the run's outcome: another run record is logged, and the run-log reader
-        # merges a run's records so that the last label wins (features.runmerge). A record
-        # without an outcome (the client gave none) leaves an earlier label alone.
         try:
             caller = proxy.check_auth(request)
         except ProxyError as e:
@@ -251,38 +276,16 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             return error_response(400, "invalid_json", "request body is not valid JSON")
         if not isinstance(body, dict):
             return error_response(422, "body_not_object", "request body must be a JSON object")
-        outcome = body.get("outcome")
+        outcome = body.get("outcome")  # None: no label (an earlier one stays)
         reward = body.get("reward")
         if outcome is not None and outcome not in ("success", "failure", "unknown"):
             return error_response(422, "invalid_outcome", "'outcome' must be success, failure or unknown")
         if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
             return error_response(422, "invalid_reward", "'reward' must be a number")
-        label = {} if outcome is None else {"outcome": outcome, "reward": reward}
-        rec = {"record": "run", "run_id": run_id, "source": "runroute", **label}
-        if h is None:
-            assert state is not None
-            n_steps = state.steps_seen
-            writer.submit(rec)
-        else:
-            entries = list(h.entries)
-            n_steps = len(entries)
-            started = entries[0]["arrival_s"] if entries else None
-            ended = wall()
-            first = {"started_at": started, "ended_at": max(ended, started or ended), "n_steps": n_steps}
-            writer.submit(rec if h.ended else {**rec, **first})
-            h.ended = True
-        if state is not None and state.admitted != "ended":
-            # the run's first end here (or a run served by another router replica): give back its
-            # slot; a tombstone (kept store.ttl_s) tells other routers' idle sweeps it is given back
-            holds = engine.run_ended(state)
-            if admission is not None:
-                await admission.release(state, holds)
-            await st.put(
-                RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen, owner=state.owner)
-            )
-        return json_response(
-            {"run_id": run_id, "ended": True, "n_steps": n_steps, "outcome": outcome or "unknown"}
-        )
+        done = await proxy.lifecycle.end(run_id, outcome=outcome, reward=reward, reason="client")
+        if done is None:
+            return not_found(run_id)
+        return json_response(done)
 
     @app.post("/admin/reload", responses=error_responses(401, 403, 409))
     async def reload(request: Request) -> Response:
@@ -298,3 +301,36 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             old = holder.current.version if holder.current else None
             return error_response(409, "bundle_refused", f"bundle refused, still serving {old}: {e}")
         return json_response({"reloaded": True, "version": serving.version})
+
+
+async def count_message_tokens(proxy: Proxy, up: Any, request: Request) -> Response:
+    """``POST /v1/messages/count_tokens``: the Anthropic frontier's count, else the estimate."""
+    from router.server.messages import count_tokens_estimate, validate
+
+    proto = proxy.adapters["messages"]
+    try:
+        proxy.check_auth(request)
+        raw = await request.body()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise ProxyError(400, "invalid_json", "request body is not valid JSON") from None
+        validate(body, need_max_tokens=False)
+    except ProxyError as e:
+        return proto.error_response(e.status, e.code, e.message)
+    for b in proxy.pool.frontiers:
+        url = b.urls.get("messages")
+        if url is None:
+            continue
+        fwd = dict(body)
+        alias = fwd.get("model")
+        fwd["model"] = alias if b.pass_model and isinstance(alias, str) and b.patterns(alias) else b.model
+        try:
+            resp = await up.post(b.tier, url + "/count_tokens", orjson.dumps(fwd), b.headers)
+            data = await resp.read()
+        except UpstreamError:
+            break
+        if resp.status == 200:
+            return Response(data, media_type="application/json")
+        break
+    return json_response({"input_tokens": count_tokens_estimate(body)})

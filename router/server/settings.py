@@ -13,10 +13,29 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   ids, default ``local-0..``), ``max_context``, ``kv_cache_tokens`` (one replica's KV cache size in
   tokens, the denominator of the ``local_cache_pressure`` feature; unset = each replica's scraped
   ``vllm:cache_config_info`` ``num_gpu_blocks x block_size``; the feature is NaN when neither is known).
-- ``frontier``: the frontier tier: ``url`` (OpenAI-compatible base, ``/v1`` optional), ``model``,
+- ``local.protocols``: the client APIs a replica serves itself (vLLM: ``chat``, ``responses``,
+  ``messages``); a request in another protocol is translated to chat. ``local.models``: model
+  names (fnmatch patterns, e.g. ``claude-*`` for Claude Code without an Anthropic frontier) a
+  client may send; the policy still decides, the local model name is sent upstream.
+- ``frontier`` (one) and/or ``frontiers`` (a list; names unique): frontier backends. Each has a
+  ``kind``: ``openai`` (``url`` base, Bearer key; chat + responses), ``anthropic`` (Messages,
+  ``x-api-key`` + ``anthropic-version``), ``azure`` (``url`` = the resource, ``deployment``,
+  ``api_version``, ``api-key`` header; chat + responses), ``openai-compatible`` (any base URL with
+  ``chat_path`` / ``responses_path`` (unset = not served) and ``auth_header`` / ``auth_scheme``,
+  e.g. Gemini's ``/v1beta/openai``); ``model`` (sent upstream), ``models`` (names or fnmatch
+  patterns a client may request that map to this entry while the policy still chooses the tier,
+  e.g. ``claude-*``; ``pass_model: true`` sends the client's name upstream), ``default`` (the frontier the policy escalates auto requests to; the first
+  entry when none says so), prices per 1M tokens (``price_in_per_m``, ``price_cached_in_per_m``,
+  ``price_cache_write_per_m``: Anthropic's cache-write price, unset = the input price),
   ``api_key_env`` (the *name* of the env var holding the key; the key itself never appears in
-  config or logs). A frontier tier whose key variable is unset or empty is refused at load time
+  config or logs). A frontier whose key variable is unset or empty is refused at load time
   unless ``allow_no_key: true`` (fakes on loopback only).
+- ``identity``: run identity and lifecycle (:mod:`router.server.identity`): ``idle_end_s`` (a run
+  idle this long is ended, its admission slot released; default 900 s = 1.25 x the largest
+  tool-pause p99 of the shipped run logs (Mooncake 690 s; tau2-bench 4.6 s), rounded up to a
+  minute), ``reopen_gap_s`` (an identical opening after this idle gap starts a new run),
+  ``sweep_s`` (how often idle runs are looked for; 0 = never), ``response_store_entries``
+  (Responses chains kept for ``previous_response_id``), ``session_header``.
 - ``policy``: the decision layer's config, a discriminated union on ``kind`` (``learned``,
   ``always-local``, ``always-frontier``, ``per-step-threshold``, ``session-sticky``,
   ``stall-escalation``), validated by :mod:`router.policy.config`.
@@ -61,10 +80,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from router.policy.admission import AdmissionConfig
+from router.server.settings_tiers import (
+    FrontierTier,
+    IdentitySettings,
+    LocalTier,
+    ProtocolName,
+    SettingsError,
+    StrictModel,
+)
+
+_Strict = StrictModel
 
 __all__ = [
     "LocalTier",
@@ -78,84 +107,11 @@ __all__ = [
     "ScrapeSettings",
     "StoreSettings",
     "AdmissionSettings",
+    "IdentitySettings",
     "RouterSettings",
     "SettingsError",
+    "ProtocolName",
 ]
-
-
-class SettingsError(ValueError):
-    """The configuration cannot be used; the message is one line meant for a person."""
-
-
-def _root(url: str) -> str:
-    url = url.rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class LocalTier(_Strict):
-    urls: list[str] = Field(min_length=1)
-    model: str = "local-model"
-    names: list[str] | None = None
-    max_context: int = Field(default=32768, gt=0)
-    api_key_env: str | None = None  # optional key for a vLLM started with --api-key
-    prefill_s_per_token: float = Field(default=0.0001, ge=0)
-    ttft_base_s: float = Field(default=0.02, ge=0)
-    # KV cache size of one replica in tokens; None = read vllm:cache_config_info from /metrics
-    kv_cache_tokens: int | None = Field(default=None, gt=0)
-    # a replica's price in USD per GPU-hour (0 = the learned policy's local_gpu_usd_per_hour)
-    gpu_usd_per_hour: float = Field(default=0.0, ge=0)
-
-    @field_validator("urls")
-    @classmethod
-    def _urls(cls, v: list[str]) -> list[str]:
-        return [_root(u) for u in v]
-
-    @model_validator(mode="after")
-    def _names(self) -> LocalTier:
-        if self.names is None:
-            self.names = [f"local-{i}" for i in range(len(self.urls))]
-        if len(self.names) != len(self.urls) or len(set(self.names)) != len(self.names):
-            raise ValueError("local.names must be unique and one per url")
-        return self
-
-
-class FrontierTier(_Strict):
-    url: str
-    model: str = "frontier-model"
-    name: str = "frontier"
-    api_key_env: str | None = "OPENAI_API_KEY"
-    allow_no_key: bool = False  # only for loopback fakes
-    max_context: int = Field(default=131072, gt=0)
-    price_in_per_m: float = Field(default=2.0, ge=0)
-    price_cached_in_per_m: float = Field(default=0.5, ge=0)
-    price_out_per_m: float = Field(default=8.0, ge=0)
-    ttft_base_s: float = Field(default=0.4, ge=0)
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        return _root(v)
-
-    @model_validator(mode="after")
-    def _key(self) -> FrontierTier:
-        if not self.allow_no_key:
-            if not self.api_key_env:
-                raise ValueError("frontier.api_key_env must name the env var holding the API key")
-            if not os.environ.get(self.api_key_env):
-                raise ValueError(
-                    f"frontier tier configured but env var {self.api_key_env} is unset or empty "
-                    "(set it, or allow_no_key: true for a loopback fake)"
-                )
-        return self
-
-    def api_key(self) -> str | None:
-        return os.environ.get(self.api_key_env) if self.api_key_env else None
 
 
 class BundleSource(_Strict):
@@ -283,7 +239,9 @@ class AdmissionSettings(AdmissionConfig):
     the measured per-run rate replaces the default; the arrival forecaster's ``forecast_bucket_s``
     (60), ``forecast_alpha`` (0.2), ``forecast_min_history_s`` (86400, then a daily profile);
     ``horizons_s`` (300, 900, 3600) of ``GET /v1/capacity``; ``default_run_s`` (60) mean run
-    duration before any run ended.
+    duration before any run ended; ``client_retry_max_s`` (60): a 429 whose Retry-After is longer
+    says ``x-should-retry: false`` (the openai/anthropic SDKs then raise at once instead of waiting
+    silently), shorter ones ``true``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -303,6 +261,7 @@ class AdmissionSettings(AdmissionConfig):
     forecast_min_history_s: float = Field(default=86400.0, gt=0)
     horizons_s: tuple[float, ...] = (300.0, 900.0, 3600.0)
     default_run_s: float = Field(default=60.0, gt=0)
+    client_retry_max_s: float = Field(default=60.0, ge=0)
 
     def controller_config(self, local: LocalTier | None) -> AdmissionConfig:
         """The controller's :class:`AdmissionConfig`: these knobs, with the local tier's prefill
@@ -333,6 +292,8 @@ class RouterSettings(BaseSettings):
 
     local: LocalTier | None = None
     frontier: FrontierTier | None = None
+    frontiers: list[FrontierTier] = Field(default_factory=list)
+    identity: IdentitySettings = Field(default_factory=IdentitySettings)
     policy: Any = Field(default_factory=lambda: {"kind": "learned"})
     bundle: BundleSource = Field(default_factory=BundleSource)
     slo: SLOSettings = Field(default_factory=SLOSettings)
@@ -351,11 +312,21 @@ class RouterSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _tiers(self) -> RouterSettings:
-        if self.local is None and self.frontier is None:
+        if self.local is None and not self.frontier_list:
             raise ValueError("configure at least one tier (local and/or frontier)")
+        names = [f.name for f in self.frontier_list]
+        if len(set(names)) != len(names):
+            raise ValueError("frontier names must be unique (frontiers[].name)")
         if self.policy_kind == "learned" and self.bundle.path is None and self.bundle.mlflow_uri is None:
             raise ValueError("policy kind 'learned' needs bundle.path or bundle.mlflow_uri")
         return self
+
+    @property
+    def frontier_list(self) -> list[FrontierTier]:
+        """Every configured frontier, the default first (``default: true``, else the first listed)."""
+        out = ([self.frontier] if self.frontier is not None else []) + list(self.frontiers)
+        out.sort(key=lambda f: not f.default)
+        return out
 
     @property
     def policy_kind(self) -> str:

@@ -1,8 +1,8 @@
 """Wiring of the sidecar's parts from its settings: backends, the run-state store, the step engine.
 
-- :func:`make_backends`: one :class:`~router.server.proxy.Backend` per local replica and one for the
-  frontier, with the headers (auth) and the :class:`~router.policy.types.BackendState` template the
-  policy prices them with;
+- :func:`make_backends`: one :class:`~router.server.backends.Backend` per local replica and one per
+  frontier entry, with the protocols each speaks (URLs), the headers (auth) and the
+  :class:`~router.policy.types.BackendState` template the policy prices them with;
 - :func:`make_store`: ``memory`` -> :class:`~router.server.state.InProcessStore`; ``redis`` ->
   :class:`~router.server.state_redis.RedisStore` behind
   :class:`~router.server.state_redis.FallbackStore` (keeps serving from local pins while Redis is
@@ -19,7 +19,7 @@ from typing import Any
 
 from router.core.engine import StepEngine
 from router.policy.types import BackendState
-from router.server.proxy import Backend
+from router.server.backends import Backend
 from router.server.scrape import Scraper
 from router.server.settings import RouterSettings
 
@@ -27,6 +27,8 @@ __all__ = ["make_backends", "make_store", "make_engine"]
 
 
 def make_backends(s: RouterSettings) -> list[Backend]:
+    """One backend per local replica (speaking ``local.protocols``) and one per frontier entry
+    (its kind's URLs and auth headers, see :meth:`~router.server.settings.FrontierTier.endpoints`)."""
     out = []
     if s.local is not None:
         hdr = {"content-type": "application/json"}
@@ -36,6 +38,7 @@ def make_backends(s: RouterSettings) -> list[Backend]:
             key = os.environ.get(s.local.api_key_env)
             if key:
                 hdr["authorization"] = f"Bearer {key}"
+        paths = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
         for name, url in zip(s.local.names or [], s.local.urls, strict=True):
             tmpl = BackendState(
                 name=name,
@@ -46,13 +49,11 @@ def make_backends(s: RouterSettings) -> list[Backend]:
                 ttft_base_s=s.local.ttft_base_s,
                 gpu_usd_per_hour=s.local.gpu_usd_per_hour,
             )
-            out.append(Backend(name, "local", s.local.model, url, hdr, tmpl))
-    if s.frontier is not None:
-        f = s.frontier
-        hdr = {"content-type": "application/json"}
-        key = f.api_key()
-        if key:
-            hdr["authorization"] = f"Bearer {key}"
+            urls: dict[str, str] = {str(p): url + paths[p] for p in s.local.protocols}
+            patterns = s.local.serves if s.local.models else None
+            out.append(Backend(name, "local", s.local.model, url, hdr, tmpl, urls=urls, patterns=patterns))
+    for f in s.frontier_list:
+        urls, hdr = f.endpoints()
         tmpl = BackendState(
             name=f.name,
             tier="frontier",
@@ -60,10 +61,23 @@ def make_backends(s: RouterSettings) -> list[Backend]:
             max_context=f.max_context,
             price_in_per_m=f.price_in_per_m,
             price_cached_in_per_m=f.price_cached_in_per_m,
+            price_cache_write_per_m=f.price_cache_write_per_m or 0.0,
             price_out_per_m=f.price_out_per_m,
             ttft_base_s=f.ttft_base_s,
         )
-        out.append(Backend(f.name, "frontier", f.model, f.url, hdr, tmpl))
+        out.append(
+            Backend(
+                f.name,
+                "frontier",
+                f.model,
+                f.url,
+                hdr,
+                tmpl,
+                urls=urls,
+                patterns=f.serves,
+                pass_model=f.pass_model,
+            )
+        )
     return out
 
 
@@ -123,6 +137,7 @@ def make_engine(
         forecaster=ArrivalForecaster(
             bucket_s=a.forecast_bucket_s, alpha=a.forecast_alpha, min_history_s=a.forecast_min_history_s
         ),
+        idle_end_s=s.identity.idle_end_s,
         clock=clock,
         wall=wall,
     )

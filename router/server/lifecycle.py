@@ -1,0 +1,189 @@
+"""Run lifecycle in the sidecar: which run a request belongs to, and how a run ends.
+
+- :meth:`RunLifecycle.resolve`: the run id of a request (:mod:`router.server.identity`'s rules:
+  header, ``metadata.run_id``, the protocol's own id, the opening hash with generations) and the
+  request's user (a tenant/user attribute).
+- :meth:`RunLifecycle.end`: ends a run for a reason (``client``: ``POST /v1/runs/{id}/end``;
+  ``idle``: the sweep): the run-log ``run`` record (outcome, reward, ``end_reason``), the engine's
+  ``run_ended`` and :meth:`router.server.admission.LiveAdmission.release` (the admission slot goes
+  back at once), and an ``ended`` tombstone in the run-state store (kept ``store.ttl_s``, so other
+  routers' sweeps know the slot was given back and a later step starts a new run).
+- the sweep (every ``identity.sweep_s``; 0 = off): every tracked run with no step in flight whose
+  last step ended (or arrived, for a step still streaming) more than ``identity.idle_end_s`` ago
+  is ended with reason ``idle``. The clock is
+  injected, so tests drive it; :meth:`RunLifecycle.sweep_once` runs one pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from router.policy.types import RunState
+from router.server.background import BackgroundTask
+from router.server.identity import OpeningRuns, clean_id, explicit_id, opening_hash
+from router.server.protocol import ClientRequest
+
+__all__ = ["RunLifecycle"]
+
+log = logging.getLogger("runroute.lifecycle")
+
+
+class RunLifecycle(BackgroundTask):
+    """See the module docstring. ``tracker``: the proxy's run tracker (RunHistory tracks)."""
+
+    def __init__(
+        self,
+        *,
+        tracker: Any,
+        store: Any,
+        engine: Any,
+        admission: Any,
+        writer: Any,
+        identity: Any,
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+    ):
+        self.tracker, self.store, self.engine, self.admission, self.writer = (
+            tracker,
+            store,
+            engine,
+            admission,
+            writer,
+        )
+        self.idle_end_s = identity.idle_end_s
+        self.sweep_s = identity.sweep_s
+        self.clock, self.wall = clock, wall
+        self.openings = OpeningRuns(identity.reopen_gap_s)
+        self.ended_idle = 0
+
+    # ------------------------------------------------------------------ identity
+    @staticmethod
+    def _last(h: Any) -> float | None:
+        seen = [t for t in (h.last_end_s, h.last_seen_s) if t is not None]
+        return max(seen) if seen else None
+
+    def _status(self, run_id: str) -> tuple[bool, float | None, bool]:
+        h = self.tracker.get(run_id)
+        if h is None:
+            return False, None, False
+        last = self._last(h)
+        idle = None if last is None or h.busy else self.clock() - last
+        return h.ended, idle, h.served_opening
+
+    def resolve(
+        self, headers: Mapping[str, str], proto: Any, req: ClientRequest
+    ) -> tuple[str, str, str | None]:
+        """``(run_id, source, user)`` of a request (module docstring)."""
+        user = proto.user(req)
+        found = explicit_id(headers.get("x-run-id"), req.body)
+        if found is None:
+            nat = proto.natural_id(req, headers)
+            if nat is not None:
+                found = clean_id(nat[0]), nat[1]
+        if found is not None:
+            return found[0], found[1], user
+        system, first, is_opening = proto.opening(req)
+        base = opening_hash(system, first, user)
+        req.extra["opening"] = is_opening
+        return self.openings.resolve(base, is_opening, self._status), "hash", user
+
+    # ------------------------------------------------------------------ ending
+    async def end(
+        self, run_id: str, *, outcome: str | None = None, reward: float | None = None, reason: str = "client"
+    ) -> dict[str, Any] | None:
+        """End a run (module docstring); None when neither this router nor the store knows it.
+
+        A repeated end (or one for a run another router served, or ended before: its state is in
+        the store) logs another ``run`` record with the new outcome; the run-log reader merges a
+        run's records and keeps the last label (:mod:`features.runmerge`). ``outcome=None`` (the
+        client gave none, or the idle sweep) logs no label and leaves an earlier one alone."""
+        h = self.tracker.get(run_id)
+        state = await self.store.get(run_id)
+        label = {} if outcome is None else {"outcome": outcome, "reward": reward}
+        rec: dict[str, Any] = {
+            "record": "run",
+            "run_id": run_id,
+            "source": "runroute",
+            **label,
+            "end_reason": reason,
+        }
+        if h is None:
+            if state is None:
+                return None
+            if self.writer is not None and label:
+                self.writer.submit(rec)
+            if state.admitted not in (None, "ended"):
+                # a run served by another router replica: give back its slot, leave the tombstone
+                await self._release(state)
+            return {
+                "run_id": run_id,
+                "ended": True,
+                "n_steps": state.steps_seen,
+                "outcome": outcome or "unknown",
+                "end_reason": reason,
+            }
+        entries = list(h.entries)
+        started = entries[0]["arrival_s"] if entries else None
+        ended = self.wall()
+        if self.writer is not None and (label or not h.ended):
+            if not h.ended:
+                rec.update(
+                    tenant=h.tenant,
+                    started_at=started,
+                    ended_at=max(ended, started or ended),
+                    n_steps=len(entries),
+                )
+            self.writer.submit(rec)
+        h.ended = True
+        if state is not None and state.admitted != "ended":
+            await self._release(state)
+        elif state is None:
+            await self.store.delete(run_id)
+        return {
+            "run_id": run_id,
+            "ended": True,
+            "n_steps": len(entries),
+            "outcome": outcome or "unknown",
+            "end_reason": reason,
+        }
+
+    async def _release(self, state: RunState) -> None:
+        holds = self.engine.run_ended(state)
+        if self.admission is not None:
+            await self.admission.release(state, holds)
+        await self.store.put(
+            RunState(run_id=state.run_id, admitted="ended", steps_seen=state.steps_seen, owner=state.owner)
+        )
+
+    # ------------------------------------------------------------------ idle sweep
+    def idle_runs(self) -> list[str]:
+        now = self.clock()
+        out = []
+        for rid, h in list(self.tracker.runs.items()):
+            last = self._last(h)
+            if not h.ended and not h.busy and last is not None and now - last > self.idle_end_s:
+                out.append(rid)
+        return out
+
+    async def sweep_once(self) -> int:
+        n = 0
+        for rid in self.idle_runs():
+            if await self.end(rid, reason="idle") is not None:
+                n += 1
+        self.ended_idle += n
+        return n
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_s)
+            try:
+                await self.sweep_once()
+            except Exception:  # noqa: BLE001 - a store hiccup must not kill the sweeper
+                log.exception("idle-run sweep failed")
+
+    def start(self) -> None:
+        if self.sweep_s > 0:
+            self._start_task(self._loop)

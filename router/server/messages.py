@@ -1,0 +1,381 @@
+"""Anthropic Messages, the protocol side: ``POST /v1/messages`` (and ``/v1/messages/count_tokens``).
+
+Reading (:class:`MessagesAdapter`.read): a JSON object with ``messages`` (a non-empty list of
+``{"role": "user" | "assistant", "content": string | [blocks]}``; block types are checked against
+the API's set, so an unknown one is a 400 here instead of a 5xx upstream), ``max_tokens`` (a
+positive integer; ``count_tokens`` bodies need none), ``system`` (a string or a list of ``text``
+blocks), ``tools`` (a list of objects with a ``name``), ``stream``, ``metadata``. ``cache_control``
+markers, ``thinking`` settings and blocks, and every other field pass through untouched.
+
+The step the engine sees: the prompt estimate (:func:`features.tokens.prompt_tokens` over the
+messages, the system prompt and the tool definitions at a run's first step; the run's previous
+prompt + completion + the turns after the last assistant message later), the ``tool_result``
+blocks after the last assistant message (count, estimated size, error flag: ``is_error`` or the
+shared text rule), tools offered, no JSON mode (Messages has none).
+
+Capture (:class:`MessagesReader`): usage as Anthropic reports it, ``input_tokens`` being only the
+uncached remainder: prompt = ``input_tokens + cache_creation_input_tokens +
+cache_read_input_tokens``, cached = ``cache_read_input_tokens``, completion = ``output_tokens``
+(the stream's ``message_start`` carries the input side, ``message_delta`` the cumulative output);
+tool calls from ``tool_use`` blocks (the name, the JSON of ``input`` or the streamed
+``input_json_delta`` pieces -> the loop key).
+
+Errors: Anthropic's shape ``{"type": "error", "error": {"type": ..., "message": ...}}`` (plus the
+sidecar's ``code``), 422-class validation failures answered 400 as the API does; a stream that
+fails mid-way ends with an ``event: error``.
+
+Run identity (``natural_id``): Claude Code's session (the ``x-claude-code-session-id`` header, or
+the ``session_<uuid>`` part of its ``metadata.user_id``); a plain ``metadata.user_id`` is the user,
+which scopes the opening hash (:mod:`router.server.identity`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from features.tokens import content_chars, prompt_tokens, text_tokens
+from router.core.record import StepRequest
+from router.server.chat import tool_key
+from router.server.errors import ProxyError
+from router.server.protocol import ClientRequest, json_error, resolve_model
+from router.server.sse import looks_error, parse_event, text_of
+from router.server.validate import DEFAULT_MAX_DEPTH, check_depth
+
+__all__ = ["MessagesAdapter", "MessagesReader", "BLOCK_TYPES", "anthropic_error", "count_tokens_estimate"]
+
+BLOCK_TYPES = frozenset(
+    {
+        "text",
+        "image",
+        "document",
+        "search_result",
+        "tool_use",
+        "tool_result",
+        "thinking",
+        "redacted_thinking",
+        "server_tool_use",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "tool_search_tool_result",
+        "mcp_tool_use",
+        "mcp_tool_result",
+        "container_upload",
+        "tool_reference",
+    }
+)
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    499: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "api_error",
+}
+_SESSION_RE = re.compile(r"session_([0-9A-Za-z-]{8,64})")
+
+
+def anthropic_error(status: int, code: str, message: str) -> bytes:
+    t = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return orjson.dumps({"type": "error", "error": {"type": t, "message": message, "code": code}})
+
+
+def _bad(message: str, code: str = "invalid_request") -> ProxyError:
+    return ProxyError(400, code, message)
+
+
+def validate(body: Any, *, need_max_tokens: bool = True) -> None:
+    """Raise ProxyError(400) for a body the Messages API would refuse (module docstring)."""
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object", "body_not_object")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise _bad("messages: must be a non-empty list", "invalid_messages")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise _bad(f"messages.{i}: must be an object", "invalid_messages")
+        if m.get("role") not in ("user", "assistant"):
+            raise _bad(
+                f"messages.{i}.role: must be 'user' or 'assistant', got {m.get('role')!r}", "invalid_role"
+            )
+        c = m.get("content")
+        if isinstance(c, str):
+            continue
+        if not isinstance(c, list):
+            raise _bad(f"messages.{i}.content: must be a string or a list of blocks", "invalid_content")
+        for j, b in enumerate(c):
+            if not isinstance(b, dict) or b.get("type") not in BLOCK_TYPES:
+                t = b.get("type") if isinstance(b, dict) else type(b).__name__
+                raise _bad(f"messages.{i}.content.{j}: unknown block type {t!r}", "invalid_block_type")
+    mt = body.get("max_tokens")
+    if need_max_tokens and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
+        raise _bad("max_tokens: must be a positive integer", "invalid_max_tokens")
+    system = body.get("system")
+    if system is not None and not isinstance(system, str):
+        if not isinstance(system, list) or not all(
+            isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) for b in system
+        ):
+            raise _bad("system: must be a string or a list of text blocks", "invalid_system")
+    tools = body.get("tools")
+    if tools is not None and (
+        not isinstance(tools, list)
+        or not all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools)
+    ):
+        raise _bad("tools: must be a list of objects with a name", "invalid_tools")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("stream: must be a boolean", "invalid_stream")
+    meta = body.get("metadata")
+    if meta is not None and (
+        not isinstance(meta, dict) or not isinstance(meta.get("user_id", ""), (str, type(None)))
+    ):
+        raise _bad("metadata: must be an object whose user_id is a string", "invalid_metadata")
+
+
+def _last_turns(msgs: list[Any]) -> list[Any]:
+    """The messages after the last assistant message."""
+    out: list[Any] = []
+    for m in reversed(msgs):
+        if m.get("role") == "assistant":
+            break
+        out.append(m)
+    out.reverse()
+    return out
+
+
+def count_tokens_estimate(body: dict[str, Any]) -> int:
+    """The sidecar's estimate of a Messages prompt (features.tokens; no tokenizer here)."""
+    msgs = body.get("messages") or []
+    system = body.get("system")
+    tools = body.get("tools")
+    extra = content_chars(system) + (len(orjson.dumps(tools)) if isinstance(tools, list) else 0)
+    return prompt_tokens(msgs) + text_tokens(extra)
+
+
+class MessagesAdapter:
+    """Anthropic Messages as a :class:`router.server.protocol.Adapter`."""
+
+    name = "messages"
+    path = "/v1/messages"
+
+    def __init__(self, session_header: str = "x-claude-code-session-id"):
+        self.session_header = session_header.lower()
+
+    def read(
+        self, raw: bytes, models: Mapping[str, str], aliases: Any = None, max_depth: int = DEFAULT_MAX_DEPTH
+    ) -> ClientRequest:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ProxyError(400, "invalid_json", f"request body is not valid JSON: {e}") from None
+        if isinstance(body, dict):
+            check_depth(raw, body, max_depth)
+        validate(body)
+        requested, alias = resolve_model(body.get("model"), models, aliases)
+        return ClientRequest("messages", raw, body, requested, body.get("stream", False), model_alias=alias)
+
+    def step_request(self, req: ClientRequest, previous_total: int | None, **kw: Any) -> StepRequest:
+        body = req.body
+        msgs = body["messages"]
+        n, errs, toks = 0, [], []
+        for m in _last_turns(msgs):
+            c = m.get("content")
+            for b in c if isinstance(c, list) else ():
+                if b.get("type") == "tool_result":
+                    n += 1
+                    rc = b.get("content")
+                    errs.append(bool(b.get("is_error")) or looks_error(rc))
+                    toks.append(text_tokens(content_chars(rc)))
+        tools = body.get("tools")
+        if previous_total is None:
+            est = count_tokens_estimate(body)
+        else:
+            est = prompt_tokens(msgs, previous_total=previous_total)
+        return StepRequest(
+            prompt_tokens=est,
+            tool_results_n=n,
+            tool_result_errors=tuple(errs),
+            tool_result_tokens=tuple(toks),
+            n_tools_offered=len(tools) if isinstance(tools, list) else 0,
+            wants_json=False,
+            requested_model=req.requested,
+            protocol="messages",
+            estimated=True,
+            **kw,
+        )
+
+    def opening(self, req: ClientRequest) -> tuple[str | None, str | None, bool]:
+        body = req.body
+        system = text_of(body.get("system"))
+        user = None
+        opening = True
+        for m in body["messages"]:
+            if m.get("role") == "assistant":
+                opening = False
+                break
+            if user is None:
+                user = _user_text(m.get("content"))
+        return system, user, opening
+
+    def natural_id(self, req: ClientRequest, headers: Mapping[str, str]) -> tuple[str, str] | None:
+        sid = headers.get(self.session_header)
+        if sid:
+            return "cc-" + sid.strip(), "session"
+        uid = self._user_id(req)
+        if uid:
+            m = _SESSION_RE.search(uid)
+            if m:
+                return "cc-" + m.group(1), "session"
+        return None
+
+    def user(self, req: ClientRequest) -> str | None:
+        uid = self._user_id(req)
+        if uid and _SESSION_RE.search(uid):
+            return uid[: _SESSION_RE.search(uid).start()].rstrip("_") or None  # type: ignore[union-attr]
+        return uid
+
+    @staticmethod
+    def _user_id(req: ClientRequest) -> str | None:
+        meta = req.body.get("metadata")
+        uid = meta.get("user_id") if isinstance(meta, dict) else None
+        return uid if isinstance(uid, str) and uid else None
+
+    def outbound(self, req: ClientRequest, backend_protocol: str, model: str, backend: str = "") -> bytes:
+        from router.server.chat import rewrite_body
+
+        if backend_protocol == "messages":
+            return rewrite_body(req.raw, req.body, model, False)
+        from router.server.translate import messages_to_chat
+
+        return orjson.dumps(messages_to_chat(req.body, model))
+
+    def capture(self, req: ClientRequest, backend_protocol: str) -> Any:
+        if backend_protocol == "messages":
+            return MessagesReader()
+        from router.server.translate_stream import translating_capture
+
+        return translating_capture(req, backend_protocol)
+
+    def error_body(self, status: int, code: str, message: str) -> bytes:
+        return anthropic_error(_status(status), code, message)
+
+    def stream_error(self, status: int, code: str, message: str) -> bytes:
+        return b"event: error\ndata: " + anthropic_error(status, code, message) + b"\n\n"
+
+    def error_response(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> Response:
+        st = _status(status)
+        return json_error(anthropic_error(st, code, message), st, headers)
+
+
+def _status(status: int) -> int:
+    return 400 if status == 422 else status
+
+
+def _user_text(content: Any) -> str | None:
+    if isinstance(content, list):  # the first user turn's text blocks (tool results excluded)
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return text_of(content)
+
+
+@dataclass
+class MessagesReader:
+    """Usage and tool calls of an Anthropic Messages answer (JSON or SSE); passes bytes through."""
+
+    usage: dict[str, Any] = field(default_factory=dict)
+    tool_names: dict[int, str] = field(default_factory=dict)
+    tool_args: dict[int, str] = field(default_factory=dict)
+    markers: tuple[bytes, ...] | None = (b'"usage"', b'"tool_use"', b"input_json_delta")
+    translating: bool = False
+
+    def json(self, data: bytes) -> bytes:
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return data
+        if isinstance(obj, dict):
+            self.read(obj)
+        return data
+
+    def read(self, obj: dict[str, Any]) -> None:
+        """A whole ``message`` object."""
+        u = obj.get("usage")
+        if isinstance(u, dict):
+            self.usage.update(u)
+        content = obj.get("content")
+        for i, b in enumerate(content if isinstance(content, list) else ()):
+            if isinstance(b, dict) and b.get("type") == "tool_use":
+                self.tool_names[i] = str(b.get("name") or "")
+                self.tool_args[i] = orjson.dumps(b.get("input") or {}).decode()
+
+    def read_event(self, obj: dict[str, Any]) -> None:
+        t = obj.get("type")
+        if t == "message_start":
+            msg = obj.get("message")
+            if isinstance(msg, dict) and isinstance(msg.get("usage"), dict):
+                self.usage.update(msg["usage"])
+        elif t == "message_delta":
+            u = obj.get("usage")
+            if isinstance(u, dict):
+                self.usage.update({k: v for k, v in u.items() if v is not None})
+        elif t == "content_block_start":
+            b = obj.get("content_block")
+            idx = obj.get("index", 0)
+            if isinstance(b, dict) and b.get("type") == "tool_use" and isinstance(idx, int):
+                self.tool_names[idx] = str(b.get("name") or "")
+                self.tool_args[idx] = ""
+        elif t == "content_block_delta":
+            d = obj.get("delta")
+            idx = obj.get("index", 0)
+            if isinstance(d, dict) and d.get("type") == "input_json_delta" and idx in self.tool_names:
+                self.tool_args[idx] += str(d.get("partial_json") or "")
+
+    def event(self, ev: bytes) -> bytes | None:
+        _, obj = parse_event(ev)
+        if obj is not None:
+            self.read_event(obj)
+        return ev
+
+    def finish_stream(self) -> bytes:
+        return b""
+
+    def response_id(self) -> str | None:
+        return None
+
+    def counts(self) -> tuple[int | None, int | None, int]:
+        u = self.usage
+
+        def num(k: str) -> int | None:
+            v = u.get(k)
+            return int(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+        inp, cw, cr = num("input_tokens"), num("cache_creation_input_tokens"), num("cache_read_input_tokens")
+        prompt = None if inp is None else inp + (cw or 0) + (cr or 0)
+        return prompt, cr, num("output_tokens") or 0
+
+    def tools(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        order = sorted(self.tool_names)
+        names = tuple(self.tool_names[k] for k in order)
+        keys = tuple(tool_key(self.tool_names[k], _canon(self.tool_args.get(k, ""))) for k in order)
+        return names, keys
+
+
+def _canon(args: str) -> str:
+    """Streamed ``partial_json`` and a whole ``input`` object give the same key."""
+    try:
+        return orjson.dumps(orjson.loads(args), option=orjson.OPT_SORT_KEYS).decode() if args else "{}"
+    except orjson.JSONDecodeError:
+        return args
