@@ -16,6 +16,12 @@ file); the file unpickles into the expected objects. Any failure raises :class:`
 one-line reason. Library version differences only warn. The hash guards against corruption, not
 against a malicious file: load bundles only from places you trust (joblib is pickle).
 
+Registry (:meth:`ModelBundle.load_registered`): a bundle logged by ``training.mlflow_log`` is an
+MLflow model whose artifacts hold the bundle directory; ``models:/NAME@ALIAS`` or
+``models:/NAME/VERSION`` is fetched into a temporary directory and verified exactly like a path
+(:func:`resolve_registered` tells which version an alias points at without downloading).
+:func:`default_tracking_uri` is the one default tracking URI of training and serving.
+
 Serving fast path (:meth:`ModelBundle.predict`): features are written into a pre-allocated (1, n)
 float64 buffer and each LightGBM ``Booster.predict`` is called on it directly (the scikit-learn
 wrappers' input validation costs ~20x more per row); calibration is one ``np.interp``. The buffer
@@ -42,7 +48,17 @@ from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES, ex
 from features.prefix import RunPrefix
 from models.types import Predictions
 
-__all__ = ["BundleError", "ModelBundle", "MANIFEST_SCHEMA", "BUNDLE_FILE", "MANIFEST_FILE", "file_sha256"]
+__all__ = [
+    "BundleError",
+    "ModelBundle",
+    "MANIFEST_SCHEMA",
+    "BUNDLE_FILE",
+    "MANIFEST_FILE",
+    "file_sha256",
+    "parse_model_uri",
+    "resolve_registered",
+    "default_tracking_uri",
+]
 
 MANIFEST_SCHEMA = "runroute-bundle/1"
 BUNDLE_FILE = "bundle.joblib"
@@ -353,24 +369,83 @@ class ModelBundle:
 
     @classmethod
     def load_registered(
-        cls, model_name: str = "runroute-bundle", alias: str = "champion", tracking_uri: str | None = None
+        cls, uri: str, tracking_uri: str | None = None, *, version: str | None = None
     ) -> ModelBundle:
-        """Load the bundle registered in MLflow as ``models:/<model_name>@<alias>`` (imports mlflow,
-        ~1.4 s: for start-up, never for the request path). Verified like :meth:`load`."""
+        """Load the bundle registered in MLflow as ``uri`` (``models:/NAME@ALIAS`` or
+        ``models:/NAME/VERSION``; imports mlflow, ~1.4 s: for start-up and reloads, never for the
+        request path). ``version``: the registry version ``uri`` resolved to (see
+        :func:`resolve_registered`); when given, that version is fetched, so an alias that moves
+        during the download cannot mix two versions. The artifacts go to a temporary directory
+        (the bundle is read into memory) and are verified like :meth:`load`; the bundle's
+        ``manifest["registry"]`` records the name, version and uri. Raises :class:`BundleError`."""
+        name, ref = parse_model_uri(uri)
         import mlflow
 
-        if tracking_uri:
-            mlflow.set_tracking_uri(tracking_uri)
-        try:
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}@{alias}"))
-        except Exception as e:  # noqa: BLE001 - registry errors become one line
-            raise BundleError(
-                f"models:/{model_name}@{alias}: cannot be fetched ({type(e).__name__}: {e})"
-            ) from None
-        hits = sorted(p.parent for p in local.rglob(MANIFEST_FILE))
-        if not hits:
-            raise BundleError(f"models:/{model_name}@{alias}: no {MANIFEST_FILE} in the registered model")
-        return cls.load(hits[0])
+        if version is None and not ref.startswith("@"):
+            version = ref
+        fetch = f"models:/{name}/{version}" if version is not None else uri
+        with tempfile.TemporaryDirectory(prefix="runroute-registry-") as tmp:
+            try:
+                local = Path(
+                    mlflow.artifacts.download_artifacts(
+                        artifact_uri=fetch, dst_path=tmp, tracking_uri=tracking_uri, registry_uri=tracking_uri
+                    )
+                )
+            except Exception as e:  # noqa: BLE001 - registry errors become one line
+                raise BundleError(f"{uri}: cannot be fetched ({type(e).__name__}: {e})") from None
+            hits = sorted(p.parent for p in local.rglob(MANIFEST_FILE))
+            if len(hits) != 1:
+                raise BundleError(
+                    f"{uri}: the registered model holds {len(hits)} {MANIFEST_FILE} files, expected 1"
+                )
+            bundle = cls.load(hits[0])
+        bundle.manifest = {**bundle.manifest, "registry": {"uri": uri, "name": name, "version": version}}
+        return bundle
+
+
+def default_tracking_uri(explicit: str | None = None) -> str:
+    """``explicit``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in the working
+    directory: the one default of the training job and the router's registry source."""
+    if explicit:
+        return explicit
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def parse_model_uri(uri: str) -> tuple[str, str]:
+    """``models:/NAME@ALIAS`` -> (NAME, "@ALIAS"); ``models:/NAME/VERSION`` -> (NAME, "VERSION").
+    Anything else raises :class:`BundleError` (one line)."""
+    if not isinstance(uri, str) or not uri.startswith("models:/"):
+        raise BundleError(f"{uri!r}: a registry URI looks like models:/NAME@ALIAS or models:/NAME/VERSION")
+    rest = uri[len("models:/") :]
+    if "@" in rest:
+        name, _, alias = rest.partition("@")
+        if name and alias and "/" not in name and "/" not in alias:
+            return name, "@" + alias
+    else:
+        name, _, ver = rest.partition("/")
+        if name and ver.isdigit():
+            return name, ver
+    raise BundleError(f"{uri!r}: a registry URI looks like models:/NAME@ALIAS or models:/NAME/VERSION")
+
+
+def resolve_registered(uri: str, tracking_uri: str | None = None) -> str:
+    """The registry version ``uri`` points at now (one registry call, no download): the alias's
+    current version, or the version itself. Raises :class:`BundleError` when it cannot be resolved."""
+    name, ref = parse_model_uri(uri)
+    if not ref.startswith("@"):
+        return ref
+    from mlflow import MlflowClient
+
+    try:
+        mv = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri).get_model_version_by_alias(
+            name, ref[1:]
+        )
+    except Exception as e:  # noqa: BLE001 - registry errors become one line
+        raise BundleError(f"{uri}: cannot be resolved ({type(e).__name__}: {e})") from None
+    return str(mv.version)
 
 
 def _jsonable(v: Any) -> Any:

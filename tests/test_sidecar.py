@@ -129,7 +129,10 @@ def test_twenty_step_run_is_pinned_and_cached(tmp_path, fakes, bundle_dir):
             assert s["reason"] and s["predictions"]["p_frontier"] >= 0 and s["status"] == 200
         assert httpx.post(f"{url}/v1/runs/run-20/end", json={"outcome": "success"}).status_code == 200
         metrics = httpx.get(f"{url}/metrics").text
-        assert "runroute_bundle_info{version=" in metrics and "runroute_cache_hit_tokens_total" in metrics
+        assert 'runroute_bundle_info{registry_version="",version=' in metrics
+        assert (
+            "runroute_cached_prompt_tokens_total" in metrics and "runroute_cache_hit_tokens_total" in metrics
+        )
         ready = httpx.get(f"{url}/ready").json()
         assert ready["ready"] and all(ready["backends"].values())
     from features.runlog import read_runlog

@@ -227,7 +227,7 @@ def test_train_job_logs_registers_and_promotes(log_path, tmp_path, monkeypatch):
     assert "escalation.auc" in run.data.metrics and "escalation.per_step.3.stall.brier" in run.data.metrics
     arts = {a.path for a in client.list_artifacts(mf["run_id"])}
     assert {"calibration.png", "feature_importance.png", "report.json"} <= arts
-    reg = ModelBundle.load_registered("runroute-bundle", "champion", tracking_uri=uri)
+    reg = ModelBundle.load_registered("models:/runroute-bundle@champion", uri)
     assert reg.version == rep["bundle_version"]
 
     # a much weaker model (1 tree, no signal usable) must not take the alias with --promote-if-better
@@ -245,12 +245,13 @@ def test_train_job_logs_registers_and_promotes(log_path, tmp_path, monkeypatch):
     res3 = run_training(TrainConfig(out=tmp_path / "b3", promote_if_better=True, evaluate=False, **common))
     assert res3.mlflow["champion_holdout"] == res3.report["holdout"]
     assert not res3.mlflow["promoted"]
-    # without --promote-if-better the alias moves unconditionally
+    # without --promote-if-better a new version is registered and the alias stays (moves only on promotion)
     res4 = run_training(
         TrainConfig(out=tmp_path / "b4", evaluate=False, **{**common, "escalation_n_estimators": 1})
     )
-    assert res4.mlflow["promoted"] and "forced" in res4.mlflow["promotion_reason"]
-    assert str(client.get_model_version_by_alias("runroute-bundle", "champion").version) == "4"
+    assert res4.mlflow["version"] == "4" and not res4.mlflow["promoted"]
+    assert "--promote-if-better" in res4.mlflow["promotion_reason"]
+    assert str(client.get_model_version_by_alias("runroute-bundle", "champion").version) == "1"
 
 
 def test_cli_train_writes_bundle_and_report(log_path, tmp_path):

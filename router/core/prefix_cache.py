@@ -30,6 +30,11 @@ Algorithm:
 - **Capacity accounting.** ``occupied`` = cached blocks (referenced or not) + private blocks <=
   ``capacity``; ``pinned`` = occupied - unreferenced cached = blocks held by running requests (what
   vLLM's ``kv_cache_usage_perc`` reports, over ``capacity``).
+- **Shortfall** (additive): a refused admission leaves in ``shortfall`` how many blocks it lacked;
+  while only releases happen, free + evictable space must grow by that much before it can fit.
+- **Demotion hook** (additive, for a lower KV tier such as the simulator's CPU tier): when
+  ``spill`` is a list, every block evicted to make room is appended to it (oldest first); the
+  owner drains it. ``None`` (the default) keeps nothing and costs nothing.
 - **Counters.** ``inserted``: hashed blocks ever newly written; ``wipes``: whole-cache losses
   (:meth:`PrefixCache.reset`, vLLM's ``/reset_prefix_cache``, drops the unreferenced cached blocks;
   :meth:`PrefixCache.wipe`, a scale-to-zero reap or restart, drops everything); ``evictions``:
@@ -109,7 +114,18 @@ class PrefixCache:
     ``lru`` holds the unreferenced ones, least recently freed first; read them, do not write them.
     """
 
-    __slots__ = ("capacity", "block_size", "ref", "lru", "occupied", "inserted", "wipes", "evictions")
+    __slots__ = (
+        "capacity",
+        "block_size",
+        "ref",
+        "lru",
+        "occupied",
+        "inserted",
+        "wipes",
+        "evictions",
+        "spill",
+        "shortfall",
+    )
 
     def __init__(self, capacity_blocks: int, block_size: int):
         if capacity_blocks < 1 or block_size < 1:
@@ -124,6 +140,8 @@ class PrefixCache:
         self.inserted = 0
         self.wipes = 0
         self.evictions = 0
+        self.spill: list[int] | None = None  # evicted block ids are appended here when a list
+        self.shortfall = 0  # blocks the last refused admission lacked (room must grow this much)
 
     # ------------------------------------------------------------------ observation
     @property
@@ -217,6 +235,7 @@ class PrefixCache:
                         present_free += 1
             need = n_new + n_blocks - n_hashed
             if need > free + len(lru) - present_free:
+                self.shortfall = need - (free + len(lru) - present_free)
                 return -1
             for i in range(last + 1):  # reference the present blocks (out of the LRU list if free)
                 b = chain[i]
@@ -230,10 +249,18 @@ class PrefixCache:
             self.evictions += evict
             self.occupied -= evict
             popitem = lru.popitem
-            while evict > 0:
-                b, _ = popitem(last=False)
-                del ref[b]
-                evict -= 1
+            spill = self.spill
+            if spill is None:
+                while evict > 0:
+                    b, _ = popitem(last=False)
+                    del ref[b]
+                    evict -= 1
+            else:
+                while evict > 0:
+                    b, _ = popitem(last=False)
+                    del ref[b]
+                    spill.append(b)
+                    evict -= 1
         if n_new:
             self.inserted += n_new
             for i in range(hit, n_hashed):

@@ -51,6 +51,7 @@ from router.server.routes import Parts, register_routes
 from router.server.runlog_writer import RunLogWriter
 from router.server.scrape import Scraper
 from router.server.settings import RouterSettings
+from router.server.tracing import make_tracing
 from router.server.upstream import AiohttpUpstream, Upstream
 from router.server.wiring import make_backends, make_engine, make_store
 
@@ -75,6 +76,7 @@ class _RouterApp(FastAPI):
     """
 
     hot_paths: dict[str, Any] = {}
+    on_request: Any = None  # (handler, status) for every other request (metrics)
     max_headers: int = 100
     max_header_bytes: int = 64 * 1024
 
@@ -84,6 +86,8 @@ class _RouterApp(FastAPI):
             if len(hdrs) > self.max_headers or sum(len(k) + len(v) for k, v in hdrs) > self.max_header_bytes:
                 msg = f"request headers exceed {self.max_headers} headers / {self.max_header_bytes} bytes"
                 await error_response(431, "headers_too_large", msg)(scope, receive, send)
+                if self.on_request is not None:
+                    self.on_request(scope["path"] if scope["path"] in self.hot_paths else "unmatched", 431)
                 return
         hot = (
             self.hot_paths.get(scope["path"])
@@ -103,10 +107,27 @@ class _RouterApp(FastAPI):
                 await response(scope, receive, tracking_send)
             except Exception:
                 log.exception("unhandled error on the hot path %s", scope["path"])
+                if self.on_request is not None:
+                    self.on_request(scope["path"], 500)
                 if not started:
                     await error_response(500, "internal_error", "internal router error")(scope, receive, send)
             return
-        await super().__call__(scope, receive, send)
+        if scope["type"] != "http" or self.on_request is None:
+            await super().__call__(scope, receive, send)
+            return
+        status = 500
+
+        async def counting_send(msg: Any) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        try:
+            await super().__call__(scope, receive, counting_send)
+        finally:
+            route = scope.get("route")
+            self.on_request(getattr(route, "path", None) or "unmatched", status)
 
 
 def create_app(
@@ -123,7 +144,11 @@ def create_app(
     from router.policy.config import build_policy
 
     s = settings
-    metrics = RouterMetrics()
+    metrics = RouterMetrics(
+        deprecated_names=s.metrics.deprecated_names,
+        short_step_tokens=s.slo.short_step_tokens,
+        step_slo_s=s.slo.step_latency_s,
+    )
     up: Upstream = upstream or AiohttpUpstream(
         connect_s=s.timeouts.connect_s, first_byte_s=s.timeouts.first_byte_s, total_s=s.timeouts.total_s
     )
@@ -137,7 +162,7 @@ def create_app(
         policy_factory,
         path=s.bundle.path,
         mlflow_uri=s.bundle.mlflow_uri,
-        tracking_uri=s.bundle.mlflow_tracking_uri,
+        tracking_uri=s.bundle.tracking_uri(),
         watch_s=s.bundle.watch_s if bundle is None else 0.0,
         metrics=metrics,
     )
@@ -160,11 +185,13 @@ def create_app(
         durability=s.runlog.durability,
     )
     engine, admission = make_engine(s, st, scraper, backends, admission_budget_hook, clock, wall)
+    tracing = make_tracing(s)
     proxy = Proxy(
         engine=engine,
         clock=clock,
         wall=wall,
         admission=admission,
+        tracing=tracing,
         settings=s,
         upstream=up,
         store=st,
@@ -206,6 +233,8 @@ def create_app(
             await up.close()
             await asyncio.to_thread(writer.close)
             await st.close()
+            if tracing is not None:
+                tracing.shutdown()
 
     app = _RouterApp(
         title="runroute",
@@ -222,6 +251,7 @@ def create_app(
         "/v1/responses": proxy.responses,
         "/v1/messages": proxy.messages,
     }
+    app.on_request = metrics.request_served
     app.max_headers, app.max_header_bytes = s.server.max_headers, s.server.max_header_bytes
     app.state.proxy = proxy
     app.state.holder = holder
@@ -231,6 +261,7 @@ def create_app(
     app.state.store = st
     app.state.settings = s
     app.state.admission = admission
+    app.state.tracing = tracing
 
     register_routes(
         app,

@@ -1,15 +1,27 @@
-"""Model-bundle hot reload: ``POST /admin/reload`` and a file watcher, with an atomic swap.
+"""Model-bundle hot reload from a path or the MLflow registry, with an atomic swap.
 
 Algorithm: the serving pair (predictor, policy) lives in one immutable :class:`Serving` object that
 the proxy reads once per request (``holder.current``). A reload loads the bundle in a worker thread
-(``ModelBundle.load`` refuses a corrupt or mismatched bundle with ``BundleError``), builds the
-policy from the same config with the new bundle, and only then replaces ``current`` in one
-assignment. Requests already running keep the pair they read; a failed load leaves the old pair
-serving, counts ``runroute_bundle_reloads_total{result="refused"}`` and logs the reason.
+through the one loader :func:`load_bundle` (a path: ``ModelBundle.load``; a registry URI
+``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``: the version it points at is resolved first,
+then that version is fetched and verified by ``ModelBundle.load_registered``; either refuses a
+corrupt or mismatched bundle with ``BundleError``), builds the policy from the same config with
+the new bundle, and only then replaces ``current`` in one assignment. Requests already running keep
+the pair they read; a failed load leaves the old pair serving, counts
+``runroute_bundle_reloads_total{result="refused"}``, keeps the reason in ``last_error`` (shown by
+``GET /ready``) and logs it.
 
-The watcher polls the bundle path every ``watch_s`` seconds and reloads when the newest mtime
-of the path (and, for a directory, its direct children) changes. ``watch_s = 0`` turns it off.
-An MLflow source (``models:/name@alias``) is reloaded on ``/admin/reload`` only.
+Following a source (``watch_s`` seconds between probes; 0 turns it off), the same refusal rules for
+both kinds:
+
+- a path: the newest mtime of the path (and, for a directory, its direct children);
+- a registry alias: the version the alias points at (one registry call per probe, no download);
+  when it differs from the version last tried, that version is loaded. A refused version is not
+  retried on every probe: the holder waits until the alias moves again (or ``POST /admin/reload``,
+  which always tries). A fixed ``models:/NAME/VERSION`` never changes, so it is not probed.
+
+mlflow is imported only when a registry source is configured (in the worker thread), never on the
+request path.
 
 With no bundle source (a baseline policy without a model), the predictor is
 :class:`models.predictor.ConstantPredictor` (``p_frontier = 0``) so snapshots and logs still carry
@@ -28,7 +40,7 @@ from typing import Any
 
 from router.server.background import BackgroundTask
 
-__all__ = ["Serving", "BundleHolder", "load_bundle"]
+__all__ = ["Serving", "BundleHolder", "load_bundle", "resolve_source"]
 
 log = logging.getLogger("runroute.bundle")
 
@@ -38,21 +50,31 @@ class Serving:
     predictor: Any  # ModelBundle or any object with .predict(prefix) -> Predictions
     policy: Any  # router.policy.types.Policy
     version: str
+    registry_version: str | None = None  # the MLflow model version, for a registry source
+
+
+def resolve_source(mlflow_uri: str, tracking_uri: str | None = None) -> str:
+    """The registry version ``mlflow_uri`` points at now (``BundleError`` when it cannot be resolved)."""
+    from models.bundle import resolve_registered
+
+    return resolve_registered(mlflow_uri, tracking_uri)
 
 
 def load_bundle(
-    path: str | Path | None = None, mlflow_uri: str | None = None, tracking_uri: str | None = None
+    path: str | Path | None = None,
+    mlflow_uri: str | None = None,
+    tracking_uri: str | None = None,
+    *,
+    version: str | None = None,
 ) -> Any:
-    """Load a ModelBundle from a path, or from an MLflow registry URI (downloads its artifacts)."""
+    """The one loader: a ModelBundle from a path, or from a registry URI (``version``: the registry
+    version the URI was resolved to; resolved here when None)."""
     from models.bundle import ModelBundle
 
     if mlflow_uri is not None:
-        import mlflow  # heavy: only when the registry is used
-
-        if tracking_uri:
-            mlflow.set_tracking_uri(tracking_uri)
-        local = mlflow.artifacts.download_artifacts(artifact_uri=mlflow_uri)
-        return ModelBundle.load(local)
+        if version is None:
+            version = resolve_source(mlflow_uri, tracking_uri)
+        return ModelBundle.load_registered(mlflow_uri, tracking_uri, version=version)
     if path is None:
         raise ValueError("no bundle source")
     return ModelBundle.load(path)
@@ -90,8 +112,9 @@ class BundleHolder(BackgroundTask):
         self._loader = loader
         self.metrics = metrics
         self.current: Serving | None = None
-        self.last_error: str | None = None
-        self._sig: float | None = None
+        self.last_error: str | None = None  # why the last reload was refused (None: it was not)
+        self.probe_error: str | None = None  # why the source cannot be probed now (registry down)
+        self._sig: Any = None  # file mtime, or the registry version last tried
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -99,54 +122,84 @@ class BundleHolder(BackgroundTask):
     def has_source(self) -> bool:
         return self._loader is not None or self.path is not None or self.mlflow_uri is not None
 
-    def install(self, predictor: Any) -> Serving:
+    @property
+    def follows(self) -> bool:
+        """Whether the watcher has something that can change (a path or a registry alias)."""
+        if self.path is not None:
+            return True
+        return self.mlflow_uri is not None and "@" in self.mlflow_uri
+
+    def install(self, predictor: Any, registry_version: str | None = None) -> Serving:
         """Build the policy for ``predictor`` and swap it in (also used for injected bundles)."""
         policy = self.policy_factory(predictor)
         version = str(getattr(predictor, "version", "unknown"))
-        self.current = Serving(predictor, policy, version)
+        self.current = Serving(predictor, policy, version, registry_version)
         if self.metrics is not None:
-            self.metrics.set_bundle(version)
+            self.metrics.set_bundle(version, registry_version)
         return self.current
 
-    def _load_sync(self) -> Any:
+    def _probe_sync(self) -> Any:
+        """The source's current signature (mtime / registry version); None when unknown."""
+        if self.path is not None:
+            return _signature(self.path)
+        if self.mlflow_uri is not None:
+            return resolve_source(self.mlflow_uri, self.tracking_uri)
+        return None
+
+    def _load_sync(self, sig: Any) -> Any:
         if self._loader is not None:
             return self._loader()
-        return load_bundle(self.path, self.mlflow_uri, self.tracking_uri)
+        if self.mlflow_uri is not None:
+            return load_bundle(mlflow_uri=self.mlflow_uri, tracking_uri=self.tracking_uri, version=sig)
+        return load_bundle(self.path)
 
     async def reload(self) -> Serving:
-        """Load + swap; on failure keep the old pair and re-raise (BundleError / OSError / ...)."""
+        """Resolve, load and swap; on failure keep the old pair and re-raise (BundleError / OSError)."""
         async with self._lock:
-            sig = _signature(self.path) if self.path is not None else None
+            sig = None
             try:
-                predictor = await asyncio.to_thread(self._load_sync)
-                serving = self.install(predictor)
+                sig = await asyncio.to_thread(self._probe_sync)
+                predictor = await asyncio.to_thread(self._load_sync, sig)
+                serving = self.install(predictor, sig if self.mlflow_uri is not None else None)
             except Exception as e:
                 self.last_error = f"{type(e).__name__}: {e}"
                 if self.metrics is not None:
-                    self.metrics.bundle_reloads.labels("refused").inc()
+                    self.metrics.bundle_reloaded(False)
                 log.error(
                     "bundle reload refused, still serving %s: %s",
                     self.current.version if self.current else "nothing",
                     self.last_error,
                 )
-                self._sig = sig  # do not retry the same bad file on every poll
+                if sig is not None:
+                    self._sig = sig  # do not retry the same bad file / version on every probe
                 raise
             self._sig = sig
             self.last_error = None
             if self.metrics is not None:
-                self.metrics.bundle_reloads.labels("ok").inc()
-            log.info("bundle %s serving", serving.version)
+                self.metrics.bundle_reloaded(True)
+            log.info(
+                "bundle %s serving%s",
+                serving.version,
+                f" (registry version {sig})" if self.mlflow_uri is not None else "",
+            )
             return serving
 
     async def _watch(self) -> None:
-        assert self.path is not None
         while True:
             await asyncio.sleep(self.watch_s)
-            sig = _signature(self.path)
+            try:
+                sig = await asyncio.to_thread(self._probe_sync)
+            except Exception as e:  # noqa: BLE001 - a registry outage: keep serving, say so once
+                msg = f"{type(e).__name__}: {e}"
+                if msg != self.probe_error:
+                    log.warning("bundle source cannot be probed, still serving: %s", msg)
+                    self.probe_error = msg
+                continue
+            self.probe_error = None
             if sig is not None and sig != self._sig:
                 with contextlib.suppress(Exception):
                     await self.reload()
 
     def start(self) -> None:
-        if self.watch_s > 0 and self.path is not None:
+        if self.watch_s > 0 and self.follows:
             self._start_task(self._watch)

@@ -1,135 +1,214 @@
 """Prometheus metrics of one sidecar app, in a per-app ``CollectorRegistry`` (no global registry,
 so several apps in one process — tests — never collide).
 
-Exposed at ``GET /metrics``:
+Algorithm: every series is declared once in :data:`router.server.metrics_specs.SPECS` (name, type,
+help, labels, unit); the README's metric list is generated from it (:mod:`router.server.metrics_doc`).
+The proxy calls a few named hooks and every per-step series is computed here from the step's run-log record
+(:meth:`RouterMetrics.step_finished`), so the hot path holds no metric logic: request counts
+(:meth:`request_rejected` for rejections before routing, :meth:`request_served` for the other
+endpoints, counted by the app), decisions, run starts, escalations and flaps
+(:meth:`decided`, :meth:`fell_back`), admission verdicts, upstream errors. Label children are cached
+(``prometheus_client``'s ``labels()`` costs ~10 us a call).
 
-- ``runroute_requests_total{tier,status}``: finished chat-completions requests;
-- ``runroute_decisions_total{tier,reason}``: routing decisions;
-- ``runroute_step_latency_seconds{tier,kind}``: end-to-end step latency, ``kind`` = ``short``
-  (<= ``slo.short_step_tokens`` output tokens or a tool call) or ``long``;
-- ``runroute_ttft_seconds{tier}``: time to the first streamed byte;
-- ``runroute_prompt_tokens_total{tier}``, ``runroute_cache_hit_tokens_total{tier,replica}``;
-- ``runroute_flaps_total``: steps where a run's pin changed after its first step;
-- ``runroute_fallbacks_total{from_tier,to_tier}``;
-- ``runroute_upstream_errors_total{tier,kind}`` (``connect``/``timeout``/``5xx``/``stream``);
-- ``runroute_slo_steps_total{met}``;
-- ``runroute_bundle_info{version}`` (gauge 1 for the serving bundle),
-  ``runroute_bundle_reloads_total{result}``;
-- ``runroute_inflight{backend}``, ``runroute_backend_healthy{backend}``,
-  ``runroute_backend_running/waiting/kv_usage{backend}`` (scraped);
-- ``runroute_runlog_overflow_total`` (steps that went to the writer's overflow list);
-- admission and capacity (:mod:`router.server.admission`): ``runroute_admission_total{verdict,priority,reason}``
-  (first-step verdicts), ``runroute_admission_active_runs`` (the store's shared count),
-  ``runroute_admission_run_token_rate``, ``runroute_admission_utilisation``,
-  ``runroute_admission_predicted_short_step_seconds``, ``runroute_replica_utilisation{backend}``,
-  ``runroute_capacity_forecast_runs_per_second{horizon_s}``,
-  ``runroute_capacity_recommended_replicas{horizon_s}``,
-  ``runroute_capacity_expected_spill_share{horizon_s}``,
-  ``runroute_capacity_expected_reject_share{horizon_s}`` (set from the same figures as
-  ``GET /v1/capacity`` on every scrape).
+Exposition (:meth:`render`): the Prometheus text format 0.0.4, or OpenMetrics 1.0 when the scrape's
+``Accept`` header asks for ``application/openmetrics-text`` (``prometheus_client.choose_encoder``).
+The ``_created`` series of counters and histograms are dropped (they doubled the sample count and
+no dashboard reads them). Conventions: counters end in ``_total``, units are base units in the
+name (``_seconds``, ``_tokens``, ``_usd``), shares are ``_ratio`` in [0, 1], gauges name their noun
+(``_requests``, ``_runs``), one label name per dimension (``backend`` for a replica or the frontier,
+``tier``, ``code`` for the HTTP status), no run ids in labels.
+
+Knobs: ``deprecated_names`` (``metrics.deprecated_names``, default on for one release): the names
+of runroute 0.1 are also exposed, computed at scrape time from the new series (:data:`DEPRECATED`,
+their HELP says what replaces them); ``short_step_tokens`` and ``step_slo_s`` (from ``slo``): the
+short/long split of the latency histogram and the SLO counter.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 
-__all__ = ["RouterMetrics"]
+from router.server.metrics_specs import (
+    CHAT_HANDLER,
+    DEPRECATED,
+    HANDLERS,
+    LATENCY_BUCKETS,
+    SPECS,
+    Alias,
+    MetricSpec,
+)
 
-_LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+__all__ = ["RouterMetrics", "MetricSpec", "SPECS", "DEPRECATED", "Alias", "CHAT_HANDLER"]
+
+
+class _Exposed:
+    """The registry as scraped: no ``_created`` samples, plus the deprecated aliases."""
+
+    def __init__(self, registry: CollectorRegistry, aliases: tuple[Alias, ...]):
+        self.registry, self.aliases = registry, aliases
+
+    def collect(self) -> Iterator[Metric]:
+        fams = []
+        for fam in self.registry.collect():
+            out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            out.samples = [s for s in fam.samples if not s.name.endswith("_created")]
+            fams.append(out)
+        yield from fams
+        by_sample: dict[str, list[Any]] = {}
+        for fam in fams:
+            for s in fam.samples:
+                by_sample.setdefault(s.name, []).append(s)
+        for a in self.aliases:
+            yield _alias_family(a, by_sample.get(a.new, []))
+
+
+def _alias_family(a: Alias, samples: Iterable[Any]) -> Metric:
+    base = a.old[: -len("_total")] if a.kind == "counter" else a.old
+    fam = Metric(base, f"DEPRECATED (removed in the next release): use {a.new}", a.kind)
+    sums: dict[tuple[str, ...], float] = {}
+    for s in samples:
+        if any(s.labels.get(k) != v for k, v in a.where):
+            continue
+        key = tuple(s.labels.get(new, "") for _, new in a.labels)
+        sums[key] = sums.get(key, 0.0) + s.value
+    for key, v in sums.items():
+        fam.add_sample(a.old, dict(zip((old for old, _ in a.labels), key, strict=True)), v)
+    return fam
 
 
 class RouterMetrics:
-    def __init__(self) -> None:
-        r = self.registry = CollectorRegistry(auto_describe=False)
-        self.requests = Counter("runroute_requests", "Finished requests", ["tier", "status"], registry=r)
-        self.decisions = Counter("runroute_decisions", "Routing decisions", ["tier", "reason"], registry=r)
-        self.step_latency = Histogram(
-            "runroute_step_latency_seconds",
-            "Step latency",
-            ["tier", "kind"],
-            buckets=_LAT_BUCKETS,
-            registry=r,
-        )
-        self.ttft = Histogram(
-            "runroute_ttft_seconds", "Time to first byte", ["tier"], buckets=_LAT_BUCKETS, registry=r
-        )
-        self.prompt_tokens = Counter("runroute_prompt_tokens", "Prompt tokens", ["tier"], registry=r)
-        self.cache_hit_tokens = Counter(
-            "runroute_cache_hit_tokens", "Cached prompt tokens", ["tier", "replica"], registry=r
-        )
-        self.flaps = Counter("runroute_flaps", "Pin changes after a run's first step", registry=r)
-        self.fallbacks = Counter(
-            "runroute_fallbacks", "Fallbacks to the other tier", ["from_tier", "to_tier"], registry=r
-        )
-        self.upstream_errors = Counter(
-            "runroute_upstream_errors", "Upstream errors", ["tier", "kind"], registry=r
-        )
-        self.slo_steps = Counter("runroute_slo_steps", "Steps within the step SLO", ["met"], registry=r)
-        self.bundle_info = Gauge("runroute_bundle_info", "Serving bundle version", ["version"], registry=r)
-        self.store_degraded = Gauge(
-            "runroute_store_degraded",
-            "1 while the shared run-state store (Redis) is unreachable and local pins serve",
-            registry=r,
-        )
-        self.bundle_reloads = Counter("runroute_bundle_reloads", "Bundle reloads", ["result"], registry=r)
-        self.inflight = Gauge("runroute_inflight", "Router in-flight requests", ["backend"], registry=r)
-        self.healthy = Gauge("runroute_backend_healthy", "Backend healthy", ["backend"], registry=r)
-        self.running = Gauge("runroute_backend_running", "vllm:num_requests_running", ["backend"], registry=r)
-        self.waiting = Gauge("runroute_backend_waiting", "vllm:num_requests_waiting", ["backend"], registry=r)
-        self.kv_usage = Gauge(
-            "runroute_backend_kv_usage", "vllm:kv_cache_usage_perc", ["backend"], registry=r
-        )
-        self.runlog_overflow = Counter(
-            "runroute_runlog_overflow", "Run-log steps spilled to overflow", registry=r
-        )
-        self.admission = Counter(
-            "runroute_admission",
-            "First-step admission verdicts",
-            ["verdict", "priority", "reason"],
-            registry=r,
-        )
-        self.adm_active = Gauge("runroute_admission_active_runs", "Active admitted local runs", registry=r)
-        self.adm_rate = Gauge(
-            "runroute_admission_run_token_rate", "Work tokens/s per active local run", registry=r
-        )
-        self.adm_util = Gauge("runroute_admission_utilisation", "Predicted local utilisation", registry=r)
-        self.adm_short = Gauge(
-            "runroute_admission_predicted_short_step_seconds", "Predicted short-step latency", registry=r
-        )
-        self.replica_util = Gauge(
-            "runroute_replica_utilisation", "Served work / replica capacity", ["backend"], registry=r
-        )
-        self.cap_rate = Gauge(
-            "runroute_capacity_forecast_runs_per_second", "Forecast new runs/s", ["horizon_s"], registry=r
-        )
-        self.cap_replicas = Gauge(
-            "runroute_capacity_recommended_replicas", "Replicas holding the SLO", ["horizon_s"], registry=r
-        )
-        self.cap_spill = Gauge(
-            "runroute_capacity_expected_spill_share", "Expected spilled share", ["horizon_s"], registry=r
-        )
-        self.cap_reject = Gauge(
-            "runroute_capacity_expected_reject_share", "Expected rejected share", ["horizon_s"], registry=r
-        )
-        self._bundle_version: str | None = None
+    """The app's series (:data:`SPECS`) and the hooks that set them; see the module docstring."""
+
+    def __init__(
+        self, *, deprecated_names: bool = True, short_step_tokens: int = 64, step_slo_s: float = 10.0
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.short_step_tokens, self.step_slo_s = short_step_tokens, step_slo_s
+        self._exposed = _Exposed(self.registry, DEPRECATED if deprecated_names else ())
+        for spec in SPECS:
+            setattr(self, spec.attr, self._make(spec))
+        self._bundle_labels: tuple[str, str] | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
+    def _make(self, spec: MetricSpec) -> Any:
+        kw: dict[str, Any] = {"registry": self.registry, "unit": spec.unit}
+        if spec.kind == "counter":
+            return Counter(spec.name, spec.help, spec.labels, **kw)
+        if spec.kind == "gauge":
+            return Gauge(spec.name, spec.help, spec.labels, **kw)
+        return Histogram(spec.name, spec.help, spec.labels, buckets=LATENCY_BUCKETS, **kw)
+
+    def __getattr__(self, name: str) -> Any:  # the series of SPECS, set in __init__ (for mypy)
+        raise AttributeError(name)
+
     def child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, cached: prometheus_client's ``labels`` costs ~10 us a call."""
+        """``metric.labels(*labels)``, cached."""
         key = (id(metric), labels)
         c = self._children.get(key)
         if c is None:
             c = self._children[key] = metric.labels(*labels)
         return c
 
-    def set_bundle(self, version: str | None) -> None:
-        if self._bundle_version is not None:
-            self.bundle_info.remove(self._bundle_version)
-        self._bundle_version = version
+    # ------------------------------------------------------------------ hot-path hooks
+    def request_rejected(self, status: int, handler: str = CHAT_HANDLER) -> None:
+        """A chat request answered before routing (401, 404, 413, 400/422, 429, 431, 499, 503 no
+        bundle) or without a backend (503 no_healthy_backend: its step is recorded, not counted here)."""
+        self.child(self.requests, handler, "none", str(status)).inc()
+
+    def request_served(self, handler: str, status: int) -> None:
+        """Any other endpoint (counted by the app for every request it answers)."""
+        self.child(self.requests, handler, "none", str(status)).inc()
+
+    def admission_verdict(self, verdict: str, priority: str, reason: str) -> None:
+        self.child(self.admission, verdict, priority, reason).inc()
+
+    def decided(self, plan: Any) -> None:
+        """A committed decision (:class:`router.core.engine.StepPlan`): a run starts at its step 0
+        (the store's step index, unique across routers) or at a first-step admission verdict (a run
+        id used again after its end); a move of a pinned run (``flapped``) to the frontier is an
+        escalation (the frontier tier is one backend, so the run was local)."""
+        d = plan.decision
+        self.child(self.decisions, d.tier, d.reason).inc()
+        if plan.step == 0 or plan.admission is not None:
+            self.child(self.runs_started, d.tier).inc()
+        if plan.flapped:
+            self.child(self.flaps, "policy").inc()
+            if d.tier == "frontier":
+                self.child(self.escalations, d.reason).inc()
+
+    def fell_back(self, from_tier: str, decision: Any) -> None:
+        """A step retried on another backend after an upstream failure."""
+        self.child(self.fallbacks, from_tier, decision.tier).inc()
+        self.child(self.flaps, "fallback").inc()
+        self.child(self.decisions, decision.tier, decision.reason).inc()
+        if from_tier == "local" and decision.tier == "frontier":
+            self.child(self.escalations, decision.reason).inc()
+
+    def upstream_error(self, tier: str, kind: str) -> None:
+        self.child(self.upstream_errors, tier, kind).inc()
+
+    def step_finished(self, rec: Any, prev_tokens: int, state: Any) -> None:
+        """Every per-step series from the step's run-log record (:class:`features.schema.Step`);
+        ``prev_tokens``: the run's previous served prompt + output tokens as this router saw them
+        (0: unknown), ``state``: the serving backend's ``BackendState`` (prices; None: nothing served)."""
+        tier = rec.tier or "none"
+        c = self.child
+        if rec.error_code != "no_healthy_backend":  # that answer is counted by request_rejected
+            c(self.requests, HANDLERS.get(rec.protocol or "chat", CHAT_HANDLER), tier, str(rec.status)).inc()
+        if rec.ttft_s is not None:
+            c(self.ttft, tier).observe(rec.ttft_s)
+        if rec.status != 200:
+            return
+        latency, prompt, cached = rec.latency_s or 0.0, rec.prompt_tokens, rec.cached_tokens or 0
+        out, model, backend = rec.completion_tokens, rec.model or "", rec.replica or ""
+        short = bool(rec.tool_calls) or out <= self.short_step_tokens
+        c(self.step_latency, tier, "short" if short else "long").observe(latency)
+        c(self.slo_steps, "yes" if latency <= self.step_slo_s else "no").inc()
+        c(self.prompt_tokens, tier, model).inc(prompt)
+        c(self.output_tokens, tier, model).inc(out)
+        if cached:
+            c(self.cached_tokens, tier, backend).inc(cached)
+        if rec.step > 0:
+            c(self.xturn_prompt, tier, backend).inc(prompt)
+            c(self.xturn_cached, tier, backend).inc(cached)
+            c(self.xturn_bound, tier, backend).inc(min(prompt, prev_tokens))
+        if state is not None:
+            usd = (
+                (prompt - cached) * state.price_in_per_m
+                + cached * state.price_cached_in_per_m
+                + out * state.price_out_per_m
+            ) / 1e6
+            if usd > 0:
+                c(self.spend, tier, model).inc(usd)
+
+    # ------------------------------------------------------------------ set elsewhere
+    def set_bundle(self, version: str | None, registry_version: str | None = None) -> None:
+        if self._bundle_labels is not None:
+            self.bundle_info.remove(*self._bundle_labels)
+            self._bundle_labels = None
         if version is not None:
-            self.bundle_info.labels(version).set(1)
+            self._bundle_labels = (version, registry_version or "")
+            self.bundle_info.labels(*self._bundle_labels).set(1)
+
+    def bundle_reloaded(self, ok: bool) -> None:
+        self.bundle_reloads.labels("ok" if ok else "refused").inc()
+
+    def set_backends(self, backends: Iterable[Any], stats: dict[str, Any]) -> None:
+        """This router's in-flight counts and the scraped figures of each backend."""
+        for b in backends:
+            self.inflight.labels(b.name).set(b.inflight)
+            if b.tier == "local":
+                self.gpu_cost.labels(b.name).set(b.state_template.gpu_usd_per_hour)
+        for name, st in stats.items():
+            self.healthy.labels(name).set(1 if st.healthy else 0)
+            self.running.labels(name).set(st.running)
+            self.waiting.labels(name).set(st.waiting)
+            self.kv_usage.labels(name).set(st.kv_usage)
 
     def set_capacity(self, cap: dict[str, Any]) -> None:
         """Copy the figures of ``GET /v1/capacity`` (:meth:`router.server.admission.LiveAdmission.capacity`)."""
@@ -147,5 +226,11 @@ class RouterMetrics:
             self.cap_spill.labels(h).set(f["expected_spill_share"])
             self.cap_reject.labels(h).set(f["expected_reject_share"])
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, accept: str | None = None) -> tuple[bytes, str]:
+        """(body, content type) for a scrape with this ``Accept`` header."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self._exposed), content_type  # type: ignore[arg-type]
+
+    @staticmethod
+    def spec(attr: str) -> MetricSpec:
+        return next(s for s in SPECS if s.attr == attr)

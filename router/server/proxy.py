@@ -72,6 +72,7 @@ from router.server.chat import ChatAdapter
 from router.server.errors import ProxyError
 from router.server.lifecycle import RunLifecycle
 from router.server.messages import MessagesAdapter
+from router.server.metrics_specs import HANDLERS
 from router.server.protocol import Adapter, ClientRequest
 from router.server.relay import SSERelay
 from router.server.responses import ResponsesAdapter, ResponseStore
@@ -122,6 +123,7 @@ class Proxy(StepIO):
         backends: list[Backend],
         engine: StepEngine,
         admission: Any = None,
+        tracing: Any = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
@@ -135,6 +137,7 @@ class Proxy(StepIO):
         self.scraper = scraper
         self.writer = writer
         self.m = metrics
+        self.tracing = tracing  # None = off: every tracing hook is then one `is None` test
         self.clock, self.wall, self.perf = clock, wall, perf
         local = getattr(settings, "local", None)
         self.pool = BackendPool(backends, scraper, getattr(local, "kv_cache_tokens", None))
@@ -202,6 +205,7 @@ class Proxy(StepIO):
             try:
                 raw = await read_body(request, self.max_body)
             except ClientDisconnect:
+                self.m.request_rejected(499, HANDLERS[proto.name])
                 return Response(status_code=499)
             req = proto.read(raw, self.models, self.pool.aliases, self.max_depth)
             fwd = {k: v for k in ("anthropic-beta", "openai-beta") if (v := request.headers.get(k))}
@@ -209,6 +213,7 @@ class Proxy(StepIO):
                 req.extra["headers"] = fwd
             return await self._route(request, proto, req, t0, arrival, owner)
         except ProxyError as e:
+            self.m.request_rejected(e.status, HANDLERS[proto.name])  # before routing / no backend
             return proto.error_response(e.status, e.code, e.message, e.headers)
 
     async def _route(
@@ -252,9 +257,15 @@ class Proxy(StepIO):
     ) -> Response:
         # one decision at a time per run (get -> decide -> put), so concurrent steps of a run,
         # even with a remote store, see each other's pin
+        span = self.tracing.start_step(request.headers) if self.tracing is not None else None
         async with hist.lock:
-            ctx = await self._decide(request, proto, req, hist, serving, now, t0, arrival, owner, user)
-        self.m.child(self.m.decisions, ctx.plan.decision.tier, ctx.plan.decision.reason).inc()
+            try:
+                ctx = await self._decide(request, proto, req, hist, serving, now, t0, arrival, owner, user)
+            except ProxyError as e:  # refused (404, 429) or answered without a backend (503)
+                if span is not None:
+                    self.tracing.end_refused(span, hist.run_id, e.status, e.code)
+                raise
+        ctx.span = span
         try:
             return await self._forward(ctx, request)
         except BaseException as e:  # every exit of a committed step closes it, once
@@ -323,9 +334,8 @@ class Proxy(StepIO):
             if plan.admission_decision is not None:
                 ad = plan.admission_decision
                 verdict = "reject" if plan.rejected else ad.verdict
-                self.m.child(self.m.admission, verdict, prio, ad.reason).inc()
+                self.m.admission_verdict(verdict, prio, ad.reason)
             if plan.rejected:  # nothing is stored; the index goes back: the retry is again step 0
-                self.m.child(self.m.requests, "none", "429").inc()
                 await self.store.unstep(run_id, plan.step)
                 raise reject_error(plan, run.run_id, self.s.admission)
             decision = plan.decision
@@ -360,8 +370,7 @@ class Proxy(StepIO):
         except BaseException:
             await self._close(ctx, 500, "internal_error", locked=True)
             raise
-        if plan.flapped:
-            self.m.flaps.inc()
+        self.m.decided(plan)
         return ctx
 
     async def _call(self, ctx: _Step) -> tuple[Any, Any, bytes | None]:
@@ -371,6 +380,8 @@ class Proxy(StepIO):
         """
         b = ctx.backend
         url, body, headers = self._outbound(ctx)
+        if ctx.span is not None:
+            ctx.up_span, headers = self.tracing.start_upstream(ctx.span, b, headers)
         resp = await self.upstream.post(b.tier, url, body, headers)
         if resp.status >= 300 or not ctx.req.stream:
             return resp, None, await resp.read()
@@ -398,10 +409,10 @@ class Proxy(StepIO):
                 resp, it, first = await self._call(ctx)
                 if resp.status >= 500:
                     kind = "5xx"
-                    self.m.child(self.m.upstream_errors, b.tier, "5xx").inc()
+                    self.m.upstream_error(b.tier, "5xx")
             except UpstreamError as e:
                 kind = e.kind
-                self.m.child(self.m.upstream_errors, b.tier, e.kind).inc()
+                self.m.upstream_error(b.tier, e.kind)
                 if e.kind == "connect" and self.scraper is not None:
                     self.scraper.mark_failed(b.name)
                 resp = it = first = None
@@ -412,6 +423,8 @@ class Proxy(StepIO):
                 b.inflight -= 1
             if kind is None:
                 break
+            if ctx.up_span is not None:  # this attempt's span ends with its error
+                ctx.up_span = self.tracing.end_upstream(ctx.up_span, resp.status if resp else None, kind)
             d = None
             if allow_fb and attempt == 0:
                 others = self.pool.for_request(ctx.req.requested, ctx.req.model_alias, None)
@@ -428,7 +441,7 @@ class Proxy(StepIO):
                 )
             attempt += 1
             other = self.backends[d.backend]
-            self.m.child(self.m.fallbacks, b.tier, other.tier).inc()
+            self.m.fell_back(b.tier, d)
             log.warning(
                 "run %s step %d: %s on %s, falling back to %s",
                 ctx.run.run_id,
@@ -437,9 +450,7 @@ class Proxy(StepIO):
                 b.name,
                 other.name,
             )
-            self.m.flaps.inc()
             await self.store.put(ctx.run)
-            self.m.child(self.m.decisions, d.tier, d.reason).inc()
             ctx.backend = other
             ctx.ttft_s = None
 
@@ -456,7 +467,7 @@ class Proxy(StepIO):
             backend.inflight += n
 
         def stream_error() -> None:
-            self.m.child(self.m.upstream_errors, backend.tier, "stream").inc()
+            self.m.upstream_error(backend.tier, "stream")
 
         cap = ctx.capture
         return SSERelay(

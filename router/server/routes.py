@@ -1,8 +1,8 @@
 """The sidecar's endpoints besides the hot path: models, health, readiness, metrics, capacity, runs, admin.
 
 ``GET /v1/models``, ``GET /health``, ``GET /ready`` (every tier reachable and a bundle serving),
-``GET /metrics`` (Prometheus text; scraped figures and the capacity gauges refreshed on each
-scrape), ``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for the next 5/15/60
+``GET /metrics`` (Prometheus text, or OpenMetrics when the scrape's ``Accept`` asks for it;
+scraped figures and the capacity gauges refreshed on each scrape), ``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for the next 5/15/60
 minutes, the replica count that holds the SLO at that forecast, expected spill and reject shares),
 ``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end`` (:meth:`router.server.lifecycle.RunLifecycle.end`:
 logs the outcome, gives back the run's admission slot and leaves an ``ended`` tombstone in the store
@@ -183,7 +183,9 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         body = {
             "ready": serving is not None and tiers_ok,
             "bundle": serving.version if serving is not None else None,
+            "bundle_registry_version": serving.registry_version if serving is not None else None,
             "bundle_error": holder.last_error,
+            "bundle_source_error": getattr(holder, "probe_error", None),
             "backends": reachable,
         }
         return json_response(body, 200 if body["ready"] else 503)
@@ -192,19 +194,14 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
     async def prom(request: Request) -> Response:
         if (r := check(access.metrics, request)) is not None:
             return r
-        for b in backends:
-            metrics.inflight.labels(b.name).set(b.inflight)
-        for name, stt in scraper.stats.items():
-            metrics.healthy.labels(name).set(1 if stt.healthy else 0)
-            metrics.running.labels(name).set(stt.running)
-            metrics.waiting.labels(name).set(stt.waiting)
-            metrics.kv_usage.labels(name).set(stt.kv_usage)
+        metrics.set_backends(backends, scraper.stats)
         if admission is not None:
             metrics.set_capacity(await admission.capacity(scraper.stats))
         metrics.store_degraded.set(1 if getattr(st, "degraded", False) else 0)
         metrics.runlog_overflow.inc(max(0, writer.overflowed - _overflow_seen[0]))
         _overflow_seen[0] = writer.overflowed
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        body, content_type = metrics.render(request.headers.get("accept"))
+        return Response(body, headers={"content-type": content_type})
 
     _overflow_seen = [0]
 

@@ -39,9 +39,10 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
 - ``policy``: the decision layer's config, a discriminated union on ``kind`` (``learned``,
   ``always-local``, ``always-frontier``, ``per-step-threshold``, ``session-sticky``,
   ``stall-escalation``), validated by :mod:`router.policy.config`.
-- ``bundle``: where the learned model bundle comes from: ``path`` (a bundle directory/file) or
-  ``mlflow_uri`` (e.g. ``models:/runroute@champion``) with ``mlflow_tracking_uri``; ``watch_s`` polls
-  the path's mtime for hot reload (0 turns the watcher off).
+- ``bundle``: where the learned model bundle comes from: ``path`` (a bundle directory) or
+  ``mlflow_uri`` (``models:/runroute-bundle@champion`` or ``models:/runroute-bundle/3``) with
+  ``mlflow_tracking_uri``; ``watch_s`` polls the path's mtime or the alias's version for hot
+  reload (0 turns the watcher off). A source set in the environment replaces the file's.
 - ``slo``: per-step targets, used for the SLO-attainment metric: ``ttft_s``, ``step_latency_s``;
   ``short_step_tokens`` splits short vs long steps in the latency histograms.
 - ``timeouts``: ``connect_s`` (TCP connect to an upstream), ``first_byte_s`` (until response headers
@@ -71,6 +72,8 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   :mod:`router.policy.admission`); **on by default** with conservative figures derived from the
   local tier (see :class:`AdmissionSettings`), e.g. ``RUNROUTE_ADMISSION__ENABLED=false``,
   ``RUNROUTE_ADMISSION__SLO_SHORT_STEP_S=1.5``, ``RUNROUTE_ADMISSION__REPLICA_TOKENS_PER_S=4000``.
+- ``tracing``: OpenTelemetry spans per step, off by default (:class:`TracingSettings`).
+- ``metrics``: ``deprecated_names`` (the 0.1 metric names as aliases for one release).
 """
 
 from __future__ import annotations
@@ -108,6 +111,8 @@ __all__ = [
     "StoreSettings",
     "AdmissionSettings",
     "IdentitySettings",
+    "TracingSettings",
+    "MetricsSettings",
     "RouterSettings",
     "SettingsError",
     "ProtocolName",
@@ -115,16 +120,69 @@ __all__ = [
 
 
 class BundleSource(_Strict):
+    """Where the learned bundle comes from: ``path`` or ``mlflow_uri`` (``models:/NAME@ALIAS`` or
+    ``models:/NAME/VERSION``), not both; an empty string counts as unset (``RUNROUTE_BUNDLE__PATH=""``).
+    ``mlflow_tracking_uri``: unset = ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in the
+    working directory (the default of ``runroute train``). ``watch_s``: seconds between probes of
+    the path's mtime or of the version the alias points at (0 = no following)."""
+
     path: Path | None = None
     mlflow_uri: str | None = None
     mlflow_tracking_uri: str | None = None
     watch_s: float = Field(default=2.0, ge=0)
+
+    @field_validator("path", "mlflow_uri", "mlflow_tracking_uri", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _uri(cls, v: str | None) -> str | None:
+        if v is not None:
+            from models.bundle import parse_model_uri
+
+            parse_model_uri(v)  # BundleError is a ValueError: becomes a one-line settings error
+        return v
 
     @model_validator(mode="after")
     def _one(self) -> BundleSource:
         if self.path is not None and self.mlflow_uri is not None:
             raise ValueError("bundle: give either path or mlflow_uri, not both")
         return self
+
+    def tracking_uri(self) -> str | None:
+        """The tracking URI the registry source uses (see the class docstring); None for a path."""
+        if self.mlflow_uri is None:
+            return None
+        from models.bundle import default_tracking_uri
+
+        return default_tracking_uri(self.mlflow_tracking_uri)
+
+
+class TracingSettings(_Strict):
+    """OpenTelemetry tracing (:mod:`router.server.tracing`), off by default.
+
+    ``enabled``: a span per step (``runroute.step``) with the upstream call as its child
+    (``runroute.upstream``) and W3C ``traceparent`` sent to the backend; ``exporter``: ``otlp``
+    (OTLP/HTTP to ``endpoint``, needs the ``opentelemetry-exporter-otlp-proto-http`` package),
+    ``console`` (stdout) or ``memory`` (kept in process: tests and the overhead bench);
+    ``service_name`` (resource ``service.name``); ``sample_ratio`` (parent-based ratio sampler:
+    a client's sampled ``traceparent`` is honoured, new traces are sampled at this ratio)."""
+
+    enabled: bool = False
+    exporter: Literal["otlp", "console", "memory"] = "otlp"
+    endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    service_name: str = "runroute"
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+
+
+class MetricsSettings(_Strict):
+    """``GET /metrics`` (:mod:`router.server.metrics`): ``deprecated_names`` also exposes the
+    names of runroute 0.1 (renamed to the Prometheus conventions) as deprecated aliases, for one
+    release (dashboards and alerts can move at their own pace)."""
+
+    deprecated_names: bool = True
 
 
 class SLOSettings(_Strict):
@@ -304,6 +362,8 @@ class RouterSettings(BaseSettings):
     scrape: ScrapeSettings = Field(default_factory=ScrapeSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @field_validator("policy", mode="before")
     @classmethod
@@ -360,10 +420,25 @@ class RouterSettings(BaseSettings):
                 raise SettingsError(f"{p}: top level must be a mapping")
             data = loaded
         data = _merge(data, overrides)
+        data = _env_bundle_source_wins(data)
         try:
             return cls(**data)
         except Exception as e:  # pydantic.ValidationError -> one line
             raise SettingsError(_one_line(e, path)) from None
+
+
+def _env_bundle_source_wins(data: dict[str, Any]) -> dict[str, Any]:
+    """A bundle source named in the environment replaces the one of the file / overrides as a whole
+    (``RUNROUTE_BUNDLE__MLFLOW_URI`` over a file's ``bundle.path``, and the reverse): the nested
+    merge would otherwise keep both and refuse them."""
+    env = {k.upper(): v for k, v in os.environ.items()}
+    bundle = data.get("bundle")
+    if not isinstance(bundle, dict):
+        return data
+    for key, other in (("MLFLOW_URI", "path"), ("PATH", "mlflow_uri")):
+        if env.get(f"RUNROUTE_BUNDLE__{key}", "").strip():
+            data = {**data, "bundle": {k: v for k, v in bundle.items() if k != other}}
+    return data
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

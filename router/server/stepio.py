@@ -31,7 +31,7 @@ from router.core.engine import StepPlan
 from router.core.record import StepResult, step_entry
 from router.policy.types import RunState
 from router.server.answers import step_headers
-from router.server.backends import Backend
+from router.server.backends import Backend, state_of
 from router.server.protocol import ClientRequest, pick_protocol
 
 __all__ = ["StepIO", "StepContext"]
@@ -55,6 +55,8 @@ class StepContext:
     capture: Any
     ttft_s: float | None = None
     done: bool = False
+    span: Any = None  # tracing: the step span and the open upstream span
+    up_span: Any = None
 
 
 class StepIO:
@@ -68,6 +70,7 @@ class StepIO:
     s: Any
     clock: Any
     perf: Any
+    tracing: Any
 
     def _outbound(self, ctx: StepContext) -> tuple[str, bytes, dict[str, str]]:
         b, req = ctx.backend, ctx.req
@@ -144,6 +147,7 @@ class StepIO:
         prompt, cached, completion = ctx.capture.counts()
         names, keys = ctx.capture.tools()
         b = ctx.backend
+        prev_tokens = ctx.hist.last_tokens if ctx.hist.base.steps else 0
         res = StepResult(
             status=status,
             error_code=error_code,
@@ -181,18 +185,9 @@ class StepIO:
         if status != 200 and ctx.plan.admission is not None:  # a first step not served
             holds = self.engine.unserved_start(ctx.plan, ctx.run)
             give = self._give_back(ctx.run, holds, None if locked else ctx.hist.lock)
-        m = self.m
-        tier = b.tier or "none"
-        m.child(m.requests, tier, str(status)).inc()
-        if status == 200:
-            short = names or rec.completion_tokens <= self.s.slo.short_step_tokens
-            m.child(m.step_latency, tier, "short" if short else "long").observe(latency)
-            m.child(m.prompt_tokens, tier).inc(rec.prompt_tokens)
-            if rec.cached_tokens:
-                m.child(m.cache_hit_tokens, tier, b.name).inc(rec.cached_tokens)
-            m.child(m.slo_steps, "yes" if latency <= self.s.slo.step_latency_s else "no").inc()
-        if ctx.ttft_s is not None:
-            m.child(m.ttft, tier).observe(ctx.ttft_s)
+        self.m.step_finished(rec, prev_tokens, state_of(ctx.plan.snapshot.backends, b.name))
+        if ctx.span is not None:
+            self.tracing.end_step(ctx.span, rec, ctx.up_span)
         if give is None and durable is None:
             return None
         return self._after(give, durable)

@@ -3,11 +3,14 @@
 :func:`run_grid` simulates each point (a fresh policy object and a fresh admission controller per
 point, since both may keep state) and adds the built-in answers (:func:`answers`): the fewest
 replicas holding the p95 short-step SLO, scale-to-zero vs always-on cost (with
-``compare_always_on``), and what doubling the KV cache does to the hit rate.
+``compare_always_on``), and what doubling the KV cache does to the hit rate. The points run through
+:func:`router.sim.points.run_points` (one ``map`` over pure point functions). A grid only answers
+within its own points; :mod:`router.sim.search` bisects for the answer instead.
 """
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -15,9 +18,8 @@ from typing import Any
 import numpy as np
 
 from router.policy.types import Policy
-from router.sim.scorecard import details, scorecard
+from router.sim.points import MapFn, Point, PointResult, run_points
 from router.sim.simconfig import SimConfig
-from router.sim.simulator import Simulator
 from router.sim.workload import Workload
 
 __all__ = ["GridPoint", "run_grid", "answers"]
@@ -41,53 +43,46 @@ def run_grid(
     admission_factory: Callable[[], Any] | None = None,
     compare_always_on: bool = False,
     progress: Callable[[str], None] | None = None,
+    map: MapFn = builtins.map,  # noqa: A002 - builtin map, a Dask client's map, a pool's map
 ) -> dict[str, Any]:
     """Every (policy x replicas x KV) point on the same ``starts``; returns scorecards, details, answers.
 
     ``policies`` maps a label to a factory (a fresh policy object per point); ``admission_factory``
     likewise makes a fresh admission hook per simulation (controllers keep hysteresis state). With
     ``base.scale_to_zero`` and ``compare_always_on`` each point also runs always-on (``always_on``).
+    Points run through :func:`router.sim.points.run_points` with ``map``.
     """
-    cards: list[dict[str, Any]] = []
-    dets: list[dict[str, Any]] = []
-    always_on: list[dict[str, Any]] = []
+    points: list[Point] = []
     for label, factory in policies.items():
         for n in replicas:
             for kv in kv_cache_gb:
                 cfg = replace(base, replicas=int(n), kv_cache_gb=float(kv))
-                res = Simulator(
-                    workload,
-                    factory(),
-                    cfg,
-                    starts,
-                    predictor=predictor,
-                    admission=admission_factory() if admission_factory else None,
-                ).run()
-                res.policy = label
-                cards.append(scorecard(res))
-                dets.append(details(res))
-                if progress:
-                    progress(f"{label} replicas={n} kv={kv}GB: {len(res.outcome)} steps in {res.wall_s:.2f}s")
+                points.append(Point(workload, cfg, factory, label, starts, predictor, admission_factory))
                 if compare_always_on and base.scale_to_zero:
-                    res2 = Simulator(
-                        workload,
-                        factory(),
-                        replace(cfg, scale_to_zero=False),
-                        starts,
-                        predictor=predictor,
-                        admission=admission_factory() if admission_factory else None,
-                    ).run()
-                    res2.policy = label
-                    always_on.append(
-                        {
-                            **scorecard(res2),
-                            **{
-                                k: v
-                                for k, v in details(res2).items()
-                                if k in ("gpu_hours", "local_cost_usd", "scale_to_zero")
-                            },
-                        }
+                    cfg2 = replace(cfg, scale_to_zero=False)
+                    points.append(
+                        Point(
+                            workload, cfg2, factory, label, starts, predictor, admission_factory, "always_on"
+                        )
                     )
+
+    def tick(r: PointResult) -> None:
+        if progress and not r.tag:
+            c = r.scorecard
+            progress(
+                f"{r.label} replicas={c['replicas']} kv={c['kv_cache_gb']}GB: {r.steps} steps in {r.wall_s:.2f}s"
+            )
+
+    cards: list[dict[str, Any]] = []
+    dets: list[dict[str, Any]] = []
+    always_on: list[dict[str, Any]] = []
+    for r in run_points(points, map=map, progress=tick):
+        if r.tag == "always_on":
+            keep = ("gpu_hours", "local_cost_usd", "scale_to_zero")
+            always_on.append({**r.scorecard, **{k: v for k, v in r.details.items() if k in keep}})
+        else:
+            cards.append(r.scorecard)
+            dets.append(r.details)
     out: dict[str, Any] = {"scorecards": cards, "details": dets}
     if always_on:
         out["always_on"] = always_on

@@ -33,9 +33,26 @@ Algorithm (one replica):
   wake (uniform ``wake_s``; a cold start) and waits for it; an idle reaper turns the replica off after
   ``idle_reap_s`` without work (its cache is lost). GPU time is billed while waking or on.
 
+- **Lower KV tiers** (``tiers``, :mod:`router.sim.kvtier`): blocks the GPU cache evicts are demoted
+  to a CPU (and SSD) tier; at admission the blocks after the GPU hit that a tier holds are loaded
+  instead of prefilled (``cached`` counts them; ``tier_t`` splits them per tier) and the admitting
+  iteration lasts the load time longer.
+- **Speculative decoding** (``spec``, :mod:`router.sim.specdec`): a request may emit ``grow`` tokens
+  per decode iteration (expected accepted drafts + 1) and verify ``vt`` draft tokens in it;
+  ``it_target`` = 1 + ceil((output - 1) / grow) iterations finish it. A decode iteration then costs
+  ``a + e*n + d*sum(ctx) + b*sum(vt) + draft_s`` with ``ctx`` growing by ``grow`` per iteration
+  (the fast-forward uses ``d*sum(grow)`` for ``d*n``). Off, ``grow = 1``, ``vt = 0``: the formulas
+  above, bit for bit.
+- **Roles** (``role``, for :mod:`router.sim.disagg`): ``both`` (the default, chunked-prefill
+  co-location); ``prefill`` (requests come with ``it_target = 1``: prefill, first token, release);
+  ``decode`` (requests arrive prefilled, their KV transferred: blocks are reserved unhashed and
+  they decode from the next iteration on).
+
 Knobs (constructor): ``profile`` (coefficients and limits), ``kv_capacity_blocks``, ``block_tokens``,
 ``scale_to_zero``, ``wake_s`` (low, high seconds), ``idle_reap_s`` (None = never), ``fast_forward``
-(False steps every decode iteration as its own event: the reference the fast path is tested against).
+(False steps every decode iteration as its own event: the reference the fast path is tested against),
+``tiers`` (a :class:`~router.sim.kvtier.TierStack` or None), ``spec`` (True when requests may carry
+speculative-decoding rates), ``draft_s`` (draft cost per decode iteration, seconds), ``role``.
 """
 
 from __future__ import annotations
@@ -47,6 +64,7 @@ from typing import Any
 
 from router.core.prefix_cache import Chain, PrefixCache
 from router.sim.engine import EventLoop
+from router.sim.kvtier import TierStack
 from router.sim.profiles import NodeProfile
 
 __all__ = ["Request", "Replica"]
@@ -71,6 +89,13 @@ class Request:
         "n_private",
         "n_hashed",
         "chunk",
+        "it_target",
+        "grow",
+        "c0",
+        "vt",
+        "tier_t",
+        "load_s",
+        "room_needed",
     )
 
     def __init__(
@@ -98,6 +123,13 @@ class Request:
         self.n_private = 0
         self.n_hashed = 0
         self.chunk = 0  # prefill tokens scheduled in the iteration in flight
+        self.it_target = self.gen_target  # iterations to finish (speculative decoding: fewer)
+        self.grow = 1  # tokens emitted per decode iteration
+        self.c0 = self.prompt  # context after ``decoded`` iterations = c0 + decoded * grow
+        self.vt = 0  # draft tokens verified per decode iteration
+        self.tier_t: list[int] | None = None  # tokens loaded from each lower KV tier
+        self.load_s = 0.0  # seconds of that load (added to the admitting iteration)
+        self.room_needed = 0  # after a refusal: free + evictable blocks needed before a retry can fit
 
 
 class Replica:
@@ -116,6 +148,10 @@ class Replica:
         wake_s: tuple[float, float] = (267.0, 282.0),
         idle_reap_s: float | None = 1800.0,
         fast_forward: bool = True,
+        tiers: TierStack | None = None,
+        spec: bool = False,
+        draft_s: float = 0.0,
+        role: str = "both",
     ):
         if kv_capacity_blocks < 2:
             raise ValueError(f"{name}: KV capacity of {kv_capacity_blocks} block(s) is too small")
@@ -129,9 +165,17 @@ class Replica:
         self.wake_s = wake_s
         self.idle_reap_s = idle_reap_s if scale_to_zero else None
         self.fast_forward = fast_forward
+        if role not in ("both", "prefill", "decode"):
+            raise ValueError(f"{name}: role must be both, prefill or decode, got {role!r}")
+        self.role = role
+        self.spec = spec
+        self.draft_s = draft_s if spec else 0.0
+        self.tiers = tiers
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.kv = PrefixCache(kv_capacity_blocks, block_tokens)  # KV blocks and the prefix cache
+        if tiers is not None:
+            self.kv.spill = []  # GPU evictions, demoted to the tiers after each admission
         # views of ``kv`` that router.sim.whatif reads per step, bound once (kv never rebinds them):
         # lookup(chain, n_lookup) = leading blocks of chain[:n_lookup] cached (no side effects);
         # cache = cached block id -> reference count; lru = unreferenced blocks, least recently freed first
@@ -244,16 +288,45 @@ class Replica:
         # Only a release can make room, so a request that failed since the last release fails again.
         if req.n_private == -self._releases - 1:
             return False
-        chain = req.chain
+        kv = self.kv
+        room = kv.capacity - kv.occupied + len(kv.lru)
+        if room < req.room_needed:  # only releases happened since it was refused: still short
+            return False
         n_blocks = req.n_blocks if req.n_blocks < self.capacity else self.capacity
-        hit = self.kv.admit(chain, req.n_lookup, req.prompt, n_blocks)
+        if self.role == "decode":  # the KV arrives by transfer: reserve it unhashed, keep prefilled
+            if kv.admit((), 0, req.prompt, n_blocks) < 0:
+                req.n_private = -self._releases - 1
+                req.room_needed = room + kv.shortfall
+                return False
+            req.n_private, req.n_hashed = n_blocks, 0
+            return True
+        chain = req.chain
+        hit = kv.admit(chain, req.n_lookup, req.prompt, n_blocks)
         if hit < 0:
             req.n_private = -self._releases - 1  # remember the failure (reset on success below)
+            req.room_needed = room + kv.shortfall
             return False
         n_hashed = len(chain) if len(chain) < n_blocks else n_blocks
         req.n_private = n_blocks - n_hashed
         req.n_hashed = n_hashed
-        req.cached = req.prefilled = hit * self.block_tokens
+        B = self.block_tokens
+        tiers = self.tiers
+        if tiers is not None:
+            spill = self.kv.spill
+            if spill:
+                tiers.demote(spill)
+                spill.clear()
+            lim = (req.prompt - 1) // B
+            if req.n_lookup < lim:
+                lim = req.n_lookup
+            if hit < lim:
+                got, secs = tiers.extend(chain, hit, lim)
+                ext = sum(got)
+                if ext:
+                    req.tier_t = [g * B for g in got]
+                    req.load_s = secs
+                    hit += ext
+        req.cached = req.prefilled = hit * B
         return True
 
     def _release(self, req: Request) -> None:
@@ -265,15 +338,28 @@ class Replica:
         p = self.p
         budget = p.token_budget
         running = self.running
+        spec = self.spec
         n_dec = 0
-        ctx = 0
+        ctx: float = 0
+        grow: float = 0  # context growth per iteration of the decoding requests (spec only)
+        vt: float = 0  # draft tokens verified per iteration (spec only)
         n_chunks = 0
         pt = 0
         quad = 0
-        for r in running:
-            if r.prefilled >= r.prompt:
-                n_dec += 1
-                ctx += r.prompt + r.decoded
+        load = 0.0
+        if spec:
+            for r in running:
+                if r.prefilled >= r.prompt:
+                    n_dec += 1
+                    ctx += r.c0 + r.decoded * r.grow
+                    grow += r.grow
+                    vt += r.vt
+            budget -= int(vt)
+        else:
+            for r in running:
+                if r.prefilled >= r.prompt:
+                    n_dec += 1
+                    ctx += r.prompt + r.decoded
         budget -= n_dec
         if n_dec < len(running):
             for r in running:
@@ -295,6 +381,15 @@ class Replica:
             waiting.popleft()
             running.append(r)
             rem = r.prompt - r.prefilled
+            if rem <= 0:  # arrived prefilled (a decode-role replica): decodes in this iteration
+                n_dec += 1
+                ctx += r.c0 + r.decoded * r.grow
+                grow += r.grow
+                vt += r.vt
+                budget -= 1
+                continue
+            if r.load_s:
+                load += r.load_s
             ln = rem if rem < budget else budget
             r.chunk = ln
             n_chunks += 1
@@ -310,13 +405,19 @@ class Replica:
         self.busy = True
         self.gen += 1
         if n_chunks or n_dec < len(running):  # prefill work (or prefills starved of budget: step one)
-            dt = p.a + p.b * pt + p.c * quad + p.d * ctx + p.e * (n_dec + n_chunks)
+            dt = p.a + p.b * pt + p.c * quad + p.d * ctx + p.e * (n_dec + n_chunks) + load
+            if spec and n_dec:
+                dt += p.b * vt + self.draft_s
             self._ep = None
             self.loop.schedule(t + dt, self._end_chunk, self.gen)
             return
-        k = min([r.gen_target - r.decoded for r in running]) if self.fast_forward else 1
+        k = min([r.it_target - r.decoded for r in running]) if self.fast_forward else 1
         a_term = p.a + p.e * n_dec + p.d * ctx
-        dn = p.d * n_dec
+        if spec:
+            a_term += p.b * vt + self.draft_s
+            dn = p.d * grow
+        else:
+            dn = p.d * n_dec
         self._ep = (t, k, a_term, dn)
         self.loop.schedule(t + k * a_term + dn * k * (k - 1) / 2, self._end_epoch, self.gen)
 
@@ -334,11 +435,11 @@ class Replica:
                 if r.prefilled >= r.prompt:
                     r.decoded = 1
                     r.first_token_t = t
-                    if r.decoded >= r.gen_target:
+                    if r.decoded >= r.it_target:
                         done.append(r)
             elif r.prefilled >= r.prompt:
                 r.decoded += 1
-                if r.decoded >= r.gen_target:
+                if r.decoded >= r.it_target:
                     done.append(r)
         self._finish(done, t)
 
@@ -351,7 +452,7 @@ class Replica:
         done = []
         for r in self.running:
             r.decoded += k
-            if r.decoded >= r.gen_target:
+            if r.decoded >= r.it_target:
                 done.append(r)
         self._ep = None
         self._finish(done, t)
@@ -375,6 +476,8 @@ class Replica:
         self.state = "off"
         self._releases += 1
         self.kv.wipe()
+        if self.tiers is not None:
+            self.tiers.wipe()
 
     def finalize(self, t_end: float) -> None:
         """Close the billing period at ``t_end`` (call once at the end of a simulation)."""

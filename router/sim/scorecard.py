@@ -5,7 +5,8 @@ Each step ends exactly once as one of :data:`SERVED_LOCAL`, :data:`SERVED_FRONTI
 0 (policy-routed), 1 (spilled) or 2 (rejected). :func:`scorecard` turns a :class:`SimResult` into
 the ARCHITECTURE.md scorecard (keys :data:`SCORECARD_KEYS`, in order; each key is described in its
 docstring and in ``training.eval``'s typed model of it), :func:`details` into the figures beside it
-(cost split, cold starts, step outcomes, simulator speed).
+(cost split, cold starts, step outcomes, simulator speed, and the figures of the optional model
+elements: cache hit rate per KV tier, KV format, speculative decoding, disaggregation, TPOT).
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ class SimResult:
     rate_limited: int
     iterations: int
     records: list[Any] | None = None  # each finished step's run-log record (SimConfig.log_steps)
+    completion: np.ndarray | None = None  # output tokens per step
+    tier_cached: np.ndarray | None = None  # (lower tiers, steps): tokens loaded from each tier
+    tier_stats: list[dict[str, Any]] | None = None  # per lower tier, summed over replicas
+    gpu_evictions: int = 0  # blocks the GPU prefix caches evicted
+    disagg_stats: dict[str, Any] | None = None  # prefill/decode pools (router.sim.disagg)
+    runs_unfit: int = 0  # of the rejected runs: a prompt never fits one replica's KV cache
 
     @property
     def local_cost_usd(self) -> float:
@@ -176,4 +183,43 @@ def details(res: SimResult) -> dict[str, Any]:
         "sim_steps_per_cpu_s": round(len(oc) / res.cpu_s, 1) if res.cpu_s else None,
         "events": res.events,
         "node_iterations": res.iterations,
+        **_elements(res),
     }
+
+
+def _elements(res: SimResult) -> dict[str, Any]:
+    """Per-tier hit rates, KV format, speculative decoding, disaggregation, TPOT."""
+    cfg = res.config
+    out: dict[str, Any] = {
+        "kv_dtype": cfg.kv_dtype,
+        "kv_blocks_per_replica": cfg.kv_blocks(),
+        "runs_rejected_kv_too_small": res.runs_unfit,
+        "gpu_evicted_blocks": res.gpu_evictions,
+    }
+    local2 = (res.outcome == SERVED_LOCAL) & (res.step_index >= 1)
+    ptok = float(res.prompt[local2].sum())
+    if res.tier_cached is not None and res.tier_stats is not None:
+        lower = res.tier_cached[:, local2].sum(axis=1)
+        gpu = float(res.cached[local2].sum()) - float(lower.sum())
+        out["cache_hit_rate_gpu"] = round(gpu / ptok, 6) if ptok else None
+        for st, n in zip(res.tier_stats, lower, strict=True):
+            out[f"cache_hit_rate_{st['tier']}"] = round(float(n) / ptok, 6) if ptok else None
+        out["kv_tiers"] = res.tier_stats
+    if cfg.spec is not None:
+        out["spec_decode"] = cfg.spec.describe()
+    if res.disagg_stats is not None:
+        out["disagg"] = {**res.disagg_stats, "kv_link_gbps": cfg.kv_link_gbps}
+    if res.completion is not None:
+        m = (res.outcome == SERVED_LOCAL) & (res.completion > 1)
+        tpot = (res.latency[m] - res.ttft[m]) / (res.completion[m] - 1)
+        out["tpot_s_p50"] = _pct(tpot, 50)
+        out["tpot_s_p95"] = _pct(tpot, 95)
+        if cfg.slo_tpot_s is not None:
+            served = (
+                (res.outcome == SERVED_LOCAL) | (res.outcome == SERVED_FRONTIER) | (res.outcome == SPILLED)
+            )
+            c = res.completion[served]
+            per = np.where(c > 1, (res.latency[served] - res.ttft[served]) / np.maximum(c - 1, 1), 0.0)
+            good = (res.ttft[served] <= cfg.slo_ttft_s) & (per <= cfg.slo_tpot_s)
+            out["goodput_share"] = round(float(good.mean()), 6) if good.size else None
+    return out

@@ -18,6 +18,12 @@ Algorithm (one capacity point = one :class:`Simulator` run):
 4. Each step ends exactly once as served-local, served-frontier, spilled or rejected (checked);
    :mod:`router.sim.scorecard` turns the per-step arrays into the scorecard.
 
+Optional model elements (all off by default, configured on :class:`~router.sim.simconfig.SimConfig`):
+lower KV tiers and KV formats change what the replicas cache (per-tier hits are kept per step),
+speculative decoding changes each local request's decode iterations by its step kind (tool call
+or free text), disaggregation routes local requests through a prefill pool, a KV link and a decode
+pool (:mod:`router.sim.disagg`); the policy sees the same backend states either way.
+
 Admission: ``admission`` is an :class:`~router.policy.admission.AdmissionController` (or its
 :class:`~router.policy.admission.AdmissionConfig`); the simulation then runs the step engine's
 :class:`~router.core.admission.AdmissionGate` over a :class:`~router.core.traffic.TrafficModel` on
@@ -40,9 +46,10 @@ from router.core.runs import CacheReading, RunTrack
 from router.core.traffic import TrafficModel
 from router.policy.admission import AdmissionConfig, AdmissionController
 from router.policy.types import BackendState, Policy, RunState
+from router.sim.disagg import build_replicas
 from router.sim.engine import EventLoop
 from router.sim.frontier import Frontier
-from router.sim.node import Replica, Request
+from router.sim.node import Request
 from router.sim.scorecard import REJECTED, SERVED_FRONTIER, SERVED_LOCAL, SPILLED, SimResult
 from router.sim.simconfig import SimConfig
 from router.sim.workload import RunSpec, SimError, StepSpec, Workload
@@ -100,21 +107,8 @@ class Simulator:
         self.predictor = predictor if predictor is not None else ConstantPredictor()
         self.loop = EventLoop(start=0.0, seed=config.seed)
         blocks = config.kv_blocks()
-        self.replicas = [
-            Replica(
-                f"local-{i}",
-                config.profile,
-                self.loop,
-                blocks,
-                config.block_tokens,
-                self._local_done,
-                scale_to_zero=config.scale_to_zero,
-                wake_s=config.wake_s,
-                idle_reap_s=config.idle_reap_s,
-                fast_forward=config.fast_forward,
-            )
-            for i in range(config.replicas)
-        ]
+        self.replicas, self.all_replicas, self.disagg = build_replicas(config, self.loop, self._local_done)
+        self.spec = config.spec
         self.by_name = {r.name: r for r in self.replicas}
         self.frontier = Frontier(config.frontier, self.loop.rng, config.block_tokens)
         self.local_max_context = min(config.profile.max_context, blocks * config.block_tokens)
@@ -124,6 +118,8 @@ class Simulator:
         self.latency = np.full(n, np.nan)
         self.ttft = np.full(n, np.nan)
         self.cached = np.zeros(n, dtype=np.int64)
+        n_tiers = len(self.replicas[0].tiers.tiers) if self.replicas and self.replicas[0].tiers else 0
+        self.tier_cached = np.zeros((n_tiers, n), dtype=np.int64) if n_tiers else None
         self.records: list[Any] | None = [] if config.log_steps else None
         self._runs: list[_Run] = []
         g = 0
@@ -132,18 +128,28 @@ class Simulator:
             g += len(spec.steps)
         self.run_completion = np.full(len(workload.runs), np.nan)
         self.slots = 0  # admitted local runs holding a slot (the sidecar's store counter)
+        self.unfit = 0  # runs rejected because a prompt can never fit one replica's KV cache
         self._runs_left = len(workload.runs)
         self._last_end = 0.0
         self._gpu_price = config.gpu_hour_usd * config.profile.gpus_per_replica
+        self._B = config.block_tokens
 
     def _engine(self, admission: AdmissionController | AdmissionConfig | None) -> StepEngine:
         B = self.cfg.block_tokens
+
+        memo: dict[str, tuple[int, int, CacheReading]] = {}  # unchanged counters: the same reading
 
         def reading(name: str) -> CacheReading | None:
             rep = self.by_name.get(name)
             if rep is None:
                 return None
-            return CacheReading(rep.inserted * B, rep.capacity * B, rep.wipes, lags=False)
+            kv = rep.kv
+            m = memo.get(name)
+            if m is not None and m[0] == kv.inserted and m[1] == kv.wipes:
+                return m[2]
+            r = CacheReading(kv.inserted * B, rep.capacity * B, kv.wipes, lags=False)
+            memo[name] = (kv.inserted, kv.wipes, r)
+            return r
 
         if not self.cfg.scrape:
             reading = None  # type: ignore[assignment]
@@ -194,16 +200,20 @@ class Simulator:
         fc = self.cfg.frontier
         out.append(
             BackendState(
-                name=fc.name,
-                tier="frontier",
-                model=fc.model,
-                max_context=fc.max_context,
-                running=self.frontier.running(t),
-                price_in_per_m=fc.price_in_per_m,
-                price_cached_in_per_m=fc.price_cached_in_per_m,
-                price_out_per_m=fc.price_out_per_m,
-                prefill_s_per_token=fc.prefill_s_per_token,
-                ttft_base_s=fc.ttft_p50_s,
+                fc.name,
+                "frontier",
+                fc.model,
+                True,
+                fc.max_context,
+                self.frontier.running(t),
+                0,
+                0.0,
+                0,
+                fc.price_in_per_m,
+                fc.price_cached_in_per_m,
+                fc.price_out_per_m,
+                fc.prefill_s_per_token,
+                fc.ttft_p50_s,
             )
         )
         return out
@@ -218,15 +228,17 @@ class Simulator:
         t = self.loop.now
         s = run.spec.steps[run.k]
         eng = self.engine
-        req = StepRequest(
-            prompt_tokens=s.prompt,
-            tool_results_n=s.tool_results_n,
-            tool_result_errors=s.errors,
-            tool_result_tokens=s.result_tokens,
-            n_tools_offered=s.n_tools,
-            wants_json=s.wants_json,
-            label_needs_frontier=run.spec.needs_frontier,
-        )
+        req = s.request  # built once per step of the workload (the engine does not mutate it)
+        if req is None:
+            req = s.request = StepRequest(
+                prompt_tokens=s.prompt,
+                tool_results_n=s.tool_results_n,
+                tool_result_errors=s.errors,
+                tool_result_tokens=s.result_tokens,
+                n_tools_offered=s.n_tools,
+                wants_json=s.wants_json,
+                label_needs_frontier=run.spec.needs_frontier,
+            )
         state, track = run.state, run.track
         plan = eng.plan(
             state,
@@ -263,9 +275,12 @@ class Simulator:
         run.plan = plan
         if dec.tier == "local":
             rep = self.by_name[dec.backend]
-            req_ = Request(run, s.prompt, s.completion, s.chain, s.n_lookup, t, self.cfg.block_tokens)
-            if not rep.submit(req_):
-                run.status = 2
+            req_ = Request(run, s.prompt, s.completion, s.chain, s.n_lookup, t, self._B)
+            if self.spec is not None:
+                self.spec.apply(req_, bool(s.tool_calls))
+            if not (rep.submit(req_) if self.disagg is None else self.disagg.submit(rep, req_)):
+                run.status = 2  # its prompt can never fit a replica's KV cache
+                self.unfit += 1
                 self._reject_rest(run)
                 return
         else:
@@ -294,6 +309,8 @@ class Simulator:
 
     def _local_done(self, req: Request) -> None:
         run: _Run = req.key
+        if req.tier_t is not None and self.tier_cached is not None:
+            self.tier_cached[:, run.g0 + run.k] = req.tier_t
         self._step_done(
             run, req.first_token_t - req.arrival, req.end_t - req.arrival, req.cached, SERVED_LOCAL, "local"
         )
@@ -356,7 +373,7 @@ class Simulator:
                 r.finalize(makespan)
             gpu_s = sum(r.billed_s for r in self.replicas)
         else:
-            gpu_s = makespan * len(self.replicas)
+            gpu_s = makespan * len(self.all_replicas)
         gpu_hours = gpu_s / 3600 * self.cfg.profile.gpus_per_replica
         if np.any(self.outcome == 0):
             missing = int(np.sum(self.outcome == 0))
@@ -368,10 +385,12 @@ class Simulator:
         short = np.empty(ns, dtype=bool)
         sidx = np.empty(ns, dtype=np.int64)
         rofs = np.empty(ns, dtype=np.int64)
+        comp = np.empty(ns, dtype=np.int64)
         g = 0
         for i, spec in enumerate(w.runs):
             for k, s in enumerate(spec.steps):
                 prompt[g], upper[g], short[g], sidx[g], rofs[g] = s.prompt, s.upper, s.short, k, i
+                comp[g] = s.completion
                 g += 1
         return SimResult(
             policy=str(getattr(self.policy, "name", type(self.policy).__name__)),
@@ -391,12 +410,31 @@ class Simulator:
             run_frontier_steps=np.array([r.frontier_steps for r in self._runs], dtype=np.int64),
             frontier_cost_usd=self.frontier.cost_usd,
             gpu_hours=gpu_hours,
-            cold_starts=sum(r.cold_starts for r in self.replicas),
+            cold_starts=sum(r.cold_starts for r in self.all_replicas),
             makespan_s=makespan,
             wall_s=time.perf_counter() - t_wall,
             cpu_s=time.process_time() - t_cpu,
             events=self.loop.events_run,
             rate_limited=self.frontier.rate_limited,
-            iterations=sum(r.iterations for r in self.replicas),
+            iterations=sum(r.iterations for r in self.all_replicas),
             records=self.records,
+            completion=comp,
+            tier_cached=self.tier_cached,
+            tier_stats=self._tier_stats(),
+            gpu_evictions=sum(r.kv.evictions for r in self.all_replicas),
+            runs_unfit=self.unfit,
+            disagg_stats=self.disagg.stats() if self.disagg is not None else None,
         )
+
+    def _tier_stats(self) -> list[dict[str, Any]] | None:
+        if self.tier_cached is None:
+            return None
+        per = [r.tiers.stats() for r in self.replicas if r.tiers is not None]
+        out = []
+        for t in range(len(per[0])):
+            row: dict[str, Any] = {"tier": per[0][t]["tier"]}
+            for key in per[0][t]:
+                if key != "tier":
+                    row[key] = sum(p[t][key] for p in per)  # type: ignore[misc]
+            out.append(row)
+        return out

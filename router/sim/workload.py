@@ -57,6 +57,7 @@ class StepSpec:
         "structured",
         "n_tools",
         "wants_json",
+        "request",
     )
 
     def __init__(
@@ -93,6 +94,7 @@ class StepSpec:
         self.n_tools = n_tools
         self.wants_json = wants_json
         self.short = completion <= SHORT_STEP_TOKENS or bool(tool_calls) or bool(structured)
+        self.request: Any = None  # the simulator's router.core.record.StepRequest, built on first use
 
 
 @dataclass

@@ -7,7 +7,9 @@ With no config it starts on embedded defaults so a newcomer can try it at once:
   loopback ports (stopped when the server stops);
 - the learned policy with the bundle in ``./runroute-bundle``, trained from the shipped run logs
   (``features.samples``: ``data/`` in a checkout, package ``runroute.data`` when installed) at
-  first start when absent (progress printed; MLflow off);
+  first start when absent (progress printed; MLflow off), unless ``RUNROUTE_BUNDLE__MLFLOW_URI``
+  names a registry bundle (``models:/runroute-bundle@champion``): then that one serves, followed
+  as its alias moves;
 - run logs under ``./runroute-logs``.
 
 It prints where everything is, then serves with uvloop + httptools, one worker. SIGTERM and SIGINT
@@ -98,10 +100,14 @@ def register(app: typer.Typer) -> None:
 
 
 def _demo_settings(stack, server: dict[str, object]):
+    import os
+
     from router.fakes.launch import start_fake_process
     from router.server.settings import RouterSettings
 
-    if not DEFAULT_BUNDLE.exists():
+    # a registry source in the environment replaces the embedded bundle path (RouterSettings.load)
+    registry = bool(os.environ.get("RUNROUTE_BUNDLE__MLFLOW_URI", "").strip())
+    if not registry and not DEFAULT_BUNDLE.exists():
         train_default_bundle(DEFAULT_BUNDLE)
     typer.echo("runroute: starting demo backends (fake vLLM x2, fake frontier) ...")
     v0 = stack.enter_context(start_fake_process("vllm", model="local-model", name="fake-vllm-0"))
@@ -130,7 +136,7 @@ def _run(settings, config: Path | None) -> None:
         from router.server.bundles import load_bundle
 
         try:
-            load_bundle(s.bundle.path, s.bundle.mlflow_uri, s.bundle.mlflow_tracking_uri)
+            load_bundle(s.bundle.path, s.bundle.mlflow_uri, s.bundle.tracking_uri())
         except (ValueError, OSError) as e:  # BundleError is a ValueError
             raise CliError(f"cannot load bundle {s.bundle.path or s.bundle.mlflow_uri}: {e}") from None
     app = create_app(s)

@@ -25,7 +25,10 @@ def register(app: typer.Typer) -> None:
         report_json: Path | None = typer.Option(None, "--report-json", help="write the report here"),
         pairs: list[str] = typer.Option([], "--pairs", help="WEAK=STRONG model pairing for labels; repeat"),
         promote_if_better: bool = typer.Option(
-            False, "--promote-if-better", help="move the 'champion' alias only if the new bundle beats it"
+            False,
+            "--promote-if-better",
+            help="move the 'champion' alias to the new version if it beats the champion on the held-out "
+            "tasks (without it the alias moves only for the first version)",
         ),
         target_frontier_share: float = typer.Option(
             0.3, "--target-frontier-share", help="share of runs sent to the frontier"

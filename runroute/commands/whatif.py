@@ -76,15 +76,57 @@ def register(app: typer.Typer) -> None:
         ),
         json_out: Path | None = typer.Option(None, "--json", help="write the result JSON here"),
         plot_out: Path | None = typer.Option(None, "--plot", help="write the PNG plots here"),
+        slo: str | None = typer.Option(
+            None,
+            "--slo",
+            help="SLO targets, e.g. short_p95=2s,ttft_p95=500ms (sets --slo-short-s/--slo-ttft-s)",
+        ),
+        find_: str | None = typer.Option(
+            None, "--find", help="search instead of a grid: replicas | kv | replicas,kv (needs --slo)"
+        ),
+        max_replicas: int = typer.Option(
+            64, "--max-replicas", help="--find replicas: the largest count tried"
+        ),
+        kv_dtype: str = typer.Option("fp16", "--kv-dtype", help="KV format: fp16 | bf16 | fp8 | int4 | int2"),
+        kv_read_scales: bool = typer.Option(
+            False, "--kv-read-scales", help="quantised KV also cuts the decode KV-read time (memory-bound)"
+        ),
+        cpu_kv_gb: str = typer.Option(
+            "0", "--cpu-kv-gb", help="CPU KV tier per replica: GB, or Nx of the GPU KV"
+        ),
+        cpu_kv_gbps: float = typer.Option(25.0, "--cpu-kv-gbps", help="CPU tier -> GPU bandwidth (GB/s)"),
+        ssd_kv_gb: str = typer.Option(
+            "0", "--ssd-kv-gb", help="SSD KV tier per replica: GB, or Nx of the GPU KV"
+        ),
+        ssd_kv_gbps: float = typer.Option(5.0, "--ssd-kv-gbps", help="SSD tier -> GPU bandwidth (GB/s)"),
+        spec: str = typer.Option(
+            "none",
+            "--spec",
+            help="speculative decoding: none | prompt-lookup[:min=,max=,k=] | eagle:alpha=A[,k=K]",
+        ),
+        disagg_prefill: int = typer.Option(
+            0,
+            "--disagg-prefill",
+            help="of each replica count, this many prefill-only replicas (0 = co-located)",
+        ),
+        kv_link_gbps: float = typer.Option(50.0, "--kv-link-gbps", help="disaggregation: KV link GB/s"),
     ) -> None:
         """Replay logged runs through the router's policies against simulated local replicas and a
-        frontier API; print the scorecard per (policy x replicas x KV size) and the built-in answers."""
+        frontier API; print the scorecard per (policy x replicas x KV size) and the built-in answers,
+        or with --find bisect for the fewest replicas (or KV) that holds --slo, per policy."""
+        from dataclasses import replace
+
         from features.runlog import read_runlog
         from router.policy.config import PolicyConfigError, build_policy, parse_policy_config
         from router.sim.arrivals import ArrivalError, run_starts
         from router.sim.frontier import FrontierConfig
+        from router.sim.precheck import capacity_check, warning_lines
         from router.sim.profiles import ProfileError, load_profile
         from router.sim.report import plot, render_table, write_json
+        from router.sim.search import find, parse_slo
+        from router.sim.search_report import plot_search, precheck_lines, render_search
+        from router.sim.simconfig import kv_quant_note
+        from router.sim.specdec import SpecError, parse_spec
         from router.sim.whatif import SimConfig, SimError, Workload, run_grid
 
         files = [f for item in [*runs, *(more_runs or [])] for f in item.split(",") if f]
@@ -94,9 +136,23 @@ def register(app: typer.Typer) -> None:
         kvs = _floats(kv_cache_gb, "--kv-cache-gb")
         if any(k <= 0 for k in kvs):
             raise CliError("--kv-cache-gb: sizes must be > 0")
-        if not no_kv_double:
+        if not no_kv_double and find_ is None:
             kvs = sorted(set(kvs) | {2 * max(kvs)})
         lo, hi = _floats(wake_s, "--wake-s", 2)
+        try:
+            slo_t = parse_slo(slo) if slo else None
+            spec_m = parse_spec(spec)
+        except (SimError, SpecError) as e:
+            raise CliError(str(e)) from None
+        if find_ is not None and slo_t is None:
+            raise CliError("--find needs --slo (e.g. --slo short_p95=2s)")
+        if find_ is not None and disagg_prefill:
+            raise CliError("--disagg-prefill works in grid mode only (a search changes the replica count)")
+        if slo_t is not None:
+            slo_short_s = slo_t.short_p95_s if slo_t.short_p95_s is not None else slo_short_s
+            slo_ttft_s = slo_t.ttft_p95_s if slo_t.ttft_p95_s is not None else slo_ttft_s
+        cpu_gb, cpu_x = _gb_or_x(cpu_kv_gb, "--cpu-kv-gb")
+        ssd_gb, ssd_x = _gb_or_x(ssd_kv_gb, "--ssd-kv-gb")
         try:
             prof = load_profile(node_profile, gpu)
             fkw: dict[str, Any] = {}
@@ -108,6 +164,7 @@ def register(app: typer.Typer) -> None:
             )
             base = SimConfig(
                 profile=prof,
+                replicas=max(reps[0], disagg_prefill + 1),
                 frontier=frontier,
                 gpu_hour_usd=gpu_hour_usd,
                 scale_to_zero=scale_to_zero,
@@ -116,7 +173,22 @@ def register(app: typer.Typer) -> None:
                 slo_short_s=slo_short_s,
                 slo_ttft_s=slo_ttft_s,
                 seed=seed,
+                kv_dtype=kv_dtype,
+                kv_read_scales=kv_read_scales,
+                cpu_kv_gb=cpu_gb,
+                cpu_kv_x=cpu_x,
+                cpu_kv_gbps=cpu_kv_gbps,
+                ssd_kv_gb=ssd_gb,
+                ssd_kv_x=ssd_x,
+                ssd_kv_gbps=ssd_kv_gbps,
+                spec=spec_m,
+                disagg_prefill=disagg_prefill,
+                kv_link_gbps=kv_link_gbps,
             )
+            if disagg_prefill and min(reps) <= disagg_prefill:
+                raise SimError(
+                    "--disagg-prefill P needs every --replicas count > P (one decode replica at least)"
+                )
         except (ProfileError, SimError, ValueError) as e:
             raise CliError(str(e)) from None
         model = None
@@ -148,12 +220,16 @@ def register(app: typer.Typer) -> None:
             )
         except (SimError, ArrivalError) as e:
             raise CliError(str(e)) from None
+        mode = f"--find {find_}" if find_ else f"{len(reps)} replica counts x {len(kvs)} KV sizes"
         typer.echo(
             f"replaying {len(work.runs)} runs / {work.n_steps} steps; arrivals {arrivals} x{speedup:g}; "
-            f"node profile {prof.name}; {len(factories)} policies x {len(reps)} replica counts x "
-            f"{len(kvs)} KV sizes",
+            f"node profile {prof.name}; {len(factories)} policies x {mode}",
             err=True,
         )
+        check = capacity_check(work, starts, replace(base, kv_cache_gb=max(kvs)), reps)
+        warnings = warning_lines(check, slo_t.short_p95_s if slo_t else None)
+        for line in [*precheck_lines(check), *warnings]:
+            typer.echo(line, err=True)
         hook_factory = None
         if admission:
             from router.policy.admission import AdmissionController
@@ -166,58 +242,128 @@ def register(app: typer.Typer) -> None:
             def hook_factory() -> Any:  # a fresh controller (hysteresis state) per simulation
                 return admission_from_controller(AdmissionController(acfg))
 
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        total = None if find_ else len(factories) * len(reps) * len(kvs) * (2 if scale_to_zero else 1)
+        cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
         try:
-            result = run_grid(
-                work,
-                factories,
-                reps,
-                kvs,
-                base,
-                starts,
-                predictor=model,
-                admission_factory=hook_factory,
-                compare_always_on=scale_to_zero,
-                progress=lambda m: typer.echo(m, err=True),
-            )
+            with Progress(*cols, transient=True) as prog:
+                task = prog.add_task("simulating", total=total)
+
+                def tick(r: Any) -> None:
+                    c = r.scorecard
+                    prog.update(
+                        task,
+                        advance=1,
+                        description=f"{r.label} x{c['replicas']} @{c['kv_cache_gb']:g}GB: {r.wall_s:.1f}s",
+                    )
+
+                if find_:
+                    result = find(
+                        work,
+                        factories,
+                        base,
+                        starts,
+                        slo_t,  # type: ignore[arg-type]
+                        dimension=find_,
+                        kv_cache_gb=kvs,
+                        replicas=reps,
+                        max_replicas=max_replicas,
+                        start=check["suggested_start_replicas"] if find_.startswith("replicas") else max(kvs),
+                        predictor=model,
+                        admission_factory=hook_factory,
+                        progress=tick,
+                    )
+                else:
+                    result = run_grid(
+                        work,
+                        factories,
+                        reps,
+                        kvs,
+                        base,
+                        starts,
+                        predictor=model,
+                        admission_factory=hook_factory,
+                        compare_always_on=scale_to_zero,
+                        progress=lambda m: prog.console.print(m, highlight=False),
+                    )
         except SimError as e:
             raise CliError(str(e), 1) from None
-        result["inputs"] = {
-            "runs": files,
-            "n_runs": len(work.runs),
-            "n_steps": work.n_steps,
-            "arrivals": arrivals,
-            "speedup": speedup,
-            "gpu": gpu,
-            "node_profile": prof.name,
-            "node_profile_coefficients": {k: getattr(prof, k) for k in "abcde"},
-            "node_profile_fit_error": prof.fit_error,
-            "gpu_hour_usd": gpu_hour_usd,
-            "frontier": {
-                k: getattr(frontier, k)
-                for k in (
-                    "price_in_per_m",
-                    "price_cached_in_per_m",
-                    "price_out_per_m",
-                    "ttft_p50_s",
-                    "tokens_per_s_p50",
-                    "rpm_limit",
-                )
-            },
-            "scale_to_zero": scale_to_zero,
-            "wake_s": [lo, hi],
-            "idle_reap_s": idle_reap_s,
-            "seed": seed,
-            "bundle": str(bundle) if bundle else None,
-            "admission": admission,
-        }
-        render_table(result)
+        result["capacity_check"] = check
+        result["capacity_warnings"] = warnings
+        result["inputs"] = _inputs(locals())
+        note = kv_quant_note(kv_dtype)
+        if note:
+            result["kv_quant_note"] = note
+            typer.echo(f"note: {note}", err=True)
+        title = f"runroute what-if: {len(work.runs)} runs, {arrivals} arrivals x{speedup:g}, node {prof.name}"
+        if find_:
+            render_search(result)
+        else:
+            render_table(result)
         if json_out:
             write_json(result, json_out)
             typer.echo(f"wrote {json_out}", err=True)
         if plot_out:
-            plot(
-                result,
-                plot_out,
-                title=f"runroute what-if: {len(work.runs)} runs, {arrivals} arrivals x{speedup:g}, node {prof.name}",
-            )
+            (plot_search if find_ else plot)(result, plot_out, title=title)
             typer.echo(f"wrote {plot_out}", err=True)
+
+
+def _gb_or_x(v: str, what: str) -> tuple[float, float]:
+    """``"64"`` -> (64 GB, 0); ``"4x"`` -> (0, 4 times the GPU KV)."""
+    try:
+        if v.strip().lower().endswith("x"):
+            x = float(v.strip()[:-1])
+            if x < 0:
+                raise ValueError
+            return 0.0, x
+        gb = float(v)
+        if gb < 0:
+            raise ValueError
+        return gb, 0.0
+    except ValueError:
+        raise CliError(
+            f"{what}: expected GB (e.g. 64) or a multiple of the GPU KV (e.g. 4x), got {v!r}"
+        ) from None
+
+
+def _inputs(v: dict[str, Any]) -> dict[str, Any]:
+    """The knobs of a run, for the result JSON."""
+    prof, frontier, base = v["prof"], v["frontier"], v["base"]
+    return {
+        "runs": v["files"],
+        "n_runs": len(v["work"].runs),
+        "n_steps": v["work"].n_steps,
+        "arrivals": v["arrivals"],
+        "speedup": v["speedup"],
+        "gpu": v["gpu"],
+        "node_profile": prof.name,
+        "node_profile_coefficients": {k: getattr(prof, k) for k in "abcde"},
+        "node_profile_fit_error": prof.fit_error,
+        "gpu_hour_usd": v["gpu_hour_usd"],
+        "frontier": {
+            k: getattr(frontier, k)
+            for k in (
+                "price_in_per_m",
+                "price_cached_in_per_m",
+                "price_out_per_m",
+                "ttft_p50_s",
+                "tokens_per_s_p50",
+                "rpm_limit",
+            )
+        },
+        "scale_to_zero": v["scale_to_zero"],
+        "wake_s": [v["lo"], v["hi"]],
+        "idle_reap_s": v["idle_reap_s"],
+        "seed": v["seed"],
+        "bundle": str(v["bundle"]) if v["bundle"] else None,
+        "admission": v["admission"],
+        "find": v["find_"],
+        "kv_dtype": base.kv_dtype,
+        "kv_read_scales": base.kv_read_scales,
+        "cpu_kv": {"gb": base.cpu_kv_gb, "x_gpu_kv": base.cpu_kv_x, "gbps": base.cpu_kv_gbps},
+        "ssd_kv": {"gb": base.ssd_kv_gb, "x_gpu_kv": base.ssd_kv_x, "gbps": base.ssd_kv_gbps},
+        "spec_decode": base.spec.describe() if base.spec is not None else None,
+        "disagg_prefill": base.disagg_prefill,
+        "kv_link_gbps": base.kv_link_gbps,
+    }

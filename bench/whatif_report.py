@@ -1,0 +1,461 @@
+"""The what-if report on the shipped traces: replicas by search, KV tiers and formats, disaggregation
+break-even, prompt-lookup speculative decoding. Writes a JSON and two PNGs and prints every figure.
+
+Usage::
+
+    .venv/bin/python bench/whatif_report.py [--out runroute-report/whatif] [--gpu a100] [--quick]
+
+Sections (each a set of ordinary what-if points through ``router.sim.points.run_points``):
+
+1. **Fewest replicas** (``router.sim.search.find``) holding short-step p95 <= ``--slo-s`` (2 s) on the
+   Mooncake conversation trace (the full hour from ``../shared/data/mooncake`` when present, else the
+   shipped 20-minute sample), per policy, with the number of simulations; the capacity pre-check and
+   its warnings (1 replica included).
+2. **KV tiers and formats** on the same trace at ``--kv-replicas`` counts (default: the pre-check's
+   suggested start and twice it), session-sticky and always-local: GPU-only fp16 vs a CPU tier of 4x
+   the GPU KV, fp8, 2-bit (int2), fp8 + the CPU tier: hit rate (all tiers and per tier), short-step /
+   TTFT / step p95; then per variant the fewest replicas holding the looser ``--slo2-s`` (10 s)
+   short-step p95 (bisection); the KV-format accuracy note.
+3. **Disaggregation break-even** (``router.sim.breakeven.sweep``): the synthetic table over context
+   length x burstiness x link bandwidth x TPOT SLO, and the same comparison on the Mooncake trace.
+4. **Speculative decoding**: the measured prompt-lookup acceptance per step kind
+   (``router/sim/prompt_lookup_acceptance.json``), then the tau-bench and tau2-bench airline samples
+   replayed on one replica (Poisson run starts at ``--spec-load`` of its capacity) with decoding
+   plain, prompt lookup (measured) and EAGLE-style at assumed acceptance 0.6 and 0.8: short-step
+   p95 and run completion p50/p95, and their speed-ups.
+
+``--quick`` cuts every workload (for a smoke run); the figures in the report come from a full run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MOONCAKE_FULL = Path("/work/shared/data/mooncake/conversation_trace.jsonl")
+
+
+def load_mooncake(quick: bool) -> tuple[Any, str]:
+    from features.runlog import RunLog, read_runlog
+    from features.samples import sample_path
+
+    if MOONCAKE_FULL.exists() and not quick:
+        from features.importers.mooncake import import_mooncake
+
+        return RunLog.from_frame(import_mooncake(MOONCAKE_FULL)), str(MOONCAKE_FULL)
+    p = sample_path("mooncake_20min.parquet")
+    return read_runlog([p]), str(p)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("runroute-report/whatif"))
+    ap.add_argument("--gpu", default="a100")
+    ap.add_argument("--slo-s", type=float, default=2.0)
+    ap.add_argument("--kv-cache-gb", type=float, default=16.0)
+    ap.add_argument("--slo2-s", type=float, default=10.0, help="the looser SLO of the per-variant searches")
+    ap.add_argument("--kv-replicas", type=int, nargs="*", default=None)
+    ap.add_argument("--spec-load", type=float, default=0.5)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--sections", default="1,2,3,4", help="sections to (re)run; the others are kept from --out"
+    )
+    args = ap.parse_args()
+    secs = {int(x) for x in args.sections.split(",") if x}
+
+    import numpy as np
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from features.samples import sample_path
+    from router.policy.config import build_policy
+    from router.sim.arrivals import run_starts
+    from router.sim.breakeven import SweepConfig, plot_breakeven, sweep, trace_cells
+    from router.sim.points import Point, run_points
+    from router.sim.precheck import capacity_check, warning_lines
+    from router.sim.profiles import load_profile
+    from router.sim.search import SLO, find
+    from router.sim.search_report import precheck_lines, render_search
+    from router.sim.simconfig import kv_quant_note
+    from router.sim.specdec import eagle, load_acceptance, prompt_lookup
+    from router.sim.whatif import SimConfig, Workload
+
+    con = Console(width=160)
+    t_all = time.perf_counter()
+    prof = load_profile(None, args.gpu)
+    base = SimConfig(profile=prof, kv_cache_gb=args.kv_cache_gb, slo_short_s=args.slo_s)
+    report: dict[str, Any] = {"node_profile": prof.name, "kv_cache_gb": args.kv_cache_gb, "quick": args.quick}
+    old = args.out.with_suffix(".json")
+    if secs != {1, 2, 3, 4} and old.exists():
+        report = {**json.loads(old.read_text()), **report}
+    cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*cols, console=con, transient=True) as prog:
+        task = prog.add_task("what-if points", total=None)
+
+        def tick(r: Any) -> None:
+            c = r.scorecard
+            prog.update(task, advance=1, description=f"{r.label} x{c['replicas']}: {r.wall_s:.1f}s")
+
+        # 1. fewest replicas by search --------------------------------------------------------------
+        log, src = load_mooncake(args.quick)
+        work = Workload.from_runlog(log, limit_runs=600 if args.quick else None)
+        starts = run_starts("trace", len(work.runs), logged_starts=work.logged_starts())
+        check = capacity_check(work, starts, base, [1, 2, 4, 8])
+        pols = {
+            k: functools.partial(build_policy, k)
+            for k in ("always-local", "session-sticky", "always-frontier")
+        }
+        if 1 in secs:
+            found = find(
+                work,
+                pols,
+                base,
+                starts,
+                SLO(short_p95_s=args.slo_s),
+                start=check["suggested_start_replicas"],
+                progress=tick,
+            )
+            found["capacity_check"] = check
+            found["capacity_warnings"] = warning_lines(check, args.slo_s)
+            found["trace"] = src
+            report["fewest_replicas"] = found
+
+        # 2. KV tiers and formats --------------------------------------------------------------------
+        if 2 in secs:
+            start = check["suggested_start_replicas"]
+            counts = args.kv_replicas or [start, 2 * start]
+            variants = {
+                "gpu-fp16": {},
+                "gpu-fp16+cpu4x": {"cpu_kv_x": 4.0},
+                "gpu-fp8": {"kv_dtype": "fp8"},
+                "gpu-int2": {"kv_dtype": "int2"},
+                "gpu-fp8+cpu4x": {"kv_dtype": "fp8", "cpu_kv_x": 4.0},
+            }
+            pts = [
+                Point(work, replace(base, replicas=n, **kw), pols[pol], pol, starts, tag=name)
+                for n in counts
+                for pol in ("session-sticky", "always-local")
+                for name, kw in variants.items()
+            ]
+            kv_rows = []
+            for p, r in zip(pts, run_points(pts, progress=tick), strict=True):
+                c, d = r.scorecard, r.details
+                kv_rows.append(
+                    {
+                        "variant": p.tag,
+                        "policy": p.label,
+                        "replicas": p.config.replicas,
+                        "kv_blocks_per_replica": d["kv_blocks_per_replica"],
+                        "cache_hit_rate": c["cache_hit_rate"],
+                        "cache_hit_rate_gpu": d.get("cache_hit_rate_gpu", c["cache_hit_rate"]),
+                        "cache_hit_rate_cpu": d.get("cache_hit_rate_cpu"),
+                        "cache_hit_upper_bound": c["cache_hit_upper_bound"],
+                        "short_step_latency_s_p95": c["short_step_latency_s_p95"],
+                        "ttft_s_p95": c["ttft_s_p95"],
+                        "step_latency_s_p95": c["step_latency_s_p95"],
+                        "run_completion_s_p50": c["run_completion_s_p50"],
+                        "accuracy_note": kv_quant_note(p.config.kv_dtype),
+                    }
+                )
+            loose = SLO(short_p95_s=args.slo2_s)
+            local = {k: pols[k] for k in ("always-local", "session-sticky")}
+            by_variant = {}
+            for name, kw in variants.items():
+                res = find(work, local, replace(base, **kw), starts, loose, start=start, progress=tick)
+                by_variant[name] = [
+                    {
+                        k: e[k]
+                        for k in ("policy", "replicas", "short_step_latency_s_p95", "simulations", "floor_s")
+                    }
+                    for e in res["results"]
+                ]
+            report["kv_tiers_and_formats"] = {
+                "trace": src,
+                "cpu_kv_gbps": base.cpu_kv_gbps,
+                "rows": kv_rows,
+                "fewest_replicas": {"slo": loose.describe(), "by_variant": by_variant},
+            }
+
+        # 3. disaggregation break-even ---------------------------------------------------------------
+        if 3 in secs:
+            sc = (
+                SweepConfig(requests=120, contexts=(2048, 32768), link_gbps=(1.0, 100.0))
+                if args.quick
+                else SweepConfig()
+            )
+            be = sweep(base, sc, progress=tick)
+            gpus = 16 if not args.quick else 4
+            be["trace"] = trace_cells(
+                work, starts, replace(base, slo_ttft_s=5.0, slo_tpot_s=0.1), gpus, [gpus // 4, gpus // 2, 3 * gpus // 4],
+                sc.link_gbps, "mooncake", progress=tick,
+            )  # fmt: skip
+            report["disaggregation"] = be
+
+        # 4. speculative decoding --------------------------------------------------------------------
+        if 4 in secs:
+            acc = load_acceptance()
+            spec_rows = []
+            for sample in ("taubench_airline.parquet", "tau2bench_airline.parquet"):
+                from features.runlog import read_runlog
+
+                w = Workload.from_runlog(
+                    read_runlog([sample_path(sample)]), limit_runs=60 if args.quick else None
+                )
+                probe = capacity_check(w, np.zeros(len(w.runs)), replace(base, replicas=1))
+                gpu_s = (
+                    probe["load_factor_1_replica"] * probe["horizon_s"]
+                )  # GPU-seconds of the whole workload
+                rate = args.spec_load * len(w.runs) / gpu_s
+                st = run_starts(f"rate={rate}", len(w.runs), seed=0)
+                modes = {
+                    "off": None,
+                    "prompt-lookup": prompt_lookup(),
+                    "eagle-0.6": eagle(0.6),
+                    "eagle-0.8": eagle(0.8),
+                }
+                ps = [
+                    Point(w, replace(base, replicas=1, spec=m), pols["always-local"], name, st, tag=sample)
+                    for name, m in modes.items()
+                ]
+                res = run_points(ps, progress=tick)
+                off = res[0].scorecard
+                for p, r in zip(ps, res, strict=True):
+                    c = r.scorecard
+                    spec_rows.append(
+                        {
+                            "trace": sample,
+                            "mode": p.label,
+                            "run_starts_per_s": round(rate, 5),
+                            "short_step_latency_s_p95": c["short_step_latency_s_p95"],
+                            "run_completion_s_p50": c["run_completion_s_p50"],
+                            "run_completion_s_p95": c["run_completion_s_p95"],
+                            "speedup_short_step_p95": _ratio(
+                                off["short_step_latency_s_p95"], c["short_step_latency_s_p95"]
+                            ),
+                            "speedup_run_completion_p50": _ratio(
+                                off["run_completion_s_p50"], c["run_completion_s_p50"]
+                            ),
+                            "speedup_run_completion_p95": _ratio(
+                                off["run_completion_s_p95"], c["run_completion_s_p95"]
+                            ),
+                        }
+                    )
+            cfg0 = acc["configs"][acc["default"]]
+            report["speculative_decoding"] = {
+                "prompt_lookup_acceptance": {
+                    "params": {
+                        k: cfg0[k]
+                        for k in ("prompt_lookup_min", "prompt_lookup_max", "num_speculative_tokens")
+                    },
+                    "kinds": cfg0["kinds"],
+                    "other_configs": [
+                        {k: c[k] for k in c if k != "per_file"} for c in acc["configs"] if c is not cfg0
+                    ],
+                    "provenance": acc["provenance"],
+                },
+                "eagle_note": "EAGLE acceptance 0.6 / 0.8 are parameters (assumed), not measurements",
+                "rows": spec_rows,
+            }
+    report["wall_s"] = round(time.perf_counter() - t_all, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    js = args.out.with_suffix(".json")
+    js.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
+    plot_report(report, args.out.with_suffix(".png"))
+    plot_breakeven(report["disaggregation"], args.out.parent / (args.out.name + "_breakeven.png"))
+    print_report(report, con, precheck_lines, render_search)
+    con.print(
+        f"wrote {js}, {args.out.with_suffix('.png')}, {args.out.parent / (args.out.name + '_breakeven.png')}"
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def print_report(rep: dict[str, Any], con: Any, precheck_lines: Any, render_search: Any) -> None:
+    from rich.table import Table
+
+    f = rep["fewest_replicas"]
+    con.print(f"[bold]1. Fewest replicas[/bold] on {f['trace']}", highlight=False)
+    for line in precheck_lines(f["capacity_check"]) + f["capacity_warnings"]:
+        con.print(line, highlight=False)
+    render_search(f, con)
+    kv = rep["kv_tiers_and_formats"]
+    t = Table(title=f"2. KV tiers and formats (CPU tier {kv['cpu_kv_gbps']:g} GB/s)")
+    for c in (
+        "repl",
+        "policy",
+        "variant",
+        "blocks",
+        "hit",
+        "GPU hit",
+        "CPU hit",
+        "hit max",
+        "short p95",
+        "TTFT p95",
+        "step p95",
+    ):
+        t.add_column(c, justify="left" if c in ("policy", "variant") else "right")
+    for r in kv["rows"]:
+        t.add_row(
+            str(r["replicas"]), r["policy"], r["variant"], str(r["kv_blocks_per_replica"]), _pct(r["cache_hit_rate"]),
+            _pct(r["cache_hit_rate_gpu"]), _pct(r["cache_hit_rate_cpu"]), _pct(r["cache_hit_upper_bound"]),
+            f"{r['short_step_latency_s_p95']:.2f}", f"{r['ttft_s_p95']:.2f}", f"{r['step_latency_s_p95']:.2f}",
+        )  # fmt: skip
+    con.print(t)
+    fr = kv["fewest_replicas"]
+    for name, es in fr["by_variant"].items():
+        for e in es:
+            ans = e["replicas"] if e["replicas"] is not None else f"none (floor {e['floor_s']})"
+            con.print(
+                f"  fewest replicas holding {fr['slo']} with {name}, {e['policy']}: {ans} "
+                f"(p95 {e['short_step_latency_s_p95']}, {e['simulations']} simulations)",
+                highlight=False,
+            )
+    for note in sorted({r["accuracy_note"] for r in kv["rows"] if r["accuracy_note"]}):
+        con.print(f"NOTE: {note}", highlight=False)
+    be = rep["disaggregation"]
+    t = Table(
+        title=f"3. Disaggregation break-even ({be['sweep']['gpus']} GPUs, {be['simulations']} simulations)"
+    )
+    for c in ("ctx", "CV", "link GB/s", "TPOT SLO", "co goodput", "co TTFT p95", "co TPOT p95", "best P:D",
+              "dis goodput", "dis TTFT p95", "dis TPOT p95", "winner"):  # fmt: skip
+        t.add_column(c, justify="right")
+    for r in be["rows"]:
+        c, d = r["colocated"], r["disagg_best"]
+        t.add_row(
+            str(r["context_tokens"]), f"{r['burstiness_cv']:g}", f"{r['link_gbps']:g}", f"{r['slo_tpot_s']:g}",
+            _pct(c["goodput_share"]), f"{c['ttft_s_p95']:.2f}", f"{c['tpot_s_p95']:.3f}",
+            f"{d['prefill_replicas']}:{d['decode_replicas']}", _pct(d["goodput_share"]), f"{d['ttft_s_p95']:.2f}",
+            f"{d['tpot_s_p95']:.3f}", r["winner"],
+        )  # fmt: skip
+    con.print(t)
+    for r in be["trace"]["rows"]:
+        c, d = r["colocated"], r["disagg_best"]
+        con.print(
+            f"Mooncake trace on {r['gpus']} GPUs, link {r['link_gbps']:g} GB/s: co-located goodput {_pct(c['goodput_share'])} "
+            f"(short p95 {c['short_step_latency_s_p95']:.2f} s) vs best split {d['prefill_replicas']}:{d['decode_replicas']} "
+            f"{_pct(d['goodput_share'])} (short p95 {d['short_step_latency_s_p95']:.2f} s): {r['winner']}",
+            highlight=False,
+        )
+    sp = rep["speculative_decoding"]
+    a = sp["prompt_lookup_acceptance"]
+    con.print(
+        f"[bold]4. Prompt-lookup acceptance[/bold] {a['params']} (measured, {a['provenance']['tokens']})",
+        highlight=False,
+    )
+    for kd, k in a["kinds"].items():
+        con.print(
+            f"  {kd}: acceptance {k['acceptance_rate']:.3f}, {k['tokens_per_iteration']:.3f} tokens/iteration, "
+            f"{k['proposed_per_iteration']:.2f} drafts verified/iteration over {k['steps']} steps ({k['output_tokens']} tokens)",
+            highlight=False,
+        )
+    t = Table(title="Speculative decoding speed-up (1 replica)")
+    for c in (
+        "trace",
+        "mode",
+        "short p95 s",
+        "run p50 s",
+        "run p95 s",
+        "x short p95",
+        "x run p50",
+        "x run p95",
+    ):
+        t.add_column(c, justify="left" if c in ("trace", "mode") else "right")
+    for r in sp["rows"]:
+        t.add_row(
+            r["trace"], r["mode"], f"{r['short_step_latency_s_p95']:.3f}", f"{r['run_completion_s_p50']:.1f}",
+            f"{r['run_completion_s_p95']:.1f}", f"{r['speedup_short_step_p95']:.2f}", f"{r['speedup_run_completion_p50']:.2f}",
+            f"{r['speedup_run_completion_p95']:.2f}",
+        )  # fmt: skip
+    con.print(t)
+    con.print(f"report wall time {rep['wall_s']} s", highlight=False)
+
+
+def plot_report(rep: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(19, 5.5))
+    f = rep["fewest_replicas"]
+    for e in f["results"]:
+        pts = sorted(
+            (p["value"], p["short_step_latency_s_p95"]) for p in e["probes"] if p["short_step_latency_s_p95"]
+        )
+        a1.plot(
+            [x for x, _ in pts],
+            [y for _, y in pts],
+            marker="o",
+            label=f"{e['policy']} ({e['simulations']} sims)",
+        )
+    a1.axhline(f["slo_targets"]["short_p95_s"], color="grey", ls="--", label="SLO")
+    a1.set(
+        yscale="log",
+        xlabel="local replicas",
+        ylabel="short-step p95 (s, log)",
+        title="1. Replica search (Mooncake)",
+    )
+    a1.legend(fontsize=8)
+    rows = [r for r in rep["kv_tiers_and_formats"]["rows"] if r["policy"] == "session-sticky"]
+    rows = [r for r in rows if r["replicas"] == max(x["replicas"] for x in rows)]
+    x = range(len(rows))
+    gpu = [100 * (r["cache_hit_rate_gpu"] or 0) for r in rows]
+    cpu = [100 * (r["cache_hit_rate_cpu"] or 0) for r in rows]
+    a2.bar(x, gpu, label="GPU hit %")
+    a2.bar(x, cpu, bottom=gpu, label="CPU-tier hit %")
+    a2.plot(x, [100 * (r["cache_hit_upper_bound"] or 0) for r in rows], "k--", label="upper bound %")
+    a2.set_xticks(list(x), [r["variant"] for r in rows], rotation=20, fontsize=8)
+    a2.set(
+        ylabel="cross-turn cache hit (%)",
+        title=f"2. KV tiers and formats (session-sticky x{rows[0]['replicas']})",
+    )
+    ax2 = a2.twinx()
+    ax2.plot(x, [r["short_step_latency_s_p95"] for r in rows], "ro-", label="short-step p95 (s)")
+    ax2.set_ylabel("short-step p95 (s)")
+    a2.legend(loc="upper left", fontsize=8)
+    ax2.legend(loc="upper right", fontsize=8)
+    sp = rep["speculative_decoding"]["rows"]
+    traces = sorted({r["trace"] for r in sp})
+    modes = [m for m in dict.fromkeys(r["mode"] for r in sp) if m != "off"]
+    w = 0.8 / max(len(modes), 1)
+    for i, m in enumerate(modes):
+        vals = [
+            next(r["speedup_short_step_p95"] for r in sp if r["trace"] == t and r["mode"] == m)
+            for t in traces
+        ]
+        runs = [
+            next(r["speedup_run_completion_p50"] for r in sp if r["trace"] == t and r["mode"] == m)
+            for t in traces
+        ]
+        a3.bar([j + i * w for j in range(len(traces))], vals, w, label=f"{m}: short p95")
+        a3.scatter([j + i * w for j in range(len(traces))], runs, color="k", marker="x", zorder=3)
+    a3.axhline(1.0, color="grey", lw=1)
+    a3.set_xticks(
+        [j + w * (len(modes) - 1) / 2 for j in range(len(traces))], [t.split(".")[0] for t in traces]
+    )
+    a3.set(
+        ylabel="speed-up vs plain decoding (x: run completion p50)", title="4. Speculative decoding speed-up"
+    )
+    a3.legend(fontsize=8)
+    fig.suptitle(f"runroute what-if report ({rep['node_profile']}, {rep['kv_cache_gb']:g} GB KV per replica)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
