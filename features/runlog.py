@@ -9,6 +9,10 @@ row ("duplicate (run_id, step)") within one file and, in :func:`read_runlog`, ac
 (each router process writes its own file, so a step two routers numbered alike shows only there);
 the first occurrence, in file order, is kept.
 
+Run records are *merged*, never quarantined as duplicates (a later end call or ``runroute label``
+updates a run): :func:`features.runmerge.merge_runs` keeps one per run, the last label winning;
+directories are read in :func:`features.runmerge.list_runlog_files` order (logs, then labels).
+
 Writing is atomic (temporary file + rename), so a crash never leaves a half-written file.
 """
 
@@ -27,6 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from features.runmerge import LABEL_PREFIX, list_runlog_files, merge_runs
 from features.schema import ARROW_SCHEMA, COLUMNS, RECORD_MODELS, SCHEMA_VERSION, SchemaVersionError
 
 __all__ = [
@@ -40,6 +45,9 @@ __all__ = [
     "write_frame",
     "records_to_frame",
     "conform",
+    "merge_runs",
+    "LABEL_PREFIX",
+    "list_runlog_files",
 ]
 
 
@@ -328,9 +336,7 @@ def _validate(df: pd.DataFrame) -> dict[int, str]:
     flag((ea < sa).fillna(False).to_numpy(), "ended_at is before started_at")
     rid = df["run_id"].astype(object).to_numpy()
     flag((is_run | is_step) & np.array([isinstance(x, str) and x == "" for x in rid]), "empty run_id")
-    # duplicates: a run twice, or a (run_id, step) twice
-    dup_run = is_run & df.duplicated(subset=["record", "run_id"], keep="first").to_numpy()
-    flag(dup_run, "duplicate run record")
+    # duplicates: a (run_id, step) twice (run records are merged, see merge_runs)
     dup_step = is_step & df.duplicated(subset=["record", "run_id", "step"], keep="first").to_numpy()
     flag(dup_step, "duplicate (run_id, step)")
     return reasons
@@ -387,6 +393,10 @@ def read_records(
     good = df.drop(index=df.index[list(reasons)]) if reasons else df
     rows = [rownum(int(i)) for i in good.index]
     good = good.drop(columns=[c for c in good.columns if c.startswith("__")]).reset_index(drop=True)
+    if len(good):
+        good["__row"] = rows
+        good = merge_runs(good)  # a run's several run records -> one (the last label wins)
+        rows = [int(r) for r in good.pop("__row").tolist()]
     rejected_path = _quarantine(p, bad) if bad and quarantine else None
     # normalise types (JSONL rows come in as objects)
     for c in ("step", "prompt_tokens", "completion_tokens", "tool_results_n"):
@@ -443,24 +453,7 @@ def read_runlog(
     quarantine: bool = True,
 ) -> RunLog:
     """Read one or more files (or directories of ``*.parquet``/``*.jsonl``) into a :class:`RunLog`."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    files: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            found = sorted(
-                x
-                for x in p.iterdir()
-                if x.suffix in (".parquet", ".jsonl")
-                and not x.name.endswith(".rejected.jsonl")
-                and not x.name.startswith(".")
-            )
-            if not found:
-                raise RunLogError(f"{p}: directory holds no .parquet or .jsonl run logs")
-            files.extend(found)
-        else:
-            files.append(p)
+    files = list_runlog_files(paths)
     results = [read_records(f, strict=strict, quarantine=False) for f in files]
     dups = _cross_file_duplicates(results, files)
     if dups and strict:
@@ -478,4 +471,4 @@ def read_runlog(
         if any(len(f) for f in frames)
         else _empty_frame()
     )
-    return RunLog.from_frame(df, bad)
+    return RunLog.from_frame(merge_runs(df) if len(frames) > 1 else df, bad)

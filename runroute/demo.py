@@ -16,7 +16,10 @@ Algorithm of :func:`run_demo` (every knob is a field of :class:`DemoConfig`, all
    each set; paired runs without steps give run-level bounds.
 5. **Live**: a short segment through the real HTTP sidecar with fake backends
    (:func:`training.eval.live.live_segment`), bounded by ``live.budget_s``.
-6. **Report**: the typed scorecard (:class:`training.eval.scorecard.Scorecard`) is written with
+6. **Loop** (``loop.enabled``): the learning loop on a simulated deployment of the tau2 pairs
+   (:func:`training.eval.loop.run_loop`, demo-sized: ``loop.days`` x ``loop.runs_per_day``, with
+   exploration on), written with its plots under ``<out>/loop/`` and printed.
+7. **Report**: the typed scorecard (:class:`training.eval.scorecard.Scorecard`) is written with
    ``report.md`` and the PNG plots (:func:`training.eval.report.write_report`) and printed.
 """
 
@@ -31,7 +34,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from features.samples import samples_dir
+from runroute.stages import Stages
 from training.eval.config import LiveSettings, SimSettings
+from training.eval.loop import LoopStage, loop_demo
 from training.eval.outcome import DEFAULT_VARIANTS, Prices
 
 __all__ = ["DemoConfig", "SimSettings", "LiveSettings", "run_demo"]
@@ -75,30 +80,11 @@ class DemoConfig(BaseModel):
         description="also replay the synthetic held-out set at this run-start rate (None: skip)",
     )
     live: LiveSettings = Field(default_factory=LiveSettings, description="the live sidecar segment")
+    loop: LoopStage = Field(default_factory=lambda: LoopStage(), description="the learning-loop stage")
     limit_tau2_tasks: int | None = Field(default=None, description="tests: use only this many tau2 tasks")
     limit_taubench_runs: int | None = Field(
         default=None, description="tests: use only this many tau-bench runs"
     )
-
-
-class _Stages:
-    """A rich progress bar over the named stages, with the wall seconds of each in ``timings``."""
-
-    def __init__(self, bar: Any, names: list[str], timings: dict[str, float]) -> None:
-        self.bar, self.timings, self.console = bar, timings, bar.console
-        self.task = bar.add_task("demo", total=len(names))
-        self.name, self.t = "", time.perf_counter()
-
-    def start(self, name: str) -> None:
-        self.name, self.t = name, time.perf_counter()
-        self.bar.update(self.task, description=f"demo: {name}")
-
-    def done(self) -> None:
-        self.timings[self.name] = round(time.perf_counter() - self.t, 2)
-        self.bar.advance(self.task)
-
-    def say(self, msg: str) -> None:
-        self.console.print(f"  [dim]{msg}[/dim]")
 
 
 def _train(cfg: DemoConfig, out: Path, data: Path, say: Any) -> Any:
@@ -168,7 +154,16 @@ def run_demo(cfg: DemoConfig, console: Any = None) -> dict[str, Any]:
     con = console or Console(width=None if Console().is_terminal else 160)
     t0, out, timings = time.perf_counter(), cfg.out.resolve(), dict[str, float]()
     out.mkdir(parents=True, exist_ok=True)
-    names = ["import", "split + synthetic", "train", "simulate tau2", "simulate synthetic", "live", "report"]
+    names = [
+        "import",
+        "split + synthetic",
+        "train",
+        "simulate tau2",
+        "simulate synthetic",
+        "live",
+        "loop",
+        "report",
+    ]
     if cfg.busy_arrival_rate is not None:
         names.insert(5, "simulate synthetic (busy)")
     columns = (
@@ -177,7 +172,7 @@ def run_demo(cfg: DemoConfig, console: Any = None) -> dict[str, Any]:
         TextColumn("{task.completed}/{task.total}"),
     )
     with Progress(*columns, TimeElapsedColumn(), console=con, transient=False) as bar:
-        st = _Stages(bar, names, timings)
+        st = Stages(bar, names, timings)
 
         st.start("import")
         files = sorted(cfg.data_dir.glob("*.parquet"))
@@ -271,6 +266,11 @@ def run_demo(cfg: DemoConfig, console: Any = None) -> dict[str, Any]:
                 )
             except Exception as e:  # noqa: BLE001 - the report says why the segment is missing
                 live = Skipped(skipped=f"live segment failed: {type(e).__name__}: {e}")
+        st.done()
+
+        st.start("loop")
+        if cfg.loop.enabled:
+            loop_demo(cfg.loop, out / "loop", cfg.seed, st.say, con)
         st.done()
 
         st.start("report")

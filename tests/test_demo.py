@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from features.runlog import read_runlog
 from runroute.demo import DemoConfig, LiveSettings, SimSettings, run_demo
 from training.eval.compare import POLICIES
+from training.eval.loop import LoopStage
 from training.eval.scorecard import Scorecard
 
 
@@ -29,6 +30,7 @@ def demo_out(tmp_path_factory) -> tuple[Path, dict]:
         sweep_thresholds=[0.0, 0.5, 1.0],
         sweep_train_quantiles=1,
         live=LiveSettings(enabled=False),
+        loop=LoopStage(days=1, runs_per_day=20, mlflow=False),
         sim=SimSettings(arrival_rate=0.2),
         busy_arrival_rate=1.0,
     )

@@ -36,6 +36,7 @@ from features.tokens import message_tokens, prompt_tokens, text_tokens
 from models.bundle import ModelBundle
 from router.policy import build_policy
 from router.policy.admission import AdmissionConfig, AdmissionController
+from router.policy.explore import draw
 from router.server.app import create_app, serve_in_thread
 from router.server.chat import tool_key
 from router.server.settings import RouterSettings
@@ -274,6 +275,19 @@ POLICIES = [
     {"kind": "stall-escalation"},
     {"kind": "learned"},
     {"kind": "oracle"},
+    # an exploring logging policy whose budget closes part-way: the same draws, propensities and
+    # budget state in both worlds (the budget is the step engine's, on each adapter's clock)
+    {
+        "kind": "learned",
+        "name": "learned-explore",
+        "explore": {
+            "rate": 1.0,
+            "escalate_hazard": 0.4,
+            "max_step": 4,
+            "budget_usd": 0.01,
+            "budget_window_s": 1e6,
+        },
+    },
 ]
 
 
@@ -287,6 +301,7 @@ def test_simulator_and_live_sidecar_decide_alike_for_every_policy(tmp_path, bund
     clock = Clock()
     script: dict = {}
     checked = 0
+    explored: set = set()
     verdicts: set[str] = set()
     with serve_in_thread(_upstream(clock, script)) as upstream:
         for pol in POLICIES:
@@ -306,7 +321,7 @@ def test_simulator_and_live_sidecar_decide_alike_for_every_policy(tmp_path, bund
                     if pol["kind"] == "learned"
                     else {"threshold": up}
                 )
-            settings = _settings(tmp_path / pol["kind"], upstream, cfg, bundle, spill)
+            settings = _settings(tmp_path / pol.get("name", pol["kind"]), upstream, cfg, bundle, spill)
             res = _simulate(cfg, b, workload, _admission(settings))
             want = {(r.run_id, r.step): (r.tier, r.replica, r.reason, r.admission) for r in res.records}
             sim_rejected = {
@@ -320,10 +335,17 @@ def test_simulator_and_live_sidecar_decide_alike_for_every_policy(tmp_path, bund
                     x, np.asarray(r.features, dtype=float), err_msg=str((r.run_id, r.step))
                 )
                 assert preds == pytest.approx(r.predictions, rel=1e-12)
+                assert got["propensity"][(r.run_id, r.step)] == (r.propensity, r.explore)
             assert got["rejected"] == sim_rejected, pol["kind"]
             checked += len(want)
+            if "explore" in pol:
+                explored = {(r.run_id, r.propensity) for r in res.records if r.explore and r.propensity < 1}
+                # runs that drew exploration but found the budget closed at their start
+                drew = {r.run_id for r in res.records if draw(0, r.run_id, "run") < pol["explore"]["rate"]}
+                assert drew - {r.run_id for r in res.records if r.explore}, "the budget never closed"
             verdicts |= {v[3] for v in want.values() if v[3]} | ({"reject"} if sim_rejected else set())
     assert checked >= len(POLICIES) * N_RUNS * 2
+    assert explored  # the exploring policy explored some runs and propensities below 1 were compared
     # the workload exercises admission both ways: admitted runs and shed ones
     assert "admit-local" in verdicts and ({"spill"} if spill else {"reject"}) <= verdicts, verdicts
 
@@ -364,7 +386,10 @@ def _drive_live(settings, res, workload, bodies, clock, script, sim_rejected) ->
         (r.run_id, int(r.step)): (np.asarray(r.features, dtype=float), dict(r.predictions))
         for r in log.steps.itertuples()
     }
-    return {"decisions": decisions, "rejected": rejected, "features": features}
+    propensity = {
+        (r.run_id, int(r.step)): (float(r.propensity), bool(r.explore)) for r in log.steps.itertuples()
+    }
+    return {"decisions": decisions, "rejected": rejected, "features": features, "propensity": propensity}
 
 
 def _diff(got: dict, want: dict) -> list:

@@ -16,7 +16,10 @@ logged about a decision, happens here, synchronously, in this order:
    the same in all adapters, so a what-if decides on what the sidecar would know), then
    :func:`router.policy.snapshot.build_snapshot`.
 4. **decide**: a spilled run goes to the frontier (``admission-spilled``); otherwise
-   ``policy.decide(snapshot)``.
+   ``policy.decide(snapshot)``. An exploring policy (:class:`router.policy.explore.ExplorePolicy`)
+   is told at a run's first step whether its exploration budget has room
+   (``Snapshot.explore_allowed``; one :class:`~router.core.explore.ExploreBudget` per policy name,
+   kept here across runs and reloads, on the adapter's clock).
 5. **admission** (:mod:`router.core.admission`; only with a gate, and only when the chosen backend
    is healthy: a step nothing can serve is answered 503 by the adapter): at a run's first step whose
    decision is local, the controller's verdict; ``admit-local`` asks the adapter to claim a slot
@@ -29,8 +32,10 @@ logged about a decision, happens here, synchronously, in this order:
    first byte): the other tier through :func:`router.policy.filters.place` with the failed backend
    marked unhealthy (reason ``fallback-<kind>``; pinned there).
 8. **finish** (:meth:`StepEngine.finish`): the step becomes a :class:`~features.prefix.StepView` of
-   the run (served steps only), the traffic model is credited, the cache mark is taken, and the
-   run-log :class:`features.schema.Step` record is returned (when asked for).
+   the run (served steps only), the traffic model is credited, the cache mark is taken, a frontier
+   step of an exploring run is charged to the exploration budget, and the run-log
+   :class:`features.schema.Step` record (with the decision's propensity and explore flag) is
+   returned (when asked for).
 9. **races and unserved starts** (adapters with a shared store): :meth:`StepEngine.adopt` when
    another router pinned a new run first (the step moves to that pin, reason ``pin-race``);
    :meth:`StepEngine.unserved_start` when a run's first step was not served (the run gives its
@@ -60,10 +65,12 @@ from features.extract import FEATURE_SPEC_VERSION, extract
 from features.prefix import RunPrefix, StepView
 from models.types import Predictions
 from router.core.admission import SPILLED_REASON, AdmissionGate
+from router.core.explore import ExploreBudget, step_price_usd
 from router.core.record import LazyFeatures, StepRequest, StepResult, step_record
 from router.core.runs import CacheReading, RunTrack
 from router.core.traffic import StepToken, TrafficModel
 from router.policy.admission import AdmissionDecision, LoadSnapshot
+from router.policy.explore import ExplorePolicy
 from router.policy.filters import DEFAULT_WEIGHTS, ScoreWeights, make_decision, other_tier, place
 from router.policy.snapshot import build_snapshot
 from router.policy.types import BackendState, Decision, Policy, RunState, Snapshot, apply_decision
@@ -98,6 +105,7 @@ class StepPlan:
     traffic_token: StepToken | None = None
     cache_start: CacheReading | None = None
     warm_tokens: int = 0  # the router's belief of this run's prefix on the chosen backend
+    explore_budget: ExploreBudget | None = None  # the deciding policy's exploration budget
 
 
 class StepEngine:
@@ -122,6 +130,19 @@ class StepEngine:
         self.keep_features = keep_features
         self.cache_lags = cache_lags
         self.spec_version = FEATURE_SPEC_VERSION
+        self.explore_budgets: dict[str, ExploreBudget] = {}  # policy name -> its budget
+
+    def explore_budget(self, policy: Policy) -> ExploreBudget | None:
+        """The exploration budget of ``policy`` (None: it does not explore or has no cap)."""
+        if not isinstance(policy, ExplorePolicy) or policy.cfg.budget_usd is None:
+            return None
+        usd, window = float(policy.cfg.budget_usd), float(policy.cfg.budget_window_s)
+        b = self.explore_budgets.get(policy.name)
+        if b is None:
+            b = self.explore_budgets[policy.name] = ExploreBudget(usd, window)
+        elif (b.budget_usd, b.window_s) != (usd, window):  # a reload changed it
+            b.budget_usd, b.window_s = usd, window
+        return b
 
     # ------------------------------------------------------------------ 1-5: plan
     def _reading(self, replica: str | None) -> CacheReading | None:
@@ -192,11 +213,15 @@ class StepEngine:
             features=LazyFeatures(x, prefix),
             last_tool_repeated=track.newest_call_repeated,
         )
+        budget = self.explore_budget(policy)
+        if budget is not None and run.tier is None:
+            snap.explore_allowed = budget.open(now)
         if run.admitted == "spill":
             decision = self._frontier(snap, SPILLED_REASON) or policy.decide(snap)
         else:
             decision = policy.decide(snap)
         plan = StepPlan(track.run_id, step, now, req, prefix, x, preds, snap, decision)
+        plan.explore_budget = budget
         gate = self.admission
         if gate is not None and any(b.name == decision.backend and b.healthy for b in backends):
             if run.admitted is None:
@@ -388,9 +413,16 @@ class StepEngine:
             self.traffic.step_finished(
                 plan.traffic_token, replica if local else None, prompt, cached or 0, res.completion_tokens, ok
             )
+        d = plan.decision
+        if plan.explore_budget is not None and d.explore and ok and tier == "frontier":
+            for b in plan.snapshot.backends:
+                if b.name == replica:
+                    plan.explore_budget.charge(
+                        step_price_usd(b, prompt, cached or 0, res.completion_tokens), now
+                    )
+                    break
         if not record:
             return None
-        d = plan.decision
         return step_record(
             run_id=plan.run_id,
             step=plan.step,
@@ -424,7 +456,16 @@ class StepEngine:
             assert self.admission is not None
             self.admission.released(run.run_id)
         same = (winner.tier, winner.replica) == (run.tier, run.replica)
-        for f in ("tier", "replica", "pinned_at_step", "switches", "last_switch_step", "admitted", "owner"):
+        for f in (
+            "tier",
+            "replica",
+            "pinned_at_step",
+            "switches",
+            "last_switch_step",
+            "admitted",
+            "owner",
+            "explore_post",
+        ):
             setattr(run, f, getattr(winner, f))
         run.steps_seen = max(run.steps_seen, winner.steps_seen, plan.step + 1)
         plan.admission = winner.admitted

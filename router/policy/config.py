@@ -16,7 +16,10 @@ Kinds and their knobs (every field below is documented on its class):
 - ``per-step-threshold``: ``threshold`` (None = the bundle's ``p_frontier_up``).
 
 Every kind has ``scoring`` (:class:`Scoring`: the replica-scoring weights of
-:mod:`router.policy.filters`) and ``name`` (label in reports; default the kind).
+:mod:`router.policy.filters`), ``name`` (label in reports; default the kind) and ``explore``
+(:class:`router.policy.explore.ExploreConfig`: exploration with logged propensities; absent = off,
+the production default; ``build_policy`` then wraps the policy in
+:class:`~router.policy.explore.ExplorePolicy`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from router.policy.baselines import (
     SessionStickyPolicy,
     StallEscalationPolicy,
 )
+from router.policy.explore import ExploreConfig, ExplorePolicy
 from router.policy.filters import ScoreWeights
 from router.policy.learned import LearnedPolicy
 from router.policy.types import Policy
@@ -86,6 +90,9 @@ class Scoring(_Strict):
 class _Base(_Strict):
     name: str | None = Field(default=None, description="label in reports and logs (default: the kind)")
     scoring: Scoring = Field(default_factory=lambda: Scoring())
+    explore: ExploreConfig | None = Field(
+        default=None, description="exploration with logged propensities (None: off)"
+    )
 
     def label(self) -> str:
         return self.name or str(getattr(self, "kind"))  # noqa: B009 - every subclass has `kind`
@@ -285,4 +292,7 @@ def build_policy(cfg: Any, bundle: ModelBundle | None = None) -> Policy:
         raise
     except ValueError as e:
         raise PolicyConfigError(str(e)) from None
+    explore = getattr(parsed, "explore", None)
+    if explore is not None and explore.rate > 0.0:
+        policy = ExplorePolicy(policy, explore)
     return policy

@@ -60,6 +60,9 @@ class RunState:
     priority: str = "interactive"
     tenant: str | None = None
     owner: str | None = None  # the client key (its id, never the key) that started the run
+    # exploration (router.policy.explore): P(this run explores | its decisions so far); None: the
+    # run started without an exploring policy
+    explore_post: float | None = None
 
 
 @dataclass(slots=True)
@@ -77,6 +80,7 @@ class Snapshot:
     last_tool_errored: bool = False  # newest tool result was an error
     label_needs_frontier: bool | None = None  # only the oracle reads this (evaluation only)
     requested_model: str | None = None  # a concrete model named by the client bypasses the policy
+    explore_allowed: bool = True  # the step engine's exploration budget has room (router.core.explore)
 
 
 @dataclass(slots=True)
@@ -94,6 +98,7 @@ class Decision:
     # whether it was a randomised (exploration) choice; logged with every step for off-policy evaluation
     propensity: float = 1.0
     explore: bool = False
+    explore_post: float | None = None  # what to store as RunState.explore_post (None: unchanged)
 
 
 @runtime_checkable
@@ -107,8 +112,11 @@ def apply_decision(run: RunState, decision: Decision, step_index: int) -> RunSta
     """Update a run's pin after a decision; the one rule shared by the router and the simulator.
 
     A switch is a change of pinned tier or replica after the first decision; it increments
-    ``switches`` and records ``last_switch_step``. Returns the same (mutated) object.
+    ``switches`` and records ``last_switch_step``. ``explore_post`` is stored when the decision
+    carries one. Returns the same (mutated) object.
     """
+    if decision.explore_post is not None:
+        run.explore_post = decision.explore_post
     if run.tier is None:
         run.tier, run.replica, run.pinned_at_step = decision.tier, decision.backend, step_index
     elif decision.tier != run.tier or decision.backend != run.replica:

@@ -92,35 +92,51 @@ class RunLifecycle(BackgroundTask):
 
     # ------------------------------------------------------------------ ending
     async def end(
-        self, run_id: str, *, outcome: str = "unknown", reward: float | None = None, reason: str = "client"
+        self, run_id: str, *, outcome: str | None = None, reward: float | None = None, reason: str = "client"
     ) -> dict[str, Any] | None:
-        """End a run (module docstring); None when neither this router nor the store knows it."""
+        """End a run (module docstring); None when neither this router nor the store knows it.
+
+        A repeated end (or one for a run another router served, or ended before: its state is in
+        the store) logs another ``run`` record with the new outcome; the run-log reader merges a
+        run's records and keeps the last label (:mod:`features.runmerge`). ``outcome=None`` (the
+        client gave none, or the idle sweep) logs no label and leaves an earlier one alone."""
         h = self.tracker.get(run_id)
         state = await self.store.get(run_id)
+        label = {} if outcome is None else {"outcome": outcome, "reward": reward}
+        rec: dict[str, Any] = {
+            "record": "run",
+            "run_id": run_id,
+            "source": "runroute",
+            **label,
+            "end_reason": reason,
+        }
         if h is None:
-            if state is not None and state.admitted not in (None, "ended"):
+            if state is None:
+                return None
+            if self.writer is not None and label:
+                self.writer.submit(rec)
+            if state.admitted not in (None, "ended"):
                 # a run served by another router replica: give back its slot, leave the tombstone
                 await self._release(state)
-                return {"run_id": run_id, "ended": True, "n_steps": state.steps_seen}
-            return None
+            return {
+                "run_id": run_id,
+                "ended": True,
+                "n_steps": state.steps_seen,
+                "outcome": outcome or "unknown",
+                "end_reason": reason,
+            }
         entries = list(h.entries)
         started = entries[0]["arrival_s"] if entries else None
         ended = self.wall()
-        if self.writer is not None and not h.ended:
-            self.writer.submit(
-                {
-                    "record": "run",
-                    "run_id": run_id,
-                    "source": "runroute",
-                    "tenant": h.tenant,
-                    "started_at": started,
-                    "ended_at": max(ended, started or ended),
-                    "outcome": outcome,
-                    "reward": reward,
-                    "n_steps": len(entries),
-                    "end_reason": reason,
-                }
-            )
+        if self.writer is not None and (label or not h.ended):
+            if not h.ended:
+                rec.update(
+                    tenant=h.tenant,
+                    started_at=started,
+                    ended_at=max(ended, started or ended),
+                    n_steps=len(entries),
+                )
+            self.writer.submit(rec)
         h.ended = True
         if state is not None and state.admitted != "ended":
             await self._release(state)
@@ -130,7 +146,7 @@ class RunLifecycle(BackgroundTask):
             "run_id": run_id,
             "ended": True,
             "n_steps": len(entries),
-            "outcome": outcome,
+            "outcome": outcome or "unknown",
             "end_reason": reason,
         }
 

@@ -5,8 +5,8 @@
 scraped figures and the capacity gauges refreshed on each scrape), ``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for the next 5/15/60
 minutes, the replica count that holds the SLO at that forecast, expected spill and reject shares),
 ``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end`` (:meth:`router.server.lifecycle.RunLifecycle.end`:
-gives back the run's admission slot and leaves an ``ended`` tombstone in the store for
-``store.ttl_s``), ``POST /v1/messages/count_tokens`` (forwarded to the Anthropic frontier when one is
+logs the outcome, gives back the run's admission slot and leaves an ``ended`` tombstone in the store
+for ``store.ttl_s``; a repeated end updates the outcome), ``POST /v1/messages/count_tokens`` (forwarded to the Anthropic frontier when one is
 configured, else the sidecar's estimate; Anthropic's error shape), ``POST /admin/reload``,
 ``GET /openapi.json`` (:mod:`router.server.openapi`). Every error is the OpenAI error shape with a
 code (:mod:`router.server.errors`). Access (:mod:`router.server.auth`): ``/v1/*`` needs a client
@@ -31,7 +31,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.core.engine import StepEngine
-from router.policy.types import RunState
 from router.server.backends import Backend
 from router.server.errors import ProxyError, error_response
 from router.server.identity import clean_id
@@ -81,7 +80,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
     """Add every endpoint but the hot path's handler (which :class:`_RouterApp` short-cuts)."""
     proxy, holder, metrics, writer = parts.proxy, parts.holder, parts.metrics, parts.writer
     scraper, st, admission, up = parts.scraper, parts.store, parts.admission, parts.upstream
-    backends, engine = parts.backends, parts.engine
+    backends = parts.backends
 
     access = proxy.access
 
@@ -265,16 +264,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         owner = state.owner if state is not None else (h.owner if h is not None else None)
         if not access.owns(owner, caller):
             return not_found(run_id)
-        if h is None:
-            if state is not None and state.admitted not in (None, "ended"):
-                # a run served by another router replica: give back its slot, leave the tombstone
-                holds = engine.run_ended(state)
-                if admission is not None:
-                    await admission.release(state, holds)
-                await st.put(
-                    RunState(run_id=run_id, admitted="ended", steps_seen=state.steps_seen, owner=state.owner)
-                )
-                return json_response({"run_id": run_id, "ended": True, "n_steps": state.steps_seen})
+        if h is None and state is None:
             return not_found(run_id)
         raw = await request.body()
         try:
@@ -283,9 +273,9 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             return error_response(400, "invalid_json", "request body is not valid JSON")
         if not isinstance(body, dict):
             return error_response(422, "body_not_object", "request body must be a JSON object")
-        outcome = body.get("outcome", "unknown")
+        outcome = body.get("outcome")  # None: no label (an earlier one stays)
         reward = body.get("reward")
-        if outcome not in ("success", "failure", "unknown"):
+        if outcome is not None and outcome not in ("success", "failure", "unknown"):
             return error_response(422, "invalid_outcome", "'outcome' must be success, failure or unknown")
         if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
             return error_response(422, "invalid_reward", "'reward' must be a number")

@@ -117,7 +117,8 @@ def _demo_settings(stack, server: dict[str, object]):
         None,
         local={"urls": [v0.url, v1.url], "model": "local-model"},
         frontier={"url": fr.url, "model": "frontier-model", "allow_no_key": True},
-        policy={"kind": "learned"},
+        # exploration on in the demo (off unless configured elsewhere): logs with propensities
+        policy={"kind": "learned", "explore": {"rate": 0.05, "budget_usd": 1.0, "budget_window_s": 3600}},
         bundle={"path": str(DEFAULT_BUNDLE)},
         runlog={"dir": str(DEFAULT_LOGS)},
         server=server,

@@ -1,4 +1,10 @@
-"""`runroute train`: train the predictors on run logs, write a bundle and a report, log to MLflow."""
+"""`runroute train`: train the predictors on run logs, write a bundle and a report, log to MLflow.
+
+Router logs whose every step carries a propensity (written with exploration logging) take the
+log path instead (:mod:`training.retrain`): the benefit-of-escalation model from the logs
+(inverse-propensity weighted) with ``--prior`` paired data, and ``--promote-if-better`` decided by
+off-policy evaluation against the champion (``--bundle``'s learned policy).
+"""
 
 from __future__ import annotations
 
@@ -45,6 +51,15 @@ def register(app: typer.Typer) -> None:
         experiment: str = typer.Option("runroute-train", "--experiment"),
         registered_model: str = typer.Option("runroute-bundle", "--registered-model"),
         seed: int = typer.Option(0, "--seed"),
+        bundle: Path | None = typer.Option(
+            None, "--bundle", help="router logs: the serving bundle (base predictions, the champion)"
+        ),
+        prior: list[Path] = typer.Option(
+            [], "--prior", help="router logs: paired public run logs (prior); repeat"
+        ),
+        value_of_success: float = typer.Option(
+            1.0, "--value-of-success", help="router logs: USD of a success (net value)"
+        ),
     ) -> None:
         """Per-step datasets from whole runs, grouped CV against baselines, calibrated thresholds,
         a verified bundle (joblib + manifest) and MLflow tracking with a 'champion' alias."""
@@ -52,8 +67,29 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+        from training.retrain import LogTrainConfig, logs_have_propensities, train_from_logs
         from training.train import TrainConfig, run_training
 
+        if logs_have_propensities(runs):
+            lcfg = LogTrainConfig(
+                runs=runs,
+                out=out,
+                bundle=bundle,
+                prior=prior,
+                value_of_success=value_of_success,
+                promote_if_better=promote_if_better,
+                mlflow=not no_mlflow,
+                tracking_uri=tracking_uri,
+                seed=seed,
+            )
+            try:
+                rep = train_from_logs(lcfg, progress=lambda m: typer.echo(m, err=True))
+            except ValueError as e:
+                raise CliError(str(e)) from None
+            typer.echo(f"benefit model from {rep['n_runs']} logged runs -> {out / 'benefit.joblib'}")
+            if "decision" in rep:
+                typer.echo(("promoted: " if rep["promoted"] else "not promoted: ") + rep["decision"])
+            return
         try:
             cfg = TrainConfig(
                 runs=runs,

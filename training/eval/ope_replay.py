@@ -1,0 +1,310 @@
+"""Logged runs for off-policy evaluation, and a candidate policy replayed on their prefixes.
+
+:func:`load_logged` turns a run log into the arrays the estimators (:mod:`training.eval.ope`) need
+and refuses what cannot be evaluated, with a one-line :class:`OPEError`:
+
+- a log without step records, or with steps that carry no ``propensity`` (written without
+  exploration logging: the estimators have nothing to weight by);
+- runs are *left out* (and counted by reason) when their outcome is unknown, a step has no tier
+  (nothing served it) or step indices have gaps.
+
+Per run it keeps the logged tier per step (``a``: 1 = frontier), the logging propensity ``mu``,
+the explore flag, success (outcome == success), the per-step cost of the logged tiers (the outcome
+model's prices, :func:`step_costs`, which sums to :func:`training.eval.outcome.run_costs`) and the
+logged feature vectors (for the doubly robust model).
+
+:func:`replay_candidate` walks each logged run through the step engine (the sidecar's code path,
+:class:`router.core.engine.StepEngine`; no admission) with the candidate policy and predictor: each
+logged step is planned (prefix, features, predictions, snapshot, decision), the candidate's
+decision is committed to its own run state, and the step is finished with the *logged* result
+(tokens, cached tokens, tool calls, latency, the logged tier), so while the candidate agrees with
+the log its state and features are those the logging router had. At the first step where the
+candidate's tier differs the walk of that run stops (the log says nothing about what follows).
+Returned per step: ``pi`` (the candidate's probability of the logged action: 1 while it agrees, 0
+at its deviation and after) and ``pf`` (its probability of the frontier, known up to and including
+the deviation). A deviation where the logged decision had propensity 1 (the logging policy could
+not have taken the candidate's action) is *unsupported*; :func:`replay_candidate` counts them.
+
+Candidates must be deterministic (an ``explore`` block is stripped by the caller). Knobs:
+``backends`` (the deployment's backend states; default :func:`router.replay.default_backends`),
+``prices`` (:class:`training.eval.outcome.Prices`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from training.eval.outcome import Prices, RunRecord, records_from_frames
+
+__all__ = [
+    "OPEError",
+    "LoggedRuns",
+    "Replayed",
+    "CachedPredictor",
+    "load_logged",
+    "replay_candidate",
+    "step_costs",
+]
+
+
+class OPEError(ValueError):
+    """The logs cannot support the evaluation asked for; one line meant for a person."""
+
+
+def step_costs(rec: RunRecord, tiers: np.ndarray, prices: Prices) -> np.ndarray:
+    """USD per step of one run served on ``tiers`` (0 local / 1 frontier): the per-step terms of
+    :func:`training.eval.outcome.run_costs` (a step on the same tier as the previous one reuses its
+    prefix: local cached prefix is free, frontier cached prefix at the cached-input price)."""
+    t = np.asarray(tiers)
+    same = np.zeros(len(t), dtype=bool)
+    if len(t) > 1:
+        same[1:] = t[1:] == t[:-1]
+    warm = np.where(same, rec.reuse, 0)
+    cold = rec.prompt - warm
+    local = cold * prices.local_in_per_m + rec.completion * prices.local_out_per_m
+    front = (
+        cold * prices.frontier_in_per_m
+        + warm * prices.frontier_cached_in_per_m
+        + rec.completion * prices.frontier_out_per_m
+    )
+    return np.where(t == 1, front, local) / 1e6
+
+
+@dataclass
+class LoggedRuns:
+    """The evaluable runs of a log (module docstring); run ``i`` is steps ``[ptr[i], ptr[i+1])``."""
+
+    run_ids: list[str]
+    ptr: np.ndarray
+    a: np.ndarray
+    mu: np.ndarray
+    explore: np.ndarray
+    success: np.ndarray  # per run, 0/1
+    cost: np.ndarray  # per step, USD
+    X: np.ndarray  # per step, the logged features (NaN where not logged)
+    records: dict[str, RunRecord]
+    steps: Any  # the steps frame of the kept runs, sorted by (run_id, step)
+    started: dict[str, float]
+    left_out: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_runs(self) -> int:
+        return len(self.run_ids)
+
+    def step_index(self) -> np.ndarray:
+        return np.concatenate([np.arange(e - s) for s, e in zip(self.ptr[:-1], self.ptr[1:], strict=True)])
+
+
+def load_logged(log: Any, prices: Prices) -> LoggedRuns:
+    """See the module docstring. ``log``: a :class:`features.runlog.RunLog`."""
+    import pandas as pd
+
+    from features.extract import N_FEATURES
+
+    steps, runs = log.steps, log.runs
+    if len(steps) == 0:
+        raise OPEError("the run log has no step records: nothing to evaluate")
+    no_prop = int(steps["propensity"].isna().sum()) if "propensity" in steps else len(steps)
+    if no_prop:
+        raise OPEError(
+            f"{no_prop} of {len(steps)} logged steps carry no propensity (written without exploration "
+            "logging); off-policy evaluation needs every decision's propensity"
+        )
+    left: dict[str, int] = {}
+    outcome = dict(zip(runs["run_id"].astype(str), runs["outcome"], strict=True)) if len(runs) else {}
+    sid = steps["run_id"].astype(str)
+    known = sid.map(lambda r: outcome.get(r) in ("success", "failure"))
+    tier_ok = steps["tier"].isin(["local", "frontier"]).groupby(sid).transform("all")
+    k = pd.to_numeric(steps["step"]).to_numpy()
+    first = np.r_[True, sid.to_numpy()[1:] != sid.to_numpy()[:-1]]
+    pos = np.arange(len(k))
+    expect = pos - np.maximum.accumulate(np.where(first, pos, 0))
+    gaps = pd.Series(k != expect, index=steps.index).groupby(sid).transform("any")
+    for reason, bad in (
+        ("outcome unknown", ~known),
+        ("a step with no tier", known & ~tier_ok),
+        ("gaps in step indices", known & tier_ok & gaps),
+    ):
+        n = int(sid[bad.to_numpy()].nunique())
+        if n:
+            left[reason] = n
+    keep = (known & tier_ok & ~gaps).to_numpy()
+    st = steps[keep].reset_index(drop=True)
+    if len(st) == 0:
+        raise OPEError(
+            f"no run of the log can be evaluated ({', '.join(f'{v} {k}' for k, v in left.items())})"
+        )
+    recs = records_from_frames(runs, st)
+    ids = st["run_id"].astype(str).to_numpy()
+    bounds = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    ptr = np.r_[bounds, len(ids)].astype(np.int64)
+    run_ids = [str(ids[i]) for i in bounds]
+    a = (st["tier"] == "frontier").to_numpy().astype(np.int8)
+    cost = np.concatenate(
+        [step_costs(recs[r], a[s:e], prices) for r, s, e in zip(run_ids, ptr[:-1], ptr[1:], strict=True)]
+    )
+    X = np.full((len(st), N_FEATURES), np.nan)
+    if "features" in st:
+        for i, f in enumerate(st["features"].tolist()):
+            if f is not None and not (isinstance(f, float)) and len(f) == N_FEATURES:
+                X[i] = np.asarray(f, dtype=np.float64)
+    started: dict[str, float] = {}
+    if len(runs) and "started_at" in runs:
+        for r, t in zip(runs["run_id"].astype(str), runs["started_at"], strict=True):
+            if t is not None and not pd.isna(t):
+                started[r] = float(t)
+    return LoggedRuns(
+        run_ids=run_ids,
+        ptr=ptr,
+        a=a,
+        mu=pd.to_numeric(st["propensity"]).to_numpy(dtype=np.float64),
+        explore=st["explore"].fillna(False).astype(bool).to_numpy()
+        if "explore" in st
+        else np.zeros(len(st), bool),
+        success=np.array([1.0 if outcome[r] == "success" else 0.0 for r in run_ids]),
+        cost=cost,
+        X=X,
+        records=recs,
+        steps=st,
+        started=started,
+        left_out=left,
+    )
+
+
+class CachedPredictor:
+    """``inner``'s predictions for the logged feature vectors, computed in one batch; any other
+    vector is predicted on demand. While a candidate agrees with the log, its replayed features are
+    the logged ones, so a replay asks the model row by row only at the few steps where it could not
+    be batched. Same values as ``inner`` (``predict_batch`` equals ``predict_features`` row-wise)."""
+
+    def __init__(self, inner: Any, X: np.ndarray):
+        self.inner = inner
+        self.version = getattr(inner, "version", "none")
+        uniq = np.unique(np.ascontiguousarray(X, dtype=np.float64), axis=0) if len(X) else X
+        self._cache = (
+            dict(zip((r.tobytes() for r in uniq), inner.predict_batch(uniq), strict=True))
+            if len(uniq)
+            else {}
+        )
+
+    def predict_features(self, x: np.ndarray) -> Any:
+        row = np.ascontiguousarray(x, dtype=np.float64)
+        hit = self._cache.get(row.tobytes())
+        return hit if hit is not None else self.inner.predict_features(row)
+
+    def predict(self, prefix: Any) -> Any:
+        return self.inner.predict(prefix)
+
+    def predict_batch(self, X: np.ndarray) -> list[Any]:
+        return [self.predict_features(r) for r in np.asarray(X, dtype=np.float64)]
+
+
+@dataclass
+class Replayed:
+    """A candidate's replayed decisions on logged runs (module docstring)."""
+
+    pi: np.ndarray
+    pf: np.ndarray
+    deviated_runs: int
+    unsupported_runs: int
+    first_unsupported: tuple[str, int] | None
+    reasons: dict[str, int]
+
+
+def replay_candidate(
+    logged: LoggedRuns, policy: Any, predictor: Any, backends: list[Any] | None = None
+) -> Replayed:
+    """See the module docstring."""
+    import math
+
+    from features.extract import step_views, steps_columns
+    from router.core.engine import StepEngine
+    from router.core.record import StepRequest, StepResult
+    from router.core.runs import RunTrack
+    from router.policy.types import RunState
+    from router.replay import default_backends
+
+    template = [replace(b) for b in (backends if backends is not None else default_backends())]
+    cols = steps_columns(logged.steps)
+    est, tools, wants = cols["prompt_tokens_est"], cols["n_tools_offered"], cols["wants_json"]
+    engine = StepEngine(max_steps=1 << 30)
+    n = len(logged.a)
+    pi, pf = np.zeros(n), np.zeros(n)
+    deviated = unsupported = 0
+    first_bad: tuple[str, int] | None = None
+    reasons: dict[str, int] = {}
+
+    def opt(v: Any) -> Any:
+        return (
+            None
+            if v is None or (isinstance(v, float) and math.isnan(v)) or type(v).__name__ == "NAType"
+            else v
+        )
+
+    for r, lo, hi in zip(logged.run_ids, logged.ptr[:-1], logged.ptr[1:], strict=True):
+        run = RunState(run_id=r)
+        track = RunTrack.new(r, logged.started.get(r, step_views(cols, lo).arrival_s))  # type: ignore[arg-type]
+        for j in range(hi - lo):
+            i = lo + j
+            v = step_views(cols, i)
+            seen = opt(est[i])
+            req = StepRequest(
+                prompt_tokens=int(v.prompt_tokens if seen is None else seen),
+                tool_results_n=v.tool_results_n,
+                tool_result_errors=v.tool_result_errors,
+                tool_result_tokens=v.tool_result_tokens,
+                n_tools_offered=int(opt(tools[i]) or 0),
+                wants_json=bool(opt(wants[i]) or False),
+                label_needs_frontier=logged.records[r].needs_frontier,
+            )
+            plan = engine.plan(
+                run,
+                track,
+                req,
+                [replace(b) for b in template],
+                now=v.arrival_s,
+                policy=policy,
+                predictor=predictor,
+            )
+            d = plan.decision
+            c = 1 if d.tier == "frontier" else 0
+            pf[i] = float(c)
+            reasons[d.reason] = reasons.get(d.reason, 0) + 1
+            if c != logged.a[i]:
+                deviated += 1
+                if logged.mu[i] >= 1.0 - 1e-12:
+                    unsupported += 1
+                    if first_bad is None:
+                        first_bad = (r, j)
+                break
+            pi[i] = 1.0
+            backend = next((b for b in plan.snapshot.backends if b.name == d.backend), None)
+            engine.commit(plan, run, track, backend)
+            end = (
+                v.arrival_s + v.latency_s
+                if v.arrival_s is not None and v.latency_s is not None
+                else v.arrival_s
+            )
+            engine.finish(
+                plan,
+                track,
+                StepResult(
+                    status=200,
+                    prompt_tokens=v.prompt_tokens,
+                    cached_tokens=v.cached_tokens,
+                    completion_tokens=v.completion_tokens,
+                    tool_calls=v.tool_calls,
+                    tool_call_keys=v.tool_call_keys,
+                    latency_s=v.latency_s,
+                    structured=v.structured,
+                ),
+                now=end,
+                tier=v.tier,
+                replica=d.backend,
+                model=d.model,
+                record=False,
+            )
+    return Replayed(pi, pf, deviated, unsupported, first_bad, reasons)
