@@ -191,7 +191,8 @@ class StepEngine:
         step = track.claim_step(run.steps_seen)
         prefix = self.prefix(track, req, now)
         x: np.ndarray | None = None
-        if predictor.needs_features or self.keep_features:
+        # a predictor that does not say is assumed to read the vector (correct, only slower)
+        if getattr(predictor, "needs_features", True) or self.keep_features:
             x = extract(prefix)
             if prefix.aggregate is not track.base.aggregate:  # extract rebuilt it: keep it for next time
                 track.base.aggregate = prefix.aggregate

@@ -183,6 +183,7 @@ class CachedPredictor:
     def __init__(self, inner: Any, X: np.ndarray):
         self.inner = inner
         self.version = getattr(inner, "version", "none")
+        self.needs_features = getattr(inner, "needs_features", True)
         uniq = np.unique(np.ascontiguousarray(X, dtype=np.float64), axis=0) if len(X) else X
         self._cache = (
             dict(zip((r.tobytes() for r in uniq), inner.predict_batch(uniq), strict=True))
