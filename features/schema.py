@@ -74,6 +74,7 @@ class Run(_Base):
     n_steps: NonNegInt | None = None
     # why the run ended: "client" (the client ended it), "idle" (no step for identity.idle_end_s)
     end_reason: str | None = None
+    task_embedding: list[float] | None = None
 
     @model_validator(mode="after")
     def _check_times(self) -> Run:
@@ -185,6 +186,7 @@ ARROW_SCHEMA = pa.schema(
         ("strong_outcome", pa.string()),
         ("n_steps", pa.int64()),
         ("end_reason", pa.string()),
+        ("task_embedding", pa.list_(pa.float64())),
         ("step", pa.int64()),
         ("arrival_s", pa.float64()),
         ("tool_pause_s", pa.float64()),

@@ -288,7 +288,7 @@ def test_tau2_steps_usage_times_and_tool_results(tmp_path):
     _valid(df, tmp_path)
     runs = _runs(df)
     assert list(runs.index) == ["tau2-airline-weak-1-sub-a-t0-r0", "tau2-airline-weak-1-sub-a-t1-r0"]
-    assert set(runs["model"]) == {"weak-1"} and set(runs["agent"]) == {"llm_agent"}
+    assert set(runs["model"]) == {"weak-1"} and set(runs["agent"]) == {"sub-a"}
     assert list(runs["outcome"]) == ["success", "failure"] and list(runs["task_id"]) == [
         "airline/0",
         "airline/1",

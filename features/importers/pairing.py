@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["pair_outcomes", "label_weak_runs", "PAIR_LABELS"]
+__all__ = ["pair_outcomes", "label_weak_runs", "label_domain_runs", "PAIR_LABELS"]
 
 PAIR_LABELS = ("needs_frontier", "both_fail", "weak_ok")
 
@@ -86,4 +86,93 @@ def label_weak_runs(
         out.at[i, "needs_frontier"] = bool(row["pair_label"] == "needs_frontier")
         out.at[i, "strong_model"] = strong_model
         out.at[i, "strong_outcome"] = "success" if bool(row["strong_success"]) else "failure"
+    return out
+
+
+# ------------------------------------------------------------------ per-domain roles, per-run labels
+
+
+def _players(runs: pd.DataFrame) -> pd.Series:
+    """``agent/model`` per run: one submission of one model (a file of tau2 trajectories)."""
+    return runs["agent"].fillna("?").astype(str) + "/" + runs["model"].fillna("?").astype(str)
+
+
+def _matches(runs: pd.DataFrame, name: str) -> pd.Series:
+    """Runs a role name designates: the name equals the run's agent, its model or ``agent/model``."""
+    return (runs["agent"] == name) | (runs["model"] == name) | (_players(runs) == name)
+
+
+def label_domain_runs(
+    df: pd.DataFrame,
+    *,
+    weak: tuple[str, ...] | None = None,
+    strong: dict[str, str] | None = None,
+    min_task_share: float = 0.3,
+) -> pd.DataFrame:
+    """Copy of a run-log frame with per-*run* weak-vs-strong labels, domain by domain.
+
+    Algorithm: a run's domain is the part of its ``task_id`` before ``/`` (tau2: ``airline/3``); a
+    *player* is one submission of one model (``agent/model``). Per domain:
+
+    - the **strong** player is ``strong[domain]`` when given (a name that matches the run's agent,
+      model or ``agent/model``), else the player with the highest success rate among those that ran
+      at least ``min_task_share`` of the domain's tasks (ties: more runs, then name);
+    - the **weak** players are those named in ``weak`` (same matching), else every other player of
+      the domain (the weaker models stand in for the local model: a real local model, qwen2.5-7b on
+      ollama, is one of them in airline);
+    - the strong outcome of a task = success iff the strong player's mean success on it > 0.5.
+
+    Each weak run whose task the strong player ran gets, from **its own outcome** (never a task
+    majority): ``pair_label`` = ``weak_ok`` when it succeeded (so it is never needs-frontier),
+    ``needs_frontier`` when it failed and the strong outcome is success, else ``both_fail``;
+    ``needs_frontier`` accordingly, ``strong_model`` = the strong player, ``strong_outcome``.
+    Other runs (the strong player's, tasks the strong player did not run) keep their labels.
+    Assumption stated for the benefit target: the strong player's outcome on the same task stands in
+    for "escalate now" at any step of the weak run.
+    """
+    out = df.copy()
+    for col in ("needs_frontier", "pair_label", "strong_model", "strong_outcome"):
+        out[col] = out[col].astype(object)
+    is_run = (out["record"] == "run") & out["task_id"].notna() & out["outcome"].isin(["success", "failure"])
+    runs = out[is_run]
+    domain = runs["task_id"].astype(str).str.split("/", n=1).str[0]
+    player = _players(runs)
+    ok = (runs["outcome"] == "success").astype(float)
+    for dom in sorted(domain.unique()):
+        sel = domain == dom
+        r = runs[sel]
+        n_tasks = r["task_id"].nunique()
+        if strong and dom in strong:
+            sp = sorted(set(player[sel][_matches(r, strong[dom])]))
+            if not sp:
+                continue
+            strong_player = sp[0]
+        else:
+            stats = [
+                (float(ok[sel][player[sel] == p].mean()), int((player[sel] == p).sum()), p)
+                for p in sorted(set(player[sel]))
+                if r.loc[player[sel] == p, "task_id"].nunique() >= min_task_share * n_tasks
+            ]
+            if not stats:
+                continue
+            strong_player = max(stats, key=lambda t: (t[0], t[1], t[2]))[2]
+        s_sel = sel & (player == strong_player)
+        s_mean = ok[s_sel].groupby(runs.loc[s_sel, "task_id"]).mean()
+        s_ok = {t: bool(v > 0.5) for t, v in s_mean.items()}
+        w_sel = sel & (player != strong_player)
+        if weak:
+            hit = pd.Series(False, index=runs.index)
+            for name in weak:
+                hit |= _matches(runs, name)
+            w_sel &= hit
+        for i in runs.index[w_sel]:
+            t = runs.at[i, "task_id"]
+            if t not in s_ok:
+                continue
+            own = runs.at[i, "outcome"] == "success"
+            label = "weak_ok" if own else ("needs_frontier" if s_ok[t] else "both_fail")
+            out.at[i, "pair_label"] = label
+            out.at[i, "needs_frontier"] = label == "needs_frontier"
+            out.at[i, "strong_model"] = strong_player
+            out.at[i, "strong_outcome"] = "success" if s_ok[t] else "failure"
     return out

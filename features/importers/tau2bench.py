@@ -1,7 +1,14 @@
 """tau2-bench leaderboard trajectory files -> runs and steps.
 
-Input: one JSON document per submission, ``{timestamp, info, tasks, simulations}``; ``info.agent_info``
-names the agent implementation and ``llm``; ``info.environment_info.domain_name`` the domain; each
+Input: one JSON document per submission in one of three shapes (the files are unchanged copies):
+
+- the leaderboard shape ``{timestamp, info, tasks, simulations}`` (most files): ``info.agent_info``
+  names the agent implementation and ``llm``; ``info.environment_info.domain_name`` the domain;
+- a bare list of simulations (no ``info``): the domain is the file name's ``_<domain>_`` word
+  (airline, retail, telecom, mock) and the model the name of the file's submission;
+- ``{domain, agent, model, total_tasks, passed, pass_rate, simulations}`` (a community format).
+
+A simulation without a numeric ``reward_info.reward`` is a bad row (reported, not imported). Each
 simulation has ``id, task_id, trial, start_time, end_time, termination_reason, reward_info.reward`` and
 ``messages`` (role, content, tool_calls ``[{id, name, arguments, requestor}]``, ``turn_idx``, and for
 most agents ``timestamp`` and assistant ``usage.prompt_tokens/completion_tokens``; tool messages carry
@@ -27,8 +34,14 @@ one step per agent generation, built by :func:`features.importers.taubench.steps
   placeholder start/end times are not copied to the run.
 
 Run: outcome = success iff reward == 1, reward = ``reward_info.reward``; model = ``agent_info.llm``
-without a provider prefix (``openai/gpt-oss-120b`` -> ``gpt-oss-120b``); agent = the implementation;
-task_id = ``<domain>/<task_id>`` (pairing joins on it).
+without a provider prefix (``openai/gpt-oss-120b`` -> ``gpt-oss-120b``); agent = the submission (the
+file name before ``__``: ``qwen2.5-7b-ollama``, ``gpt-4.1``; the pairing roles name submissions, since
+one model appears in several submissions with different agents);
+task_id = ``<domain>/<task_id>`` (pairing joins on it; the run's domain is the part before ``/``).
+
+Task embedding (``embed=True``): the first user message of each run (the task as the user states it)
+is embedded once with :func:`features.embed.embed_texts` (C1, 384 floats, L2-normalised) and stored in
+``Run.task_embedding``; the text itself is never stored. Off by default (it loads the sentence model).
 
 ``path`` may be one file or a directory of ``*.json`` files.
 """
@@ -111,26 +124,59 @@ def _files(p: Path) -> list[Path]:
     return [p]
 
 
-def _import_file(
-    p: Path, strict: bool, bad_rows: list[BadRow] | None, records: list[dict[str, Any]], seen: set[str]
-) -> None:
+_DOMAINS = ("airline", "retail", "telecom", "mock")
+
+
+def _domain_from_name(p: Path) -> str:
+    words = p.stem.replace("-", "_").split("_")
+    return next((d for d in _DOMAINS if d in words), "unknown")
+
+
+def _shape(p: Path, data: Any) -> tuple[list[Any], str | None, str, str]:
+    """(simulations, model, domain, system policy) of any of the three file shapes."""
     from features.runlog import RunLogError
 
-    data = load_json_file(p)
+    submission = p.stem.split("__", 1)[0]
+    if isinstance(data, list):  # bare list of simulations
+        return data, submission, _domain_from_name(p), ""
     if not isinstance(data, dict) or not isinstance(data.get("simulations"), list):
         raise RunLogError(f"{p}: not a tau2-bench results file (no 'simulations' list)")
     info: dict[str, Any] = data["info"] if isinstance(data.get("info"), dict) else {}
+    if not info:  # {domain, agent, model, ..., simulations}
+        model = data.get("model") if isinstance(data.get("model"), str) else submission
+        domain = data.get("domain") if isinstance(data.get("domain"), str) else _domain_from_name(p)
+        return data["simulations"], str(model).rsplit("/", 1)[-1], domain, ""
     agent_info: dict[str, Any] = info["agent_info"] if isinstance(info.get("agent_info"), dict) else {}
     env_info: dict[str, Any] = (
         info["environment_info"] if isinstance(info.get("environment_info"), dict) else {}
     )
     llm = agent_info.get("llm")
     model = str(llm).rsplit("/", 1)[-1] if llm else None
-    agent = agent_info.get("implementation")
-    domain = env_info.get("domain_name") or "unknown"
-    submission = p.stem.split("__", 1)[0]
+    domain = env_info.get("domain_name") or _domain_from_name(p)
     policy = env_info.get("policy") if isinstance(env_info.get("policy"), str) else ""
-    for i, sim in enumerate(data["simulations"], start=1):
+    return data["simulations"], model, str(domain), policy
+
+
+def _first_user_text(sim: dict[str, Any]) -> str:
+    for m in sim.get("messages") or []:
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str):
+            return str(m["content"])
+    return ""
+
+
+def _import_file(
+    p: Path,
+    strict: bool,
+    bad_rows: list[BadRow] | None,
+    records: list[dict[str, Any]],
+    seen: set[str],
+    texts: dict[str, str] | None,
+) -> None:
+    data = load_json_file(p)
+    sims, model, domain, policy = _shape(p, data)
+    submission = p.stem.split("__", 1)[0]
+    agent = submission
+    for i, sim in enumerate(sims, start=1):
         if not isinstance(sim, dict) or not isinstance(sim.get("messages"), list):
             report_bad(bad_rows, strict, p, i, "simulation without a 'messages' list")
             continue
@@ -152,6 +198,8 @@ def _import_file(
             report_bad(bad_rows, strict, p, i, f"duplicate simulation (run_id {run_id})", {"task_id": task})
             continue
         seen.add(run_id)
+        if texts is not None:
+            texts[run_id] = _first_user_text(sim)
         # the policy is the agent's system prompt (not in the messages); it counts in estimated prompts
         msgs: list[Msg] = [Msg(role="system", text=policy)] if policy else []
         seen_user = False
@@ -184,7 +232,7 @@ def _import_file(
 
 
 def import_tau2bench(
-    path: str | Path, *, strict: bool = False, bad_rows: list[BadRow] | None = None
+    path: str | Path, *, strict: bool = False, bad_rows: list[BadRow] | None = None, embed: bool = False
 ) -> pd.DataFrame:
     """Import one tau2-bench results file or a directory of them (see module docstring)."""
     from features.runlog import RunLogError
@@ -192,8 +240,18 @@ def import_tau2bench(
     p = check_path(path, allow_dir=True)
     records: list[dict[str, Any]] = []
     seen: set[str] = set()
+    texts: dict[str, str] | None = {} if embed else None
     for f in _files(p):
-        _import_file(f, strict, bad_rows, records, seen)
+        _import_file(f, strict, bad_rows, records, seen, texts)
     if not records and not bad_rows:
         raise RunLogError(f"{p}: no simulations")
+    if texts:
+        from features.embed import embed_texts
+
+        ids = list(texts)
+        vecs = embed_texts([texts[r] for r in ids])
+        by_id = {r: [float(v) for v in vecs[i]] for i, r in enumerate(ids)}
+        for rec in records:
+            if rec["record"] == "run":
+                rec["task_embedding"] = by_id.get(rec["run_id"])
     return to_frame(records)
