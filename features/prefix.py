@@ -23,7 +23,10 @@ equality or repr.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
 
 __all__ = ["StepView", "RunPrefix", "Aggregate"]
 
@@ -76,6 +79,9 @@ class RunPrefix:
     # the run's previous step = tokens newly written into the cache / cache capacity in tokens,
     # clipped to [0, 1]; None (NaN feature) when unknown or at a run's first step
     local_cache_pressure: float | None = None
+    domain: str | None = None  # the run's domain (how it is known: see server)
+    task_embedding: np.ndarray | None = None  # C1 vector of the run's first user message, once per run
+    signals: tuple[str, ...] = ()  # client/verifier signals posted on the run so far
     # running feature aggregates over ``steps`` (see the module docstring); never compared or shown
     aggregate: Aggregate | None = field(default=None, compare=False, repr=False)
 

@@ -186,7 +186,7 @@ ARROW_SCHEMA = pa.schema(
         ("strong_outcome", pa.string()),
         ("n_steps", pa.int64()),
         ("end_reason", pa.string()),
-        ("task_embedding", pa.list_(pa.float64())),
+        ("task_embedding", pa.list_(pa.float32())),
         ("step", pa.int64()),
         ("arrival_s", pa.float64()),
         ("tool_pause_s", pa.float64()),

@@ -3,7 +3,7 @@
 On disk a bundle is a directory with two files:
 
 - ``bundle.joblib``: a dict of the fitted estimators (escalation, cache reuse, remaining steps,
-  remaining tokens; the last three optional) and the thresholds.
+  remaining tokens, the per-domain benefit model; all but the first optional) and the thresholds.
 - ``manifest.json``: ``schema`` (:data:`MANIFEST_SCHEMA`), ``feature_spec_version``,
   ``feature_names``, ``bundle_sha256`` (of ``bundle.joblib``), ``thresholds``, ``libraries``
   (versions it was trained with), ``training_data_sha256``, ``metrics``, ``params``,
@@ -38,7 +38,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -154,6 +154,7 @@ class ModelBundle:
     cache_reuse: Any = None
     remaining_steps: Any = None
     remaining_tokens: Any = None
+    benefit: Any = None  # models.benefit.BenefitModel (per-domain, gated) or None
     thresholds: dict[str, float] = field(
         default_factory=lambda: {"p_frontier_up": 0.5, "p_frontier_down": 0.4}
     )
@@ -196,10 +197,36 @@ class ModelBundle:
 
     needs_features: ClassVar[bool] = True  # models.predictor.Predictor: reads the feature vector
 
+    #: the step engine asks :meth:`predict_context` (vector + the run's domain and task embedding)
+    reads_run_context: ClassVar[bool] = True
+
     def predict(self, prefix: RunPrefix) -> Predictions:
         """Features + all predictions for one arriving step (the router's fast path)."""
         extract(prefix, out=self._buf[0])
-        return self._predict_buf()
+        return self._with_benefit(self._predict_buf(), prefix)
+
+    def predict_context(self, x: np.ndarray, prefix: RunPrefix) -> Predictions:
+        """:meth:`predict_features` plus the benefit fields from the run's ``domain`` and
+        ``task_embedding`` (:class:`models.benefit.BenefitModel`; a run without a domain keeps the
+        escalation classifier's ``p_frontier`` alone)."""
+        return self._with_benefit(self.predict_features(x), prefix)
+
+    def _with_benefit(self, p: Predictions, prefix: RunPrefix) -> Predictions:
+        if self.benefit is None or prefix.domain is None:
+            return p
+        pl, pf, mode, reason = self.benefit.predict(self._buf[0], prefix.task_embedding, prefix.domain)
+        return replace(
+            p,
+            p_success_local=pl,
+            p_success_frontier=pf,
+            benefit=pf - pl,
+            domain_mode=mode,
+            domain_reason=reason,
+        )
+
+    def domain_mode(self, domain: str | None) -> tuple[str, str] | None:
+        """``(mode, reason)`` a run of ``domain`` is served in; None without a benefit model."""
+        return None if self.benefit is None else self.benefit.mode(domain)
 
     def predict_features(self, x: np.ndarray) -> Predictions:
         """Predictions for one feature vector (layout :data:`features.extract.FEATURE_NAMES`)."""
@@ -262,6 +289,7 @@ class ModelBundle:
             "cache_reuse": self.cache_reuse,
             "remaining_steps": self.remaining_steps,
             "remaining_tokens": self.remaining_tokens,
+            "benefit": self.benefit,
             "thresholds": dict(self.thresholds),
         }
         fd, tmp = tempfile.mkstemp(prefix=".bundle.", suffix=".tmp", dir=d)
@@ -284,6 +312,7 @@ class ModelBundle:
             libraries=library_versions(),
             created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         )
+        man["domains"] = self.benefit.summary() if self.benefit is not None else {}
         if metrics is not None:
             man["metrics"] = _jsonable(dict(metrics))
         if training_data_sha256 is not None:
@@ -363,6 +392,7 @@ class ModelBundle:
                 cache_reuse=payload.get("cache_reuse"),
                 remaining_steps=payload.get("remaining_steps"),
                 remaining_tokens=payload.get("remaining_tokens"),
+                benefit=payload.get("benefit"),
                 thresholds={k: float(v) for k, v in payload["thresholds"].items()},
                 manifest=man,
             )

@@ -16,6 +16,13 @@ class Predictions:
       the run stays on its local replica.
     - ``remaining_steps_p50/p90``, ``remaining_tokens_p50/p90``: remaining work quantiles
       (tokens = prompt + completion tokens of the remaining steps).
+    - ``p_success_local`` / ``p_success_frontier``: P(run succeeds | stays local) and P(run succeeds
+      | escalates now) from the benefit model (:mod:`models.benefit`); None without one, or when
+      the run's domain is unknown.
+    - ``benefit``: ``p_success_frontier - p_success_local`` (the policy prices it with the value of
+      success and the extra cost); None when the two are.
+    - ``domain_mode``: ``"model"`` (the domain's own model, active by its CV evidence) or
+      ``"prior"`` (base rates: the prior policy); ``domain_reason``: why, in one line.
     """
 
     p_frontier: float
@@ -24,9 +31,16 @@ class Predictions:
     remaining_steps_p90: float = 1.0
     remaining_tokens_p50: float = 0.0
     remaining_tokens_p90: float = 0.0
+    p_success_local: float | None = None
+    p_success_frontier: float | None = None
+    benefit: float | None = None
+    domain_mode: str | None = None
+    domain_reason: str | None = None
 
     def as_dict(self) -> dict[str, float]:
-        return {
+        """The numeric predictions (the run log's ``predictions`` map: floats only; the benefit
+        fields appear once set)."""
+        out = {
             "p_frontier": self.p_frontier,
             "cache_reuse_tokens": self.cache_reuse_tokens,
             "remaining_steps_p50": self.remaining_steps_p50,
@@ -34,3 +48,8 @@ class Predictions:
             "remaining_tokens_p50": self.remaining_tokens_p50,
             "remaining_tokens_p90": self.remaining_tokens_p90,
         }
+        for k in ("p_success_local", "p_success_frontier", "benefit"):
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = v
+        return out

@@ -24,6 +24,7 @@ from models.bundle import ModelBundle
 from models.cache_reuse import CacheReuseRegressor
 from models.escalation import EscalationClassifier
 from models.remaining import RemainingWorkRegressor
+from training.benefit import BenefitConfig
 from training.dataset import Dataset
 
 __all__ = ["TrainConfig", "TrainResult"]
@@ -88,6 +89,9 @@ class TrainConfig(BaseModel):
     experiment: str = "runroute-train"
     registered_model: str = "runroute-bundle"
     promote_if_better: bool = False
+    # the per-domain benefit model (training.benefit): knobs, and where its tables go (JSON + PNG)
+    benefit: BenefitConfig = Field(default_factory=BenefitConfig)
+    benefit_report_dir: Path | None = None
 
     @field_validator("pairs")
     @classmethod

@@ -12,7 +12,8 @@ Algorithm (:func:`run_training`):
    ``--promote-if-better`` compares the new model and the current champion on.
 4. On the rest: grouped ``n_folds`` cross-validation of the three predictors against their
    baselines (:mod:`training.evaluate`), overall and at ``eval_steps``.
-5. Fit the final estimators on the rest; thresholds for ``target_frontier_share`` from the
+5. Fit the final estimators on the rest (and the per-domain benefit model, gated by its own
+   task-grouped CV evidence: :mod:`training.benefit_job`); thresholds for ``target_frontier_share`` from the
    escalation model's out-of-fold calibrated probabilities (:func:`training.calibration.choose_thresholds`).
 6. Score the bundle on the held-out groups, save it (joblib + manifest with the data hash and the
    metrics), write the report, and (``mlflow``) log and register it (:mod:`training.mlflow_log`).
@@ -273,6 +274,11 @@ def train_on_log(
         remaining_tokens=rem_t,
         thresholds={"p_frontier_up": th["p_frontier_up"], "p_frontier_down": th["p_frontier_down"]},
     )
+    say("fitting the per-domain benefit model")
+    from training.benefit_job import benefit_stage
+
+    bundle.benefit, report["benefit"] = benefit_stage(log.runs, train, held, cfg.benefit, tables=cfg.evaluate)
+    t = lap("benefit_s", t)
     if len(held):
         report["holdout"] = bundle_scores(bundle, held)
     if "escalation" not in report:  # evaluate=False: headline from the held-out split, if any
@@ -320,6 +326,10 @@ def train_on_log(
         report["timings"]["mlflow_s"] = round(time.perf_counter() - t, 3)
     if cfg.report_json is not None:
         write_report(report, cfg.report_json)
+    if cfg.benefit_report_dir is not None and report["benefit"]:
+        from training.benefit_report import write_benefit_report
+
+        write_benefit_report(report["benefit"], cfg.benefit_report_dir)
     return result
 
 

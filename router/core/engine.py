@@ -196,7 +196,8 @@ class StepEngine:
             x = extract(prefix)
             if prefix.aggregate is not track.base.aggregate:  # extract rebuilt it: keep it for next time
                 track.base.aggregate = prefix.aggregate
-            preds = predictor.predict_features(x)
+            ctx = getattr(predictor, "reads_run_context", False)  # domain + task embedding (benefit)
+            preds = predictor.predict_context(x, prefix) if ctx else predictor.predict_features(x)
         else:  # a predictor that reads no features (the constant one), and no record wants them
             preds = predictor.predict(prefix)
         pinned = run.replica

@@ -8,7 +8,8 @@ policy = one config class with a ``kind`` literal and ``build`` + one union memb
 Kinds and their knobs (every field below is documented on its class):
 
 - ``learned`` (:class:`LearnedConfig`): ``p_frontier_up`` / ``p_frontier_down`` (None = the bundle's
-  calibrated ``thresholds``; without a bundle they are required), ``value_of_success_usd``,
+  calibrated ``thresholds``; without a bundle they are required), ``value_of_success_usd`` (the cost/quality knob), ``benefit_up`` / ``benefit_down`` (the hysteresis
+  on the uplift when the bundle's benefit model answers for the run's domain),
   ``min_dwell_steps``, ``max_switches``, ``off_boundary_ratio``, ``frontier_cache_hit``,
   ``output_token_share``, ``local_gpu_usd_per_hour``, ``latency_usd_per_s``.
 - ``always-local`` (``sticky``), ``always-frontier``, ``session-sticky``, ``stall-escalation``,
@@ -141,12 +142,23 @@ class LearnedConfig(_Base):
     latency_usd_per_s: float = Field(
         default=0.0, ge=0, description="USD per second of prefill latency (0 = money only)"
     )
+    benefit_up: float = Field(
+        default=0.0,
+        ge=-1,
+        le=1,
+        description="with the benefit model: escalate only at P(ok|frontier)-P(ok|local) >= this",
+    )
+    benefit_down: float = Field(
+        default=0.0, ge=-1, le=1, description="with the benefit model: de-escalate at an uplift < this"
+    )
 
     @model_validator(mode="after")
     def _order(self) -> LearnedConfig:
         if self.p_frontier_up is not None and self.p_frontier_down is not None:
             if self.p_frontier_down > self.p_frontier_up:
                 raise ValueError("p_frontier_down must be <= p_frontier_up (hysteresis band)")
+        if self.benefit_down > self.benefit_up:
+            raise ValueError("benefit_down must be <= benefit_up (hysteresis band)")
         return self
 
     def build(self, bundle: ModelBundle | None = None) -> Policy:
@@ -171,6 +183,8 @@ class LearnedConfig(_Base):
             latency_usd_per_s=self.latency_usd_per_s,
             weights=self.scoring.weights(),
             name=self.label(),
+            benefit_up=self.benefit_up,
+            benefit_down=self.benefit_down,
         )
 
 

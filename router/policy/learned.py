@@ -4,7 +4,9 @@ Algorithm (one call per step; pure, state only through ``snapshot.run``):
 
 1. A client that named a concrete model (``requested_model``) goes to the backend serving it
    (``requested-model``); the policy is bypassed.
-2. Economics from the predictions (``p = p_frontier``, ``reuse = cache_reuse_tokens``, remaining
+2. Economics from the predictions (``p = benefit`` = P(success | escalate now) - P(success | stay
+   local) when the bundle's benefit model answered for the run's domain (issue 14: the benefit
+   rule), else ``p = p_frontier``; ``reuse = cache_reuse_tokens``, remaining
    work ``R = remaining_tokens_p50``, or ``remaining_steps_p50 x context`` when the predictor gives
    no token estimate) and the backends' prices, all in USD::
 
@@ -28,7 +30,8 @@ Algorithm (one call per step; pure, state only through ``snapshot.run``):
    local (``first-local``); the replica is picked by filter -> score -> pick
    (:mod:`router.policy.filters`).
 4. Later steps: a local run wants to escalate iff ``p >= up``; a frontier run wants to come back iff
-   ``p < down`` (hysteresis band between; ``down = 0`` never de-escalates; ``down = up`` is allowed).
+   ``p < down`` (with the benefit, ``up`` / ``down`` are ``benefit_up`` / ``benefit_down``: the
+   uplift must be positive by this much before the economics are even asked) (hysteresis band between; ``down = 0`` never de-escalates; ``down = up`` is allowed).
    A wanted move happens only if, in this order,
    ``benefit - cost_up > 0`` (resp. ``-benefit - cost_down > 0``) else ``hold-cost``;
    ``switches < max_switches`` else ``hold-cap``; ``step - last_switch_step >= min_dwell_steps`` else
@@ -41,10 +44,11 @@ Algorithm (one call per step; pure, state only through ``snapshot.run``):
 
 ``Decision.scores``: ``p_frontier``, ``benefit``, ``switch_cost`` (of the move considered from the
 current tier), ``net`` (gain minus switch cost), ``remaining_tokens``, ``threshold_up``,
-``threshold_down``.
+``threshold_down``; ``uplift`` when the benefit model answered (``p_frontier`` then holds it too).
 
 Knobs (:class:`router.policy.config.LearnedConfig`): ``p_frontier_up`` / ``p_frontier_down``
-(hysteresis thresholds; default from the bundle's calibrated thresholds), ``value_of_success_usd``,
+(hysteresis thresholds; default from the bundle's calibrated thresholds), ``benefit_up`` /
+``benefit_down`` (the same on the uplift), ``value_of_success_usd`` (the cost/quality knob),
 ``min_dwell_steps``, ``max_switches``, ``off_boundary_ratio``, ``frontier_cache_hit`` (share of
 remaining frontier input tokens served from provider prompt caching), ``output_token_share``
 (share of remaining tokens that are output), ``local_gpu_usd_per_hour``, ``latency_usd_per_s``
@@ -75,6 +79,8 @@ class LearnedPolicy:
         "local_gpu_usd_per_hour",
         "latency_usd_per_s",
         "weights",
+        "benefit_up",
+        "benefit_down",
     )
 
     def __init__(
@@ -92,6 +98,8 @@ class LearnedPolicy:
         latency_usd_per_s: float = 0.0,
         weights: ScoreWeights = DEFAULT_WEIGHTS,
         name: str = "learned",
+        benefit_up: float = 0.0,
+        benefit_down: float = 0.0,
     ):
         if not 0.0 <= p_frontier_down <= p_frontier_up <= 1.0:
             raise ValueError(
@@ -110,6 +118,12 @@ class LearnedPolicy:
         self.local_gpu_usd_per_hour = float(local_gpu_usd_per_hour)
         self.latency_usd_per_s = float(latency_usd_per_s)
         self.weights = weights
+        if not -1.0 <= benefit_down <= benefit_up <= 1.0:
+            raise ValueError(
+                f"learned policy needs -1 <= benefit_down <= benefit_up <= 1 (got {benefit_down}, {benefit_up})"
+            )
+        self.benefit_up = float(benefit_up)
+        self.benefit_down = float(benefit_down)
 
     def _sides(self, snap: Snapshot) -> tuple[BackendState | None, BackendState | None]:
         """The local and frontier backends the economics are priced on.
@@ -132,8 +146,12 @@ class LearnedPolicy:
     def economics(self, snap: Snapshot) -> tuple[float, float, float, float, float]:
         """``(p, benefit, cost_up, cost_down, remaining_tokens)``; USD, per the module docstring."""
         pred = snap.predictions
-        p = pred.p_frontier
-        p = 0.0 if p < 0.0 else (1.0 if p > 1.0 else p)
+        if pred.benefit is not None:
+            p = pred.benefit
+            p = -1.0 if p < -1.0 else (1.0 if p > 1.0 else p)
+        else:
+            p = pred.p_frontier
+            p = 0.0 if p < 0.0 else (1.0 if p > 1.0 else p)
         ctx = snap.context_tokens if snap.context_tokens > 0 else 0
         rem = pred.remaining_tokens_p50
         if rem <= 0.0:
@@ -176,9 +194,11 @@ class LearnedPolicy:
                 return make_decision(snap, b, "requested-model")
         run = snap.run
         p, benefit, cost_up, cost_down, rem = self.economics(snap)
+        uplift = snap.predictions.benefit is not None
+        up, down = (self.benefit_up, self.benefit_down) if uplift else (self.up, self.down)
         want: Tier
         if run.tier is None:
-            if p >= self.up and benefit > 0.0:
+            if p >= up and benefit > 0.0:
                 want, reason = "frontier", "first-frontier"
             else:
                 want, reason = "local", "first-local"
@@ -186,9 +206,9 @@ class LearnedPolicy:
         else:
             want, reason = run.tier, "pinned"
             if run.tier == "local":
-                move, gain, cost, target, code = p >= self.up, benefit, cost_up, "frontier", "escalate"
+                move, gain, cost, target, code = p >= up, benefit, cost_up, "frontier", "escalate"
             else:
-                move, gain, cost, target, code = p < self.down, -benefit, cost_down, "local", "de-escalate"
+                move, gain, cost, target, code = p < down, -benefit, cost_down, "local", "de-escalate"
             net = gain - cost
             if move:
                 if net <= 0.0:
@@ -211,7 +231,9 @@ class LearnedPolicy:
             "switch_cost": cost,
             "net": net,
             "remaining_tokens": rem,
-            "threshold_up": self.up,
-            "threshold_down": self.down,
+            "threshold_up": up,
+            "threshold_down": down,
         }
+        if uplift:
+            scores["uplift"] = p
         return make_decision(snap, backend, fallback or reason, scores, want)
