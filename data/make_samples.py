@@ -55,13 +55,14 @@ def build(shared: Path) -> dict[str, pd.DataFrame]:
     )
     tau2 = pd.concat([import_tau2bench(f, strict=True) for f in airline], ignore_index=True)
     samples["tau2bench_airline.parquet"] = label_weak_runs(tau2, TAU2_WEAK, TAU2_STRONG)
-    # every tau2 file, every domain, per-domain roles, per-run labels, task embeddings (C1);
+    # in paired/ (not matched by data/*.parquet, which the demo reads whole: its runs are the same
+    # simulations as tau2bench_airline's): every tau2 file, every domain, per-domain roles, per-run labels, task embeddings (C1);
     # the one simulation without a reward (a cascata airline run) is reported and left out
     bad: list[object] = []
     everything = import_tau2bench(shared / "tau2bench", bad_rows=bad, embed=True)  # type: ignore[arg-type]
     for b in bad:
         print(f"tau2bench_all: left out {b}")
-    samples["tau2bench_all.parquet"] = label_domain_runs(everything)
+    samples["paired/tau2bench_all.parquet"] = label_domain_runs(everything)
     swe = import_swebench_pro(shared / "swebench_pro", strict=True)
     samples["swebench_pro.parquet"] = label_weak_runs(swe, SWE_WEAK, SWE_STRONG)
     samples["mooncake_20min.parquet"] = import_mooncake(

@@ -173,8 +173,11 @@ def _fit_head(
         ok = ~np.isnan(E).any(axis=1)
         if ok.sum() >= 2:
             e_mean = E[ok].mean(axis=0)
-            _, _, vt = np.linalg.svd(E[ok] - e_mean, full_matrices=False)
-            comps = vt[: min(cfg.n_pca, vt.shape[0])]
+            Ec = E[ok] - e_mean
+            # PCA by the eigenvectors of the d x d scatter matrix (d = 384: far cheaper than an SVD)
+            vals, vecs = np.linalg.eigh(Ec.T @ Ec)
+            k = min(cfg.n_pca, int(ok.sum()) - 1, E.shape[1])
+            comps = np.ascontiguousarray(vecs[:, ::-1][:, :k].T)
     head = LogitHead(idx, np.zeros(0), 0.0, np.zeros(0), np.ones(0), comps, e_mean)
     k = len(idx) + (0 if comps is None else comps.shape[0])
     head.mean, head.scale = np.zeros(k), np.ones(k)

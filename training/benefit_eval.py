@@ -120,14 +120,14 @@ def ablation(rows: BenefitRows, cfg: BenefitConfig) -> dict[str, Any]:
             if inp != "struct" and d.E is None:
                 continue
             pl, pf = cross_validate(d, cfg, inp)
-            ev = evidence(d, pl, pf, cfg.model_copy(update={"n_boot": min(cfg.n_boot, 100)}))
+            ev = evidence(d, pl, pf, cfg.model_copy(update={"n_boot": min(cfg.n_boot, 50)}))
             out[dom][inp] = {"auc": ev["auc"], "auc_se": ev["auc_se"], "qini": ev["qini"]}
     return out
 
 
 def learning_curve(rows: BenefitRows, cfg: BenefitConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    quick = cfg.model_copy(update={"n_boot": min(cfg.n_boot, 100)})
+    quick = cfg.model_copy(update={"n_boot": min(cfg.n_boot, 50)})
     for dom in _domains(rows):
         d = rows.subset(rows.domain == dom)
         first = d.subset(d.step == cfg.eval_step)

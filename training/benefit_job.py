@@ -31,10 +31,69 @@ from training.benefit import BenefitConfig, BenefitRows, benefit_rows, fit_benef
 __all__ = ["benefit_stage", "held_out_scores"]
 
 
-def held_out_scores(model: BenefitModel, rows: BenefitRows, cfg: BenefitConfig) -> dict[str, Any]:
-    """Per-domain figures of the gated model on held-out paired rows (module docstring, step 4)."""
+def _flaps(run_id: np.ndarray, step: np.ndarray, frontier: np.ndarray) -> np.ndarray:
+    """Tier changes per run of a per-step tier sequence (rows in any order)."""
+    order = np.lexsort((step, run_id.astype(str)))
+    r, f = run_id.astype(str)[order], frontier[order].astype(int)
+    change = (r[1:] == r[:-1]) & (f[1:] != f[:-1])
+    _, inv = np.unique(r, return_inverse=True)
+    return np.bincount(inv[1:], weights=change.astype(float), minlength=inv.max() + 1)
+
+
+def _sticky(run_id: np.ndarray, step: np.ndarray, uplift: np.ndarray, up: float, down: float) -> np.ndarray:
+    """The learned policy's tier per step from the uplift alone: hysteresis (escalate at >= up,
+    come back at < down), at most 2 switches, 3 steps' dwell (the policy's defaults)."""
+    order = np.lexsort((step, run_id.astype(str)))
+    r = run_id.astype(str)[order]
+    out = np.zeros(len(r), dtype=bool)
+    cur, tier, switches, last = None, False, 0, -10
+    for j, i in enumerate(order):
+        if r[j] != cur:
+            cur, tier, switches, last = r[j], False, 0, -10
+        k = int(step[i])
+        want = (uplift[i] >= up) if not tier else not (uplift[i] < down)
+        if want != tier and switches < 2 and k - last >= 3:
+            tier, switches, last = want, switches + 1, k
+        out[i] = tier
+    return out
+
+
+def held_out_scores(
+    model: BenefitModel,
+    rows: BenefitRows,
+    cfg: BenefitConfig,
+    escalation: Any = None,
+    thresholds: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """Per-domain figures of the gated model on held-out paired rows (module docstring, step 4).
+
+    With the bundle's ``escalation`` classifier, per-step-threshold (P(needs frontier) >=
+    ``p_frontier_up`` at each step, no stickiness) is a baseline too: a run counts as escalated when
+    its largest P over its steps passes the threshold (its AIQ ranks runs by that maximum); flaps per
+    run compare its per-step tiers with the learned policy's sticky tiers."""
     out: dict[str, Any] = {}
     at = rows.subset(rows.step == cfg.eval_step)
+    pst_max: dict[str, float] = {}
+    flaps: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    if escalation is not None and len(rows):
+        p_all = escalation.predict_proba(rows.X)[:, 1]
+        up = (thresholds or {}).get("p_frontier_up", 0.5)
+        for rid, p in zip(rows.run_id.astype(str), p_all, strict=True):
+            pst_max[rid] = max(pst_max.get(rid, 0.0), float(p))
+        upl = np.array(
+            [
+                (lambda t: t[1] - t[0])(model.predict(rows.X[i], _emb(rows, i), str(rows.domain[i])))
+                for i in range(len(rows))
+            ]
+        )
+        sticky = _sticky(rows.run_id, rows.step, upl, 0.0, 0.0)
+        for dom in sorted(set(rows.domain.tolist())):
+            m = rows.domain == dom
+            flaps[dom] = (
+                _flaps(rows.run_id[m], rows.step[m], p_all[m] >= up),
+                _flaps(rows.run_id[m], rows.step[m], sticky[m]),
+                np.zeros(0),
+            )
     for dom in sorted(set(at.domain.tolist())):
         r = at.subset(at.domain == dom)
         pl = np.empty(len(r))
@@ -42,7 +101,7 @@ def held_out_scores(model: BenefitModel, rows: BenefitRows, cfg: BenefitConfig) 
         fail = np.empty(len(r))
         d = model.domains.get(dom)
         for i in range(len(r)):
-            e = None if r.E is None or np.isnan(r.E[i]).any() else r.E[i]
+            e = _emb(r, i)
             pl[i], pf[i], mode, _ = model.predict(r.X[i], e, dom)
             fail[i] = 1.0 - (
                 float(d.local.predict(r.X[i : i + 1], None if e is None else e[None, :])[0])
@@ -51,6 +110,7 @@ def held_out_scores(model: BenefitModel, rows: BenefitRows, cfg: BenefitConfig) 
             )
         score = pf - pl
         const = np.zeros(len(r))
+        pst = np.array([pst_max[x] for x in r.run_id.astype(str)]) if pst_max else None
 
         def se(fn: Any, r: BenefitRows = r) -> float:
             return uplift.bootstrap_se(fn, r.task, cfg.n_boot, cfg.seed)
@@ -70,23 +130,62 @@ def held_out_scores(model: BenefitModel, rows: BenefitRows, cfg: BenefitConfig) 
                     - uplift.aiq(b[i], r.y_local[i], r.y_frontier[i])
                 ),
             }
-            for name, b in (("random_mix", const), ("failure_threshold", fail))
+            for name, b in (("random_mix", const), ("failure_threshold", fail), ("per_step_threshold", pst))
+            if b is not None
         }
         out[dom] = {
             "mode": model.mode(dom)[0],
             "n_runs": int(len(r)),
             "auc": uplift.auc(nf, score),
             "auc_se": se(lambda i: uplift.auc(nf[i], score[i])),
-            "aiq": {"learned": aiq(score), "random_mix": aiq(const), "failure_threshold": aiq(fail)},
+            "aiq": {
+                "learned": aiq(score),
+                "random_mix": aiq(const),
+                "failure_threshold": aiq(fail),
+                **({"per_step_threshold": aiq(pst)} if pst is not None else {}),
+            },
             "learned_minus": diffs,
         }
+        if dom in flaps:
+            out[dom]["flaps_per_run"] = {
+                "per_step_threshold": float(flaps[dom][0].mean()),
+                "learned": float(flaps[dom][1].mean()),
+            }
     return out
 
 
+def _emb(r: BenefitRows, i: int) -> np.ndarray | None:
+    return None if r.E is None or np.isnan(r.E[i]).any() else r.E[i]
+
+
 def benefit_stage(
-    runs: Any, train: Any, held: Any, cfg: BenefitConfig, *, tables: bool
+    runs: Any,
+    train: Any,
+    held: Any,
+    cfg: BenefitConfig,
+    *,
+    tables: bool,
+    escalation: Any = None,
+    thresholds: dict[str, float] | None = None,
 ) -> tuple[BenefitModel | None, dict[str, Any]]:
-    """``(model, report)`` for the bundle (module docstring)."""
+    """``(model, report)`` for the bundle (module docstring). BLAS runs on one thread here: the
+    matrices are small and on a busy 2-core machine two BLAS threads made a 384 x 384 eigh 40x
+    slower (17 ms vs 670 ms, measured)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        return _stage(runs, train, held, cfg, tables, escalation, thresholds)
+
+
+def _stage(
+    runs: Any,
+    train: Any,
+    held: Any,
+    cfg: BenefitConfig,
+    tables: bool,
+    escalation: Any,
+    thresholds: dict[str, float] | None,
+) -> tuple[BenefitModel | None, dict[str, Any]]:
     rows = benefit_rows(runs, train.X, train.meta)
     if rows is None or len(rows) == 0:
         return None, {}
@@ -94,7 +193,9 @@ def benefit_stage(
     report: dict[str, Any] = {
         "config": cfg.model_dump(),
         "n_runs": int((rows.step == cfg.eval_step).sum()),
-        "embedding_runs": int(0 if rows.E is None else (~np.isnan(rows.E).any(axis=1)).sum()),
+        "embedding_runs": int(
+            0 if rows.E is None else (~np.isnan(rows.E[rows.step == cfg.eval_step]).any(axis=1)).sum()
+        ),
         "prior": {"p_local": model.p_local, "p_frontier": model.p_frontier},
         "domains": gate_report,
     }
@@ -120,5 +221,5 @@ def benefit_stage(
         )
     h = benefit_rows(runs, held.X, held.meta) if len(held) else None
     if h is not None and len(h):
-        report["holdout"] = held_out_scores(model, h, cfg)
+        report["holdout"] = held_out_scores(model, h, cfg, escalation, thresholds)
     return model, report

@@ -72,12 +72,22 @@ def benefit_markdown(rep: dict[str, Any]) -> str:
             lines.append(f"| {dom} | " + " | ".join(cells) + " |")
     if rep.get("holdout"):
         lines += ["", "## Held-out tasks (the gated bundle)", ""]
-        lines += ["| domain | runs | mode | AUC | SE | AIQ learned - failure-thr | SE |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "| domain | runs | mode | AUC | SE | AIQ learned - per-step-thr (SE) | - failure-thr (SE) | "
+            "flaps/run per-step-thr | flaps/run learned |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for dom, d in rep["holdout"].items():
-            ft = d["learned_minus"]["failure_threshold"]
+            lm = d["learned_minus"]
+            cell = {
+                k: f"{_f(lm[k]['diff'])} ({_f(lm[k]['se'])})" if k in lm else "-"
+                for k in ("per_step_threshold", "failure_threshold")
+            }
+            fl = d.get("flaps_per_run", {})
             lines.append(
                 f"| {dom} | {d['n_runs']} | {d['mode']} | {_f(d['auc'])} | {_f(d['auc_se'])} | "
-                f"{_f(ft['diff'])} | {_f(ft['se'])} |"
+                f"{cell['per_step_threshold']} | {cell['failure_threshold']} | "
+                f"{_f(fl.get('per_step_threshold'), 2)} | {_f(fl.get('learned'), 2)} |"
             )
     return "\n".join(lines) + "\n"
 

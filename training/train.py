@@ -277,7 +277,9 @@ def train_on_log(
     say("fitting the per-domain benefit model")
     from training.benefit_job import benefit_stage
 
-    bundle.benefit, report["benefit"] = benefit_stage(log.runs, train, held, cfg.benefit, tables=cfg.evaluate)
+    bundle.benefit, report["benefit"] = benefit_stage(
+        log.runs, train, held, cfg.benefit, tables=cfg.evaluate, escalation=esc, thresholds=bundle.thresholds
+    )
     t = lap("benefit_s", t)
     if len(held):
         report["holdout"] = bundle_scores(bundle, held)

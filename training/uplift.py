@@ -85,13 +85,20 @@ def auc(y: np.ndarray, score: np.ndarray) -> float:
     """ROC AUC (Mann-Whitney, ties count one half); NaN with one class."""
     y = np.asarray(y, dtype=np.float64)
     s = np.asarray(score, dtype=np.float64)
-    pos, neg = s[y == 1], s[y == 0]
-    if len(pos) == 0 or len(neg) == 0:
+    n_pos = int((y == 1).sum())
+    n_neg = int((y == 0).sum())
+    if n_pos == 0 or n_neg == 0:
         return float("nan")
-    from scipy.stats import rankdata
-
-    r = rankdata(np.concatenate([pos, neg]))
-    return float((r[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+    order = np.argsort(s, kind="mergesort")
+    ss = s[order]
+    ranks = np.empty(len(s))
+    ranks[order] = np.arange(1, len(s) + 1, dtype=np.float64)
+    # average ranks of ties
+    _, start, counts = np.unique(ss, return_index=True, return_counts=True)
+    if len(start) < len(ss):
+        avg = start + (counts + 1) / 2.0
+        ranks[order] = np.repeat(avg, counts)
+    return float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def brier(y: np.ndarray, p: np.ndarray) -> float:
