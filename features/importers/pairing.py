@@ -130,6 +130,8 @@ def label_domain_runs(
     Assumption stated for the benefit target: the strong player's outcome on the same task stands in
     for "escalate now" at any step of the weak run.
     """
+    import pandas as pd
+
     out = df.copy()
     for col in ("needs_frontier", "pair_label", "strong_model", "strong_outcome"):
         out[col] = out[col].astype(object)
