@@ -138,3 +138,12 @@ def test_first_user_text() -> None:
     assert f(None) is None
     assert f(["junk", 3, {"role": "user", "content": "ok"}]) == "ok"
     assert f([{"role": "user", "content": ""}]) == ""
+
+
+def test_blas_threads_restored() -> None:
+    from threadpoolctl import threadpool_info
+
+    before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    embed.embed_texts(["restore the thread count afterwards"])
+    after = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    assert before == after
