@@ -147,3 +147,13 @@ def test_blas_threads_restored() -> None:
     embed.embed_texts(["restore the thread count afterwards"])
     after = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
     assert before == after
+
+
+def test_concurrent_callers_get_their_own_vectors() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [f"order number {i} needs a refund to the original card" for i in range(8)]
+    seq = embed.embed_texts(texts)
+    with ThreadPoolExecutor(4) as ex:
+        par = list(ex.map(lambda t: embed.embed_texts([t])[0], texts))
+    np.testing.assert_allclose(np.stack(par), seq, atol=1e-6, rtol=0)
