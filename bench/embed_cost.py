@@ -147,8 +147,8 @@ def main() -> None:
                 cpu[m].append(c)
     finally:
         embed.BLAS_THREADS = saved
-    # ms per token (wall, default mode): what a longer task costs
-    slope = float(np.polyfit(np.asarray(ntok, float), np.asarray(wall["1 thread (default)"]), 1)[0])
+    # ms per token (thread CPU, default mode): what a longer task costs
+    slope = float(np.polyfit(np.asarray(ntok, float), np.asarray(cpu["1 thread (default)"]), 1)[0])
 
     bw, bc = _timed(lambda: e.embed(sample, batch_size=args.batch))
     batched_ms, batched_cpu = bw / len(sample), bc / len(sample)
@@ -180,7 +180,7 @@ def main() -> None:
         "",
         f"importer path; thread CPU {batched_cpu:.1f} ms",
     )
-    tbl.add_row("per token (fit)", f"{slope:.3f}", "", "", "wall ms per token, default mode")
+    tbl.add_row("per token (fit)", f"{slope:.3f}", "", "", "thread-CPU ms per token, default mode")
     if steps is not None:
         tbl.add_row(
             "per later step",
@@ -190,12 +190,14 @@ def main() -> None:
             f"{steps['embed_calls']} calls over {steps['runs']} runs / {steps['steps']} steps (step engine)",
         )
     console.print(tbl)
-    d = _pct(wall["1 thread (default)"])
-    ok = {k: d[k] < TARGET_MS for k in ("p50", "p95")}
+    for label, series in (("wall", wall), ("thread CPU", cpu)):
+        d = _pct(series["1 thread (default)"])
+        verdict = ", ".join(
+            f"{k} {'met' if d[k] < TARGET_MS else 'NOT met'} ({d[k]:.1f} ms)" for k in ("p50", "p95")
+        )
+        console.print(f"target < {TARGET_MS:g} ms per run, {label}: {verdict}")
     console.print(
-        f"target < {TARGET_MS:g} ms per run: p50 {'met' if ok['p50'] else 'NOT met'} ({d['p50']:.1f} ms), "
-        f"p95 {'met' if ok['p95'] else 'NOT met'} ({d['p95']:.1f} ms); "
-        f"load average {load1:.1f} on {os.cpu_count()} cores; "
+        f"load average {load1:.1f} on {os.cpu_count()} cores (wall includes waiting for a core); "
         f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')!r}"
     )
     if steps is not None:

@@ -30,8 +30,8 @@ texts are sorted by length first so a batch pads little; on the tau2-bench first
 4-8 cost 13-14 ms CPU per text, 32 cost 27: the padding and the attention matrices grow) and :data:`BLAS_THREADS` (1: the BLAS
 thread count during a forward pass, set by ``threadpoolctl`` for the pass and restored after, so
 for those milliseconds it holds for the whole process; one text's matrices are too small for
-OpenBLAS's fan-out, which on a 2-core machine under load made a pass 5-10x slower in
-``bench/embed_cost.py``; ``None`` leaves the BLAS as it is). The tests compare the vectors with the
+OpenBLAS's fan-out, which on the shared 2-core machine made a pass 2x slower at the median and
+7-9x at p95 in ``bench/embed_cost.py``; ``None`` leaves the BLAS as it is). The tests compare the vectors with the
 real sentence-transformers (``tests/data/minilm_reference.npz``).
 """
 
