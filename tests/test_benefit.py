@@ -245,3 +245,46 @@ def test_learned_policy_routes_on_the_benefit_rule():
     )
     # without the benefit fields the old threshold rule stands
     assert decide(Predictions(p_frontier=0.95, **rem)) == "frontier"
+
+
+def test_promotion_gate_needs_every_baseline_beaten_by_more_than_its_se():
+    from training.promote_gate import baseline_gate, pooled_differences
+
+    def rep(diffs: dict[str, tuple[float, float]]) -> dict:
+        return {
+            "benefit": {
+                "holdout": {
+                    "airline": {
+                        "n_runs": 30,
+                        "learned_minus": {k: {"diff": d, "se": s} for k, (d, s) in diffs.items()},
+                    },
+                    "retail": {"n_runs": 10, "learned_minus": {k: {"diff": 0.0, "se": 0.0} for k in diffs}},
+                }
+            }
+        }
+
+    # pooled by runs: 0.75 x 0.04 = 0.03 > SE 0.75 x 0.02 = 0.015 for both baselines
+    ok, why = baseline_gate(rep({"random_mix": (0.04, 0.02), "per_step_threshold": (0.04, 0.02)}))
+    assert ok and "beats every baseline" in why
+    assert pooled_differences(rep({"random_mix": (0.04, 0.02)})["benefit"]["holdout"])[
+        "random_mix"
+    ] == pytest.approx((0.03, 0.015))
+    # one baseline within its SE: refused, and the reason names it
+    ok, why = baseline_gate(rep({"random_mix": (0.04, 0.02), "per_step_threshold": (0.01, 0.02)}))
+    assert not ok and "per_step_threshold" in why and "not > SE" in why
+    # no held-out evidence at all: refused
+    assert baseline_gate({"benefit": {}}) == (
+        False,
+        "no held-out labelled tasks: nothing shows the candidate beats the baselines",
+    )
+
+
+def test_domain_mode_metric_says_which_mode_each_domain_runs(bundle):
+    from router.server.metrics import RouterMetrics
+
+    b, _ = bundle
+    m = RouterMetrics(deprecated_names=False)
+    m.set_domains(b.benefit)
+    text = m.render()[0].decode()
+    for dom, d in b.manifest["domains"].items():
+        assert f'runroute_domain_mode{{domain="{dom}",mode="{d["mode"]}"}} 1.0' in text

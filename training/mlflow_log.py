@@ -20,7 +20,9 @@ The alias ``champion`` moves only on promotion:
 
 - with no champion yet, the first version becomes champion (nothing to beat);
 - without ``promote_if_better`` the new version is registered and the alias stays where it is;
-- with it, the current champion bundle is downloaded, verified (:meth:`ModelBundle.load`) and scored
+- with it, the candidate must first beat every baseline on the held-out tasks by more than the SE
+  (:func:`training.promote_gate.baseline_gate`; else it is registered and not promoted, even with
+  no champion yet); then the current champion bundle is downloaded, verified (:meth:`ModelBundle.load`) and scored
   on the *same* held-out groups as the new one (the holdout is a stable hash of the group ids); the
   alias moves only if the new bundle's escalation Brier score is lower (AUC breaks an exact tie). A
   champion that cannot be loaded (e.g. another feature spec) cannot be scored and is replaced.
@@ -167,7 +169,14 @@ def log_training(result: TrainResult, cfg: TrainConfig) -> dict[str, Any]:
         }
         current = _champion_version(client, cfg.registered_model)
         promote, why, champ_scores = True, "no champion yet", None
-        if current is not None and current != version:
+        if cfg.promote_if_better:  # first: beat every baseline on held-out tasks (training.promote_gate)
+            from training.promote_gate import baseline_gate, escalation_gate
+
+            esc = (
+                escalation_gate(result.bundle, result.dataset, result.holdout) if len(result.holdout) else {}
+            )
+            promote, why = baseline_gate(result.report, esc)
+        if promote and current is not None and current != version:
             if cfg.promote_if_better:
                 promote, why, champ_scores = _compare(result, cfg.registered_model, current, uri)
             else:

@@ -136,6 +136,7 @@ class BundleHolder(BackgroundTask):
         self.current = Serving(predictor, policy, version, registry_version)
         if self.metrics is not None:
             self.metrics.set_bundle(version, registry_version)
+            self.metrics.set_domains(getattr(predictor, "benefit", None))
         return self.current
 
     def _probe_sync(self) -> Any:

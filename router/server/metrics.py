@@ -195,6 +195,13 @@ class RouterMetrics:
             self._bundle_labels = (version, registry_version or "")
             self.bundle_info.labels(*self._bundle_labels).set(1)
 
+    def set_domains(self, benefit: Any) -> None:
+        """``runroute_domain_mode{domain,mode}`` = 1 per domain of the serving bundle's benefit
+        model (:class:`models.benefit.BenefitModel`; None: no series)."""
+        self.domain_mode.clear()
+        for dom, d in (benefit.domains.items() if benefit is not None else ()):
+            self.domain_mode.labels(dom, d.mode).set(1)
+
     def bundle_reloaded(self, ok: bool) -> None:
         self.bundle_reloads.labels("ok" if ok else "refused").inc()
 

@@ -152,6 +152,14 @@ SPECS: tuple[MetricSpec, ...] = (
         ("version", "registry_version"),
     ),
     MetricSpec(
+        "domain_mode",
+        "gauge",
+        "runroute_domain_mode",
+        "1 for the mode each domain of the serving bundle runs in: model (its evidence beat the "
+        "prior) or prior (the reason is in the bundle manifest and GET /v1/runs/{id})",
+        ("domain", "mode"),
+    ),
+    MetricSpec(
         "bundle_reloads", "counter", "runroute_bundle_reloads", "Bundle reloads (ok | refused)", ("result",)
     ),
     MetricSpec(
