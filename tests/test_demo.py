@@ -153,6 +153,8 @@ def test_bench_cli_on_the_held_out_log(demo_out, tmp_path):
     assert [r["policy"] for r in s["policies"]] == list(POLICIES)
     assert png.stat().st_size > 5000
     assert np.isfinite(s["policies"][0]["cost_usd"])
+    # bench --json scores the bundle's predictors on the set (the README documents it; issue 14)
+    assert 0.0 <= s["model_scores"]["escalation"]["brier"] <= 1.0 and s["model_scores"]["n_steps"] > 0
 
 
 def test_bench_cli_refuses_bad_input_in_one_line(tmp_path):

@@ -3,7 +3,9 @@
 Algorithm of :func:`bench_runs`: read the run logs (validated; bad rows are counted in
 ``bad_rows``, not used), load the bundle (verified against its manifest), run
 :func:`training.eval.compare.compare_policies` on the whole log as one set named after the files,
-and return the typed :class:`training.eval.scorecard.Scorecard` (``command: runroute bench``).
+with the bundle's predictors scored on that log (``model_scores``:
+:func:`training.eval.compare.model_scores`, or ``skipped`` with the reason), and return the typed
+:class:`training.eval.scorecard.Scorecard` (``command: runroute bench``).
 
 Knobs: ``prices``, ``sim`` (:class:`training.eval.config.SimSettings`), ``sweep_thresholds``
 (default: 0 to 1 in steps of 0.05), ``variants`` (outcome-model variants, the first is the headline).
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.eval.compare import Progress, compare_policies
+from training.eval.compare import Progress, compare_policies, model_scores
 from training.eval.config import SimSettings
 from training.eval.outcome import DEFAULT_VARIANTS, Prices
 from training.eval.scorecard import PriceTable, Scorecard, Skipped, TrainingInfo
@@ -56,6 +58,7 @@ def bench_runs(
         variants=variants,
         progress=progress,
     )
+    res = res.model_copy(update={"model_scores": model_scores(bundle, log)})
     return Scorecard(
         generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         command="runroute bench",

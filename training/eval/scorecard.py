@@ -269,7 +269,8 @@ class SetResult(_Card):
     sweeps: dict[str, list[SweepPoint]] = _f("threshold sweep of each swept policy", each="policy")
     sim: SimInfo = _f("the simulated deployment")
     model_scores: ModelScores | Skipped | None = _f(
-        "demo: the bundle's predictors scored on this set, or `skipped` with the reason", default=None
+        "demo and `runroute bench`: the bundle's predictors scored on this set, or `skipped` with the reason",
+        default=None,
     )
 
 
