@@ -126,7 +126,9 @@ def label_domain_runs(
     majority): ``pair_label`` = ``weak_ok`` when it succeeded (so it is never needs-frontier),
     ``needs_frontier`` when it failed and the strong outcome is success, else ``both_fail``;
     ``needs_frontier`` accordingly, ``strong_model`` = the strong player, ``strong_outcome``.
-    Other runs (the strong player's, tasks the strong player did not run) keep their labels.
+    Every other run of a labelled domain (the strong player's, players not named weak, tasks the
+    strong player did not run) has its pairing labels cleared, so re-labelling with other roles
+    starts afresh.
     Assumption stated for the benefit target: the strong player's outcome on the same task stands in
     for "escalate now" at any step of the weak run.
     """
@@ -158,6 +160,8 @@ def label_domain_runs(
             if not stats:
                 continue
             strong_player = max(stats, key=lambda t: (t[0], t[1], t[2]))[2]
+        for col in ("needs_frontier", "pair_label", "strong_model", "strong_outcome"):
+            out.loc[runs.index[sel], col] = None  # earlier labels of this domain: the roles decide anew
         s_sel = sel & (player == strong_player)
         s_mean = ok[s_sel].groupby(runs.loc[s_sel, "task_id"]).mean()
         s_ok = {t: bool(v > 0.5) for t, v in s_mean.items()}
