@@ -55,7 +55,7 @@ class LogitHead:
         """Standardised inputs for rows ``X`` (n, n_features) and embeddings ``E`` (n, d) or None
         (a missing embedding is the training mean: its PCA terms are 0)."""
         parts = [np.nan_to_num(np.asarray(X, dtype=np.float64)[:, list(self.struct_idx)])]
-        if self.components is not None:
+        if self.components is not None and self.e_mean is not None:
             k = self.components.shape[0]
             if E is None:
                 parts.append(np.zeros((len(X), k)))

@@ -91,10 +91,7 @@ def test_per_run_labels_never_call_a_successful_weak_run_needs_frontier():
     ]
     out = label_domain_runs(_runs(rows)).set_index("run_id")
     assert out.loc["weak-w-airline/1", "pair_label"] == "weak_ok"
-    assert (
-        out.loc["weak-w-airline/1", "needs_frontier"] is False
-        or out.loc["weak-w-airline/1", "needs_frontier"] == False
-    )  # noqa: E712
+    assert bool(out.loc["weak-w-airline/1", "needs_frontier"]) is False
     assert out.loc["weak2-w-airline/1", "pair_label"] == "needs_frontier"
     assert out.loc["weak-w-airline/2", "strong_outcome"] == "success"
     assert out.loc["weak-w-airline/2", "strong_model"] == "best/s"

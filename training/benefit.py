@@ -200,7 +200,9 @@ def _weights(rows: BenefitRows) -> np.ndarray:
     return 1.0 / counts[inv]
 
 
-def fit_heads(rows: BenefitRows, cfg: BenefitConfig, inputs: str | None = None) -> tuple[LogitHead, LogitHead]:
+def fit_heads(
+    rows: BenefitRows, cfg: BenefitConfig, inputs: str | None = None
+) -> tuple[LogitHead, LogitHead]:
     """(local head, frontier head) on the rows' steps ``< train_steps``."""
     tr = rows.subset(rows.step < cfg.train_steps)
     w = _weights(tr)
@@ -281,14 +283,14 @@ def evidence(rows: BenefitRows, pl: np.ndarray, pf: np.ndarray, cfg: BenefitConf
         "failure_threshold": (fail, se(lambda i: uplift.aiq(fail[i], r.y_local[i], r.y_frontier[i]))),
         "oracle": (tau, 0.0),
     }
-    out["aiq"] = {
-        k: {"aiq": uplift.aiq(s, r.y_local, r.y_frontier), "se": e} for k, (s, e) in aiq.items()
-    }
+    out["aiq"] = {k: {"aiq": uplift.aiq(s, r.y_local, r.y_frontier), "se": e} for k, (s, e) in aiq.items()}
     out["aiq_diff_vs_failure_threshold"] = {
         "diff": out["aiq"]["learned"]["aiq"] - out["aiq"]["failure_threshold"]["aiq"],
         "se": se(
-            lambda i: uplift.aiq(score[i], r.y_local[i], r.y_frontier[i])
-            - uplift.aiq(fail[i], r.y_local[i], r.y_frontier[i])
+            lambda i: (
+                uplift.aiq(score[i], r.y_local[i], r.y_frontier[i])
+                - uplift.aiq(fail[i], r.y_local[i], r.y_frontier[i])
+            )
         ),
     }
     return out

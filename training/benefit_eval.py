@@ -189,5 +189,7 @@ def permutation_importance(rows: BenefitRows, cfg: BenefitConfig, repeats: int =
                         X[:, j] = X[p, j]
                     s = hf.predict(X, E) - hl.predict(X, E)
                     drops.setdefault(name, []).append(base - uplift.auc(nf, s))
-        out[dom] = {k: float(np.nanmean(v)) for k, v in sorted(drops.items(), key=lambda kv: -np.nanmean(kv[1]))}
+        out[dom] = {
+            k: float(np.nanmean(v)) for k, v in sorted(drops.items(), key=lambda kv: -np.nanmean(kv[1]))
+        }
     return out

@@ -102,56 +102,50 @@ def held_out_scores(
         d = model.domains.get(dom)
         for i in range(len(r)):
             e = _emb(r, i)
-            pl[i], pf[i], mode, _ = model.predict(r.X[i], e, dom)
+            pl[i], pf[i], _, _ = model.predict(r.X[i], e, dom)
             fail[i] = 1.0 - (
                 float(d.local.predict(r.X[i : i + 1], None if e is None else e[None, :])[0])
                 if d is not None and d.local is not None
                 else pl[i]
             )
-        score = pf - pl
-        const = np.zeros(len(r))
         pst = np.array([pst_max[x] for x in r.run_id.astype(str)]) if pst_max else None
-
-        def se(fn: Any, r: BenefitRows = r) -> float:
-            return uplift.bootstrap_se(fn, r.task, cfg.n_boot, cfg.seed)
-
-        def aiq(s: np.ndarray, r: BenefitRows = r) -> dict[str, float]:
-            return {
-                "aiq": uplift.aiq(s, r.y_local, r.y_frontier),
-                "se": se(lambda i: uplift.aiq(s[i], r.y_local[i], r.y_frontier[i])),
-            }
-
-        nf = r.needs_frontier
-        diffs = {
-            name: {
-                "diff": uplift.aiq(score, r.y_local, r.y_frontier) - uplift.aiq(b, r.y_local, r.y_frontier),
-                "se": se(
-                    lambda i, b=b: uplift.aiq(score[i], r.y_local[i], r.y_frontier[i])
-                    - uplift.aiq(b[i], r.y_local[i], r.y_frontier[i])
-                ),
-            }
-            for name, b in (("random_mix", const), ("failure_threshold", fail), ("per_step_threshold", pst))
-            if b is not None
-        }
-        out[dom] = {
-            "mode": model.mode(dom)[0],
-            "n_runs": int(len(r)),
-            "auc": uplift.auc(nf, score),
-            "auc_se": se(lambda i: uplift.auc(nf[i], score[i])),
-            "aiq": {
-                "learned": aiq(score),
-                "random_mix": aiq(const),
-                "failure_threshold": aiq(fail),
-                **({"per_step_threshold": aiq(pst)} if pst is not None else {}),
-            },
-            "learned_minus": diffs,
-        }
+        out[dom] = {"mode": model.mode(dom)[0], **_domain_scores(r, pf - pl, fail, pst, cfg)}
         if dom in flaps:
             out[dom]["flaps_per_run"] = {
                 "per_step_threshold": float(flaps[dom][0].mean()),
                 "learned": float(flaps[dom][1].mean()),
             }
     return out
+
+
+def _domain_scores(
+    r: BenefitRows, score: np.ndarray, fail: np.ndarray, pst: np.ndarray | None, cfg: BenefitConfig
+) -> dict[str, Any]:
+    """AUC, AIQ of the learned ranking and of each baseline, and the differences, with SEs."""
+    yl, yf, nf = r.y_local, r.y_frontier, r.needs_frontier
+
+    def se(fn: Any) -> float:
+        return uplift.bootstrap_se(fn, r.task, cfg.n_boot, cfg.seed)
+
+    def aiq(s: np.ndarray) -> dict[str, float]:
+        return {"aiq": uplift.aiq(s, yl, yf), "se": se(lambda i: uplift.aiq(s[i], yl[i], yf[i]))}
+
+    def diff(b: np.ndarray) -> dict[str, float]:
+        def d(i: Any) -> float:
+            return uplift.aiq(score[i], yl[i], yf[i]) - uplift.aiq(b[i], yl[i], yf[i])
+
+        return {"diff": d(np.arange(len(yl))), "se": se(d)}
+
+    bases = {"random_mix": np.zeros(len(yl)), "failure_threshold": fail}
+    if pst is not None:
+        bases["per_step_threshold"] = pst
+    return {
+        "n_runs": int(len(r)),
+        "auc": uplift.auc(nf, score),
+        "auc_se": se(lambda i: uplift.auc(nf[i], score[i])),
+        "aiq": {"learned": aiq(score), **{k: aiq(b) for k, b in bases.items()}},
+        "learned_minus": {k: diff(b) for k, b in bases.items()},
+    }
 
 
 def _emb(r: BenefitRows, i: int) -> np.ndarray | None:
@@ -202,7 +196,6 @@ def _stage(
     if tables:
         from training.benefit_eval import (
             ablation,
-            in_domain_table,
             learning_curve,
             lodo_table,
             permutation_importance,

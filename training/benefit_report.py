@@ -67,7 +67,8 @@ def benefit_markdown(rep: dict[str, Any]) -> str:
         lines += ["| domain | struct | embed | both |", "|---|---|---|---|"]
         for dom, d in rep["ablation"].items():
             cells = [
-                f"{_f(d[k]['auc'])} ({_f(d[k]['auc_se'])})" if k in d else "-" for k in ("struct", "embed", "both")
+                f"{_f(d[k]['auc'])} ({_f(d[k]['auc_se'])})" if k in d else "-"
+                for k in ("struct", "embed", "both")
             ]
             lines.append(f"| {dom} | " + " | ".join(cells) + " |")
     if rep.get("holdout"):

@@ -144,7 +144,8 @@ def _shape(p: Path, data: Any) -> tuple[list[Any], str | None, str, str]:
     info: dict[str, Any] = data["info"] if isinstance(data.get("info"), dict) else {}
     if not info:  # {domain, agent, model, ..., simulations}
         model = data.get("model") if isinstance(data.get("model"), str) else submission
-        domain = data.get("domain") if isinstance(data.get("domain"), str) else _domain_from_name(p)
+        dom = data.get("domain")
+        domain = dom if isinstance(dom, str) else _domain_from_name(p)
         return data["simulations"], str(model).rsplit("/", 1)[-1], domain, ""
     agent_info: dict[str, Any] = info["agent_info"] if isinstance(info.get("agent_info"), dict) else {}
     env_info: dict[str, Any] = (
@@ -153,7 +154,8 @@ def _shape(p: Path, data: Any) -> tuple[list[Any], str | None, str, str]:
     llm = agent_info.get("llm")
     model = str(llm).rsplit("/", 1)[-1] if llm else None
     domain = env_info.get("domain_name") or _domain_from_name(p)
-    policy = env_info.get("policy") if isinstance(env_info.get("policy"), str) else ""
+    pol = env_info.get("policy")
+    policy = pol if isinstance(pol, str) else ""
     return data["simulations"], model, str(domain), policy
 
 

@@ -199,7 +199,7 @@ class RouterMetrics:
         """``runroute_domain_mode{domain,mode}`` = 1 per domain of the serving bundle's benefit
         model (:class:`models.benefit.BenefitModel`; None: no series)."""
         self.domain_mode.clear()
-        for dom, d in (benefit.domains.items() if benefit is not None else ()):
+        for dom, d in benefit.domains.items() if benefit is not None else ():
             self.domain_mode.labels(dom, d.mode).set(1)
 
     def bundle_reloaded(self, ok: bool) -> None:
