@@ -7,7 +7,7 @@ Algorithm (:func:`fit_benefit`):
    :func:`features.importers.pairing.label_domain_runs`): the step's feature vector (the training
    dataset's, i.e. the serving code path), the run's task embedding (``Run.task_embedding``, C1; None
    when absent), ``y_local`` = the run's own success, ``y_frontier`` = the strong outcome, the task
-   (CV group) and the domain (the ``task_id`` before ``/``, else the source). Heads are fit on steps
+   (CV group) and the domain (:func:`run_domain`). Heads are fit on steps
    ``< train_steps`` with weight 1/(rows of the run), so every run counts once.
 2. **Heads** (:func:`fit_heads`): for each arm a logistic regression (L2, ``C``) on the standardised
    inputs ``inputs`` = ``"struct"`` (the :data:`STRUCT_FEATURES` present in the feature spec),
@@ -111,8 +111,11 @@ class BenefitRows:
         return ((self.y_local == 0) & (self.y_frontier == 1)).astype(np.float64)
 
 
-def run_domain(task_id: Any, source: Any) -> str:
-    """A run's domain: the ``task_id`` before ``/`` (tau2 ``airline/3``), else its source."""
+def run_domain(task_id: Any, source: Any, domain: Any = None) -> str:
+    """A run's domain: ``Run.domain`` when logged, else the ``task_id`` before ``/`` (tau2
+    ``airline/3``), else its source."""
+    if isinstance(domain, str) and domain:
+        return domain
     if isinstance(task_id, str) and "/" in task_id:
         return task_id.split("/", 1)[0]
     return str(source)
@@ -125,9 +128,12 @@ def benefit_rows(runs: Any, X: np.ndarray, meta: Any, embed_dim: int = 384) -> B
     r = r[r["outcome"].isin(["success", "failure"]) & r["strong_outcome"].isin(["success", "failure"])]
     if r.empty:
         return None
+    r = r.assign(domain=r["domain"] if "domain" in r.columns else None)
     info = {
         str(row.run_id): row
-        for row in r[["run_id", "task_id", "source", "outcome", "strong_outcome"]].itertuples(index=False)
+        for row in r[["run_id", "task_id", "source", "outcome", "strong_outcome", "domain"]].itertuples(
+            index=False
+        )
     }
     emb: dict[str, Any] = {}
     if "task_embedding" in r.columns:
@@ -153,7 +159,7 @@ def benefit_rows(runs: Any, X: np.ndarray, meta: Any, embed_dim: int = 384) -> B
         y_frontier=np.array([o.strong_outcome == "success" for o in rows], dtype=np.float64),
         run_id=ids.astype(object),
         task=np.array([str(o.task_id) for o in rows], dtype=object),
-        domain=np.array([run_domain(o.task_id, o.source) for o in rows], dtype=object),
+        domain=np.array([run_domain(o.task_id, o.source, o.domain) for o in rows], dtype=object),
         step=meta["step"].to_numpy()[keep],
     )
 
