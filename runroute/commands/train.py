@@ -23,6 +23,9 @@ def register(app: typer.Typer) -> None:
         ),
         out: Path = typer.Option(..., "-o", "--out", help="bundle directory to write"),
         report_json: Path | None = typer.Option(None, "--report-json", help="write the report here"),
+        benefit_report: Path | None = typer.Option(
+            None, "--benefit-report", help="write the per-domain benefit tables (JSON, MD, PNG) here"
+        ),
         pairs: list[str] = typer.Option([], "--pairs", help="WEAK=STRONG model pairing for labels; repeat"),
         promote_if_better: bool = typer.Option(
             False,
@@ -96,6 +99,7 @@ def register(app: typer.Typer) -> None:
                 pairs=pairs,
                 out=out,
                 report_json=report_json,
+                benefit_report_dir=benefit_report,
                 target_frontier_share=target_frontier_share,
                 holdout_share=holdout_share,
                 n_folds=folds,
@@ -150,6 +154,8 @@ def register(app: typer.Typer) -> None:
             lines.append(f"remaining steps pinball p50 {r['remaining_steps']['pinball_p50']:.3f}")
         th = r["thresholds"]
         lines.append(f"thresholds up {th['p_frontier_up']:.3f} down {th['p_frontier_down']:.3f}")
+        for dom, d in (r.get("benefit") or {}).get("domains", {}).items():
+            lines.append(f"benefit {dom}: {d['mode']} ({d['reason']})")
         if "mlflow" in r:
             mf = r["mlflow"]
             lines.append(f"mlflow {mf['model_uri']}  champion v{mf['champion']} ({mf['promotion_reason']})")
