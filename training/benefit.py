@@ -164,6 +164,13 @@ def benefit_rows(runs: Any, X: np.ndarray, meta: Any, embed_dim: int = 384) -> B
     )
 
 
+def has_inputs(rows: BenefitRows, inputs: str) -> bool:
+    """Whether the head inputs exist on these rows (``embed`` needs task embeddings)."""
+    if inputs in ("struct", "both"):
+        return True
+    return rows.E is not None and bool((~np.isnan(rows.E).any(axis=1)).any())
+
+
 def _struct_idx() -> tuple[int, ...]:
     return tuple(FEATURE_NAMES.index(n) for n in STRUCT_FEATURES if n in FEATURE_NAMES)
 
@@ -328,11 +335,17 @@ def fit_benefit(rows: BenefitRows, cfg: BenefitConfig) -> tuple[BenefitModel, di
         d_first = d_rows.subset(d_rows.step == cfg.eval_step)
         n = int(len(d_first))
         ev: dict[str, Any] = {}
-        if n >= cfg.min_runs:
+        usable = has_inputs(d_first, cfg.inputs)
+        if n >= cfg.min_runs and usable:
             pl, pf = cross_validate(d_rows, cfg)
             ev = evidence(d_rows, pl, pf, cfg)
         mode, reason = gate(ev, n, cfg)
-        heads = fit_heads(d_rows, cfg) if n >= cfg.min_runs else (None, None)
+        if not usable:
+            mode, reason = (
+                "prior",
+                f"no {cfg.inputs} inputs on the domain's runs (no task embeddings): the prior",
+            )
+        heads = fit_heads(d_rows, cfg) if n >= cfg.min_runs and usable else (None, None)
         model.domains[dom] = DomainBenefit(
             domain=dom,
             mode=mode,

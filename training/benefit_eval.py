@@ -33,6 +33,7 @@ from training.benefit import (
     evidence,
     fit_heads,
     gate,
+    has_inputs,
     task_folds,
 )
 
@@ -41,13 +42,14 @@ __all__ = ["in_domain_table", "lodo_table", "safety", "ablation", "learning_curv
 CURVE_RUNS = (25, 50, 100)
 
 
-def _domains(rows: BenefitRows) -> list[str]:
-    return sorted(set(rows.domain.tolist()))
+def _domains(rows: BenefitRows, inputs: str = "struct") -> list[str]:
+    """Domains of the rows whose runs carry the head inputs."""
+    return sorted(d for d in set(rows.domain.tolist()) if has_inputs(rows.subset(rows.domain == d), inputs))
 
 
 def in_domain_table(rows: BenefitRows, cfg: BenefitConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for dom in _domains(rows):
+    for dom in _domains(rows, cfg.inputs):
         d = rows.subset(rows.domain == dom)
         n = int((d.step == cfg.eval_step).sum())
         if n < 4:
@@ -62,7 +64,7 @@ def in_domain_table(rows: BenefitRows, cfg: BenefitConfig) -> dict[str, Any]:
 
 def lodo_table(rows: BenefitRows, cfg: BenefitConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for dom in _domains(rows):
+    for dom in _domains(rows, cfg.inputs):
         te = rows.domain == dom
         if len(set(rows.domain[~te].tolist())) == 0:
             continue
@@ -117,7 +119,7 @@ def ablation(rows: BenefitRows, cfg: BenefitConfig) -> dict[str, Any]:
             continue
         out[dom] = {}
         for inp in ("struct", "embed", "both"):
-            if inp != "struct" and d.E is None:
+            if inp != "struct" and not has_inputs(d, "embed"):
                 continue
             pl, pf = cross_validate(d, cfg, inp)
             ev = evidence(d, pl, pf, cfg.model_copy(update={"n_boot": min(cfg.n_boot, 50)}))
@@ -128,7 +130,7 @@ def ablation(rows: BenefitRows, cfg: BenefitConfig) -> dict[str, Any]:
 def learning_curve(rows: BenefitRows, cfg: BenefitConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
     quick = cfg.model_copy(update={"n_boot": min(cfg.n_boot, 50)})
-    for dom in _domains(rows):
+    for dom in _domains(rows, cfg.inputs):
         d = rows.subset(rows.domain == dom)
         first = d.subset(d.step == cfg.eval_step)
         n_all = len(first)
@@ -159,7 +161,7 @@ def permutation_importance(rows: BenefitRows, cfg: BenefitConfig, repeats: int =
 
     out: dict[str, Any] = {}
     rng = np.random.default_rng(cfg.seed)
-    for dom in _domains(rows):
+    for dom in _domains(rows, cfg.inputs):
         d = rows.subset(rows.domain == dom)
         if int((d.step == cfg.eval_step).sum()) < 10:
             continue
