@@ -285,3 +285,21 @@ def test_domain_mode_metric_says_which_mode_each_domain_runs(bundle):
     text = m.render()[0].decode()
     for dom, d in b.manifest["domains"].items():
         assert f'runroute_domain_mode{{domain="{dom}",mode="{d["mode"]}"}} 1.0' in text
+
+
+def test_benefit_report_files(bundle, tmp_path):
+    from training.benefit_report import write_benefit_report
+
+    _, res = bundle
+    paths = write_benefit_report(res.report["benefit"], tmp_path / "rep")
+    names = {p.name for p in paths}
+    assert {"benefit.json", "benefit.md", "benefit_auc.png"} <= names
+    md = (tmp_path / "rep" / "benefit.md").read_text()
+    for dom in ("airline", "retail", "telecom"):
+        assert f"| {dom} |" in md
+    assert json.loads((tmp_path / "rep" / "benefit.json").read_text())["domains"].keys() == {
+        "airline",
+        "retail",
+        "telecom",
+    }
+    assert (tmp_path / "rep" / "benefit_auc.png").stat().st_size > 5000

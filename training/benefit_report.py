@@ -71,6 +71,15 @@ def benefit_markdown(rep: dict[str, Any]) -> str:
                 for k in ("struct", "embed", "both")
             ]
             lines.append(f"| {dom} | " + " | ".join(cells) + " |")
+    if rep.get("learning_curve"):
+        lines += ["", "## Learning curve: in-domain CV AUC (SE) vs labelled runs", ""]
+        for dom, pts in rep["learning_curve"].items():
+            cells = ", ".join(f"{p['runs']}: {_f(p['auc'])} ({_f(p['auc_se'])})" for p in pts)
+            lines.append(f"- {dom}: {cells}")
+    if rep.get("permutation_importance"):
+        lines += ["", "## Permutation importance (CV AUC drop when the input is shuffled)", ""]
+        for dom, imp in rep["permutation_importance"].items():
+            lines.append(f"- {dom}: " + ", ".join(f"{k} {_f(v)}" for k, v in imp.items()))
     if rep.get("holdout"):
         lines += ["", "## Held-out tasks (the gated bundle)", ""]
         lines += [
