@@ -13,15 +13,24 @@ the serving code path) and labels known only once the run ended:
   completion tokens of steps k..end.
 - ``y_cache``: prompt tokens of step k that hit the local prefix cache. Where the log has
   ``cached_tokens`` (router logs, provider usage) that value; else, for steps with ``hash_ids``
-  (Mooncake, synthetic), a prefix-cache replay (:func:`lru_replay`): all steps of a source with
-  block hashes are replayed in arrival order, one at a time, through one cache of
-  ``cache_capacity_blocks`` blocks, the simulator's node model (``router.core.prefix_cache``): a step
+  (Mooncake, synthetic), a prefix-cache replay (:func:`lru_replay`) through the *deployment's*
+  cache: ``cache_capacity_blocks`` blocks per replica, by default the simulator's own definition for
+  the configured node profile (:func:`node_cache_blocks` = ``router.sim.simconfig.SimConfig.kv_blocks``:
+  ``kv_cache_gb`` / the profile's KV bytes per token / ``block_tokens``; a100-llama-3-8b at 16 GB:
+  238 blocks = 122k tokens), and ``replicas`` such caches. A run is pinned to one replica (a stable
+  crc32 of its run id, as the router pins runs); all steps of a source with block hashes that land on
+  one replica are replayed in arrival order, one at a time, through that replica's cache, the
+  simulator's node model (``router.core.prefix_cache``): a step
   hits the leading run of its full prompt blocks still cached (``* block_tokens``, at most prompt - 1
   tokens, as vLLM computes the last prompt token), writes its other blocks, and on release leaves
   them cached, tail first in the LRU order, so a prefix outlives its suffix. The replay also gives
   the feature ``local_cache_pressure`` = blocks newly inserted into the cache since this run's
   previous step / capacity, clipped to [0, 1] (``router.core.prefix_cache.turnover``; NaN on a run's
   first step): with the tool pause, it decides whether the run's blocks survived. Otherwise NaN.
+  **Synthetic cache labels never outweigh real ones**: when any step of a non-synthetic source has a
+  cache label (logged ``cached_tokens`` or a replayed real trace), the replayed labels of the
+  ``synthetic_sources`` are dropped (NaN: excluded from the cache model, their features still
+  train the other models); synthetic labels are used only where no real one exists.
 - ``group``: the CV group, the run's ``task_id`` (steps of one task never straddle folds, whatever
   run or source they come from), else its ``run_id``.
 
@@ -29,12 +38,14 @@ Router logs close the loop: when a logged step carries a feature vector of the c
 request-only fields (``new_n_tools_offered``, ``new_wants_json``, ``local_cache_pressure``), which
 the run log does not otherwise store, are taken from it.
 
-Knobs: ``cache_capacity_blocks``, ``block_tokens``, ``outcome_fallback``.
+Knobs: ``cache_capacity_blocks`` (None: :func:`node_cache_blocks` of ``node_gpu`` / ``node_profile``
+/ ``kv_cache_gb``), ``replicas``, ``block_tokens``, ``synthetic_sources``, ``outcome_fallback``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +56,9 @@ from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES, ex
 from features.runlog import RunLog
 from router.core.prefix_cache import PrefixCache, turnover
 
-__all__ = ["Dataset", "build_dataset", "lru_replay"]
+__all__ = ["Dataset", "build_dataset", "lru_replay", "node_cache_blocks", "SYNTHETIC_SOURCES"]
+
+SYNTHETIC_SOURCES: tuple[str, ...] = ("synthetic",)  # features.generate writes source "synthetic"
 
 _F = {n: i for i, n in enumerate(FEATURE_NAMES)}
 
@@ -125,6 +138,24 @@ def lru_replay(
     return hits, pressure
 
 
+def node_cache_blocks(
+    node_gpu: str = "a100", node_profile: str | None = None, kv_cache_gb: float = 16.0, block_tokens: int = 512
+) -> int:
+    """KV blocks of one replica of the node profile: the simulator's own definition
+    (``SimConfig.kv_blocks``), so training's cache labels and the what-if deployment agree."""
+    from router.sim.profiles import load_profile
+    from router.sim.simconfig import SimConfig
+
+    prof = load_profile(node_profile, node_gpu)
+    return SimConfig(profile=prof, kv_cache_gb=kv_cache_gb, block_tokens=block_tokens).kv_blocks()
+
+
+def _replica_of(run_ids: list[str], replicas: int) -> np.ndarray:
+    if replicas <= 1:
+        return np.zeros(len(run_ids), dtype=np.int64)
+    return np.array([zlib.crc32(r.encode()) % replicas for r in run_ids], dtype=np.int64)
+
+
 def _frontier_labels(runs: pd.DataFrame, outcome_fallback: bool) -> dict[str, float]:
     out: dict[str, float] = {}
     if runs.empty:
@@ -144,9 +175,14 @@ def _frontier_labels(runs: pd.DataFrame, outcome_fallback: bool) -> dict[str, fl
 def build_dataset(
     log: RunLog,
     *,
-    cache_capacity_blocks: int = 8192,
+    cache_capacity_blocks: int | None = None,
     block_tokens: int = 512,
     outcome_fallback: bool = True,
+    replicas: int = 1,
+    node_gpu: str = "a100",
+    node_profile: str | None = None,
+    kv_cache_gb: float = 16.0,
+    synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
 ) -> Dataset:
     """Rows and labels from a :class:`~features.runlog.RunLog`; see the module docstring."""
     steps = log.steps
@@ -178,14 +214,17 @@ def build_dataset(
     y_cache[has_cached] = cached[has_cached]
     hl = steps["hash_ids"] if "hash_ids" in steps.columns else pd.Series([None] * n)
     has_hash = hl.notna().to_numpy() & ~has_cached
+    src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
     if has_hash.any():
-        src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
+        if cache_capacity_blocks is None:
+            cache_capacity_blocks = node_cache_blocks(node_gpu, node_profile, kv_cache_gb, block_tokens)
+        replica = _replica_of(run_ids.tolist(), replicas)
         arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
         prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
         completion = np.nan_to_num(steps["completion_tokens"].to_numpy(dtype=np.float64), nan=0.0)
         hash_vals = hl.tolist()
-        for s in sorted(set(src[has_hash])):
-            idx = np.flatnonzero(has_hash & (src == s))
+        for s, r in sorted({(str(a), int(b)) for a, b in zip(src[has_hash], replica[has_hash], strict=True)}):
+            idx = np.flatnonzero(has_hash & (src == s) & (replica == r))
             order = idx[np.lexsort((pos[idx], np.nan_to_num(arrival[idx], nan=np.inf)))]
             hits, pr = lru_replay(
                 [hash_vals[i] for i in order],
@@ -197,6 +236,9 @@ def build_dataset(
             )
             y_cache[order] = hits
             pressure[order] = pr
+    synthetic = np.isin(src, list(synthetic_sources))
+    if (~np.isnan(y_cache) & ~synthetic).any():  # real labels exist: synthetic ones never outweigh them
+        y_cache[synthetic] = np.nan
 
     # request-only fields from router-logged feature vectors of this spec
     logged = np.zeros(n, dtype=bool)

@@ -139,7 +139,14 @@ def train_on_log(
 
     t = lap("read_s", t0)
     say(f"building features ({len(log.steps)} steps)")
-    ds = build_dataset(log, cache_capacity_blocks=cfg.cache_capacity_blocks, block_tokens=cfg.block_tokens)
+    ds = build_dataset(
+        log,
+        cache_capacity_blocks=cfg.cache_capacity_blocks,
+        block_tokens=cfg.block_tokens,
+        replicas=cfg.cache_replicas,
+        node_gpu=cfg.node_gpu,
+        kv_cache_gb=cfg.kv_cache_gb,
+    )
     t = lap("features_s", t)
     large = len(ds) >= cfg.large_data_rows
     if large:
