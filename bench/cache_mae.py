@@ -45,12 +45,20 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def heldout_rows(log: Any, share: float) -> tuple[Any, np.ndarray, float]:
-    """The dataset of the whole trace (deployment cache) and the mask of held-out rows by time."""
+def demo_config(work: Path, kv_cache_gb: float | None = None) -> Any:
+    """The demo's config (MLflow off), its simulated deployment's KV GB per replica overridden."""
     from runroute.demo import DemoConfig
+
+    cfg = DemoConfig(out=work, mlflow=False)
+    if kv_cache_gb is not None:
+        cfg = cfg.model_copy(update={"sim": cfg.sim.model_copy(update={"kv_cache_gb": kv_cache_gb})})
+    return cfg
+
+
+def heldout_rows(log: Any, share: float, sim: Any) -> tuple[Any, np.ndarray, float]:
+    """The dataset of the whole trace (deployment cache) and the mask of held-out rows by time."""
     from training.dataset import build_dataset
 
-    sim = DemoConfig().sim
     ds = build_dataset(log, replicas=sim.replicas, node_gpu=sim.gpu, kv_cache_gb=sim.kv_cache_gb)
     st = log.steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
     arrival = st["arrival_s"].to_numpy(dtype=np.float64)
@@ -63,14 +71,14 @@ def heldout_rows(log: Any, share: float) -> tuple[Any, np.ndarray, float]:
     return ds, arrival >= cut, cut
 
 
-def demo_bundle(work: Path, say: Any) -> Any:
+def demo_bundle(cfg: Any, say: Any) -> Any:
     """Train the bundle as ``make demo`` does (its split and training config, MLflow off)."""
     from features.runlog import read_runlog
     from features.samples import samples_dir
-    from runroute.demo import DemoConfig, _train
+    from runroute.demo import _train
     from training.eval.split import split_by_task
 
-    cfg = DemoConfig(out=work, mlflow=False)
+    work = Path(cfg.out)
     files = sorted(samples_dir().glob("*.parquet"))
     log = read_runlog([str(f) for f in files])
     split_by_task(
@@ -131,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bundle", type=Path, default=None, help="a bundle dir (default: train as make demo)")
     ap.add_argument("--out", type=Path, default=Path("runroute-report"))
     ap.add_argument("--holdout-share", type=float, default=0.2)
+    ap.add_argument(
+        "--kv-cache-gb",
+        type=float,
+        default=None,
+        help="sensitivity: KV GB per replica of the deployment (labels of training AND held-out; default the demo's)",
+    )
     ap.add_argument("--json", action="store_true", help="print the JSON figures")
     a = ap.parse_args(argv)
     from rich.console import Console
@@ -145,13 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     with con.status("importing the Mooncake conversation trace"):
         log = RunLog.from_frame(import_mooncake(a.data / "mooncake" / "conversation_trace.jsonl"))
     with con.status("replaying the trace through the deployment's cache"):
-        ds, hold, cut = heldout_rows(log, a.holdout_share)
+        sim = demo_config(a.out, a.kv_cache_gb).sim
+        ds, hold, cut = heldout_rows(log, a.holdout_share, sim)
     sources: dict[str, int] = {}
     if a.bundle is not None:
         bundle = ModelBundle.load(a.bundle)
     else:
         with tempfile.TemporaryDirectory() as d, con.status("training the bundle as make demo does") as s:
-            bundle, sources = demo_bundle(Path(d), lambda m: s.update(f"training: {m}"))
+            cfg = demo_config(Path(d), a.kv_cache_gb)
+            bundle, sources = demo_bundle(cfg, lambda m: s.update(f"training: {m}"))
     if bundle.cache_reuse is None:
         raise SystemExit("the bundle has no cache-reuse model")
     X, m = ds.X[hold], ds.meta[hold]
@@ -166,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     res.update(
         cut_s=cut,
         holdout_share=a.holdout_share,
+        deployment={"gpu": sim.gpu, "kv_cache_gb": sim.kv_cache_gb, "replicas": sim.replicas},
         bundle_version=bundle.version,
         training_steps_by_source=sources,
         beats_both=bool(
@@ -173,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         ),
         seconds=round(time.perf_counter() - t, 1),
     )
-    tab = Table(title=f"cache-reuse MAE, Mooncake conversation trace, steps arriving after {cut:.0f} s")
+    tab = Table(
+        title=f"cache-reuse MAE, Mooncake conversation trace, steps arriving after {cut:.0f} s; deployment "
+        f"{sim.replicas} x {sim.gpu} {sim.kv_cache_gb:g} GB KV"
+    )
     for c in ("predictor", "MAE tokens", "± SE", "hit share"):
         tab.add_column(c, justify="left" if c == "predictor" else "right")
     tab.add_row("actual (replayed deployment cache)", "", "", f"{res['actual_hit_share']:.3f}")
