@@ -34,11 +34,27 @@ the serving code path) and labels known only once the run ended:
 - ``group``: the CV group, the run's ``task_id`` (steps of one task never straddle folds, whatever
   run or source they come from), else its ``run_id``.
 
+**No source from missingness** (the escalation model's rows): a feature that is missing at
+different rates in different sources (tau-bench has no timestamps, so ``time_since_start_s`` /
+``tool_pause_s`` / ``tool_pause_mean_s`` are NaN in every tau-bench row and almost never elsewhere;
+``local_cache_pressure`` exists only where a cache replay or router log gives it) tells the model
+*which dataset* a run came from, and the label base rates differ by dataset. Among the rows with a
+``y_frontier`` label, every feature whose missing share differs between two sources (each with at
+least ``min_source_rows`` rows) by more than ``missing_rate_tol`` is masked to missing in *every*
+labelled row of the escalation model's matrix (:meth:`Dataset.escalation_X`; the names in
+``Dataset.escalation_masked``): the trees never split on it, so at serving time its value is
+ignored. That is dropping, chosen over equalising the rates by random masking: the differing
+features here are missing in *all* rows of one source (equalising would mask them everywhere anyway),
+and independent random masks would leave joint patterns a classifier can still read. Structural
+missingness that every source shares (the first step has no pause) is kept. The other models
+(cache reuse, remaining work) see the unmasked ``X``. ``tests/test_missingness.py`` checks that a
+classifier cannot tell the source from the missingness pattern of :meth:`Dataset.escalation_X`.
+
 Router logs close the loop: when a logged step carries a feature vector of the current spec, its
 request-only fields (``new_n_tools_offered``, ``new_wants_json``, ``local_cache_pressure``), which
 the run log does not otherwise store, are taken from it.
 
-Knobs: ``cache_capacity_blocks`` (None: :func:`node_cache_blocks` of ``node_gpu`` / ``node_profile``
+Knobs: ``missing_rate_tol`` (0.05), ``min_source_rows`` (50), ``cache_capacity_blocks`` (None: :func:`node_cache_blocks` of ``node_gpu`` / ``node_profile``
 / ``kv_cache_gb``), ``replicas``, ``block_tokens``, ``synthetic_sources``, ``outcome_fallback``.
 """
 
@@ -56,7 +72,15 @@ from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES, ex
 from features.runlog import RunLog
 from router.core.prefix_cache import PrefixCache, turnover
 
-__all__ = ["Dataset", "build_dataset", "lru_replay", "node_cache_blocks", "SYNTHETIC_SOURCES"]
+__all__ = [
+    "Dataset",
+    "build_dataset",
+    "lru_replay",
+    "node_cache_blocks",
+    "missingness_masked",
+    "source_missing_shares",
+    "SYNTHETIC_SOURCES",
+]
 
 SYNTHETIC_SOURCES: tuple[str, ...] = ("synthetic",)  # features.generate writes source "synthetic"
 
@@ -70,6 +94,16 @@ class Dataset:
 
     X: np.ndarray
     meta: pd.DataFrame
+    escalation_masked: tuple[str, ...] = ()  # features masked to NaN for the escalation model
+
+    def escalation_X(self) -> np.ndarray:
+        """``X`` with the :attr:`escalation_masked` features set to NaN: what the escalation model
+        trains on (module docstring: no source from missingness)."""
+        if not self.escalation_masked:
+            return self.X
+        Xe = self.X.copy()
+        Xe[:, [_F[n] for n in self.escalation_masked]] = np.nan
+        return Xe
 
     def __len__(self) -> int:
         return len(self.meta)
@@ -79,7 +113,7 @@ class Dataset:
         return int(self.meta["run_id"].nunique())
 
     def subset(self, mask: np.ndarray) -> Dataset:
-        return Dataset(self.X[mask], self.meta[mask].reset_index(drop=True))
+        return Dataset(self.X[mask], self.meta[mask].reset_index(drop=True), self.escalation_masked)
 
     def sha256(self) -> str:
         """Hash of the features, labels and groups (the bundle's ``training_data_sha256``)."""
@@ -156,6 +190,24 @@ def _replica_of(run_ids: list[str], replicas: int) -> np.ndarray:
     return np.array([zlib.crc32(r.encode()) % replicas for r in run_ids], dtype=np.int64)
 
 
+def source_missing_shares(X: np.ndarray, source: np.ndarray, min_rows: int = 1) -> pd.DataFrame:
+    """Share of NaN per feature (columns) and source (rows), sources with >= ``min_rows`` rows."""
+    srcs = [s for s in sorted(set(source.tolist())) if int((source == s).sum()) >= min_rows]
+    data = {s: np.isnan(X[source == s]).mean(axis=0) for s in srcs}
+    return pd.DataFrame(data, index=list(FEATURE_NAMES)).T
+
+
+def missingness_masked(
+    X: np.ndarray, source: np.ndarray, tol: float = 0.05, min_rows: int = 50
+) -> tuple[str, ...]:
+    """Features whose missing share differs between sources by more than ``tol``."""
+    sh = source_missing_shares(X, source, min_rows)
+    if len(sh) < 2:
+        return ()
+    spread = sh.max(axis=0) - sh.min(axis=0)
+    return tuple(n for n in FEATURE_NAMES if spread[n] > tol)
+
+
 def _frontier_labels(runs: pd.DataFrame, outcome_fallback: bool) -> dict[str, float]:
     out: dict[str, float] = {}
     if runs.empty:
@@ -183,6 +235,8 @@ def build_dataset(
     node_profile: str | None = None,
     kv_cache_gb: float = 16.0,
     synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
+    missing_rate_tol: float = 0.05,
+    min_source_rows: int = 50,
 ) -> Dataset:
     """Rows and labels from a :class:`~features.runlog.RunLog`; see the module docstring."""
     steps = log.steps
@@ -278,4 +332,6 @@ def build_dataset(
             "y_rem_tokens": rem_tok,
         }
     )
-    return Dataset(X=X, meta=meta)
+    lab = meta["y_frontier"].notna().to_numpy()
+    masked = missingness_masked(X[lab], meta["source"].to_numpy(dtype=object)[lab], missing_rate_tol, min_source_rows)
+    return Dataset(X=X, meta=meta, escalation_masked=masked)
