@@ -123,7 +123,9 @@ def plot(res: dict[str, Any], path: Path) -> None:
     a.set_ylabel("MAE (tokens per step)")
     a.set_title(f"cache reuse, held-out Mooncake ({res['n_steps']} steps)")
     share = [res[k]["hit_share"] for k in names]
-    b.bar(["actual", *names], [res["actual_hit_share"], *share], color=["k", "C0", "C7", "C3"][: len(names) + 1])
+    b.bar(
+        ["actual", *names], [res["actual_hit_share"], *share], color=["k", "C0", "C7", "C3"][: len(names) + 1]
+    )
     b.set_ylabel("hit share (cached / prompt tokens)")
     b.set_ylim(0, 1)
     b.set_title("hit share: predicted vs actual")
@@ -186,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         bundle_version=bundle.version,
         training_steps_by_source=sources,
         beats_both=bool(
-            res["bundle"]["mae_tokens"] < min(res["predict_0"]["mae_tokens"], res["prefix_bound"]["mae_tokens"])
+            res["bundle"]["mae_tokens"]
+            < min(res["predict_0"]["mae_tokens"], res["prefix_bound"]["mae_tokens"])
         ),
         seconds=round(time.perf_counter() - t, 1),
     )

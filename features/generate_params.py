@@ -90,7 +90,7 @@ class GeneratorParams:
     tool_result_tokens_median: float = 167.0
     tool_result_tokens_sigma: float = 0.9
     turn_overhead_tokens: int = 8
-    growth_coef: float = 0.055  # tau-bench: non-error tool results ~8% bigger in failed runs (log ratio 0.081)
+    growth_coef: float = 0.055  # tau-bench: tool results ~8% bigger in failed runs (log ratio 0.081)
     hash_ids: bool = True
     # observable failure signals
     tool_error_rate: float = 0.063

@@ -34,11 +34,11 @@ def _auc_se_at_half(n_pos: int, n_neg: int) -> float:
 
 @pytest.fixture(scope="module")
 def dataset():
-    real = read_runlog([str(sample_path("taubench_airline.parquet")), str(sample_path("tau2bench_airline.parquet"))])
-    syn = RunLog.from_frame(generate(200, seed=7))
-    log = RunLog.from_frame(
-        pd.concat([real.runs, real.steps, syn.runs, syn.steps], ignore_index=True)
+    real = read_runlog(
+        [str(sample_path("taubench_airline.parquet")), str(sample_path("tau2bench_airline.parquet"))]
     )
+    syn = RunLog.from_frame(generate(200, seed=7))
+    log = RunLog.from_frame(pd.concat([real.runs, real.steps, syn.runs, syn.steps], ignore_index=True))
     ds = build_dataset(log)
     lab = ds.meta["y_frontier"].notna().to_numpy()
     return ds.subset(lab)
@@ -81,7 +81,9 @@ def test_source_not_predictable_from_missingness(dataset):
     # before the fix the missingness pattern gives tau-bench away
     assert before["taubench"][0] > 0.9
     for s, (auc, se) in after.items():
-        assert auc <= 0.5 + 2 * se, f"{s} identifiable from missingness: AUC {auc:.3f} > 0.5 + 2 SE ({se:.3f})"
+        assert auc <= 0.5 + 2 * se, (
+            f"{s} identifiable from missingness: AUC {auc:.3f} > 0.5 + 2 SE ({se:.3f})"
+        )
 
 
 def test_masked_features_have_equal_missing_shares_after(dataset):

@@ -173,7 +173,10 @@ def lru_replay(
 
 
 def node_cache_blocks(
-    node_gpu: str = "a100", node_profile: str | None = None, kv_cache_gb: float = 16.0, block_tokens: int = 512
+    node_gpu: str = "a100",
+    node_profile: str | None = None,
+    kv_cache_gb: float = 16.0,
+    block_tokens: int = 512,
 ) -> int:
     """KV blocks of one replica of the node profile: the simulator's own definition
     (``SimConfig.kv_blocks``), so training's cache labels and the what-if deployment agree."""
@@ -333,5 +336,7 @@ def build_dataset(
         }
     )
     lab = meta["y_frontier"].notna().to_numpy()
-    masked = missingness_masked(X[lab], meta["source"].to_numpy(dtype=object)[lab], missing_rate_tol, min_source_rows)
+    masked = missingness_masked(
+        X[lab], meta["source"].to_numpy(dtype=object)[lab], missing_rate_tol, min_source_rows
+    )
     return Dataset(X=X, meta=meta, escalation_masked=masked)

@@ -1,0 +1,111 @@
+"""Cache-reuse labels come from the deployment's cache (issue 14, item 6): the replay's capacity is the
+node profile's (the simulator's own KV-block definition), one cache per replica; logged
+``cached_tokens`` win; synthetic labels never outweigh real ones."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from features.runlog import RunLog, records_to_frame
+from features.schema import Run, Step
+from router.sim.profiles import load_profile
+from router.sim.simconfig import SimConfig
+from training.dataset import build_dataset, node_cache_blocks
+
+
+def test_node_cache_blocks_is_the_simulators_kv_capacity():
+    for gpu, gb in (("a100", 16.0), ("a100", 64.0), ("h100", 16.0)):
+        sim = SimConfig(profile=load_profile(None, gpu), kv_cache_gb=gb, block_tokens=512)
+        assert node_cache_blocks(gpu, kv_cache_gb=gb) == sim.kv_blocks()
+    # a100-llama-3-8b: 131072 bytes per token -> 16 GB hold 122k tokens = 238 blocks of 512, not 8192
+    assert node_cache_blocks() == 238
+    assert node_cache_blocks(kv_cache_gb=32.0) == int(32e9 // 131072) // 512 == 476
+
+
+def _two_runs(src_a: str = "mooncake", src_b: str = "mooncake", ids: tuple[str, str] = ("a", "b")) -> RunLog:
+    """Run a: 100 blocks, then run b writes 200 blocks, then run a again (its 100 blocks + 1)."""
+    a, b = ids
+    recs: list = [Run(run_id=a, source=src_a), Run(run_id=b, source=src_b)]
+    pa = list(range(1, 101))
+    recs.append(
+        Step(run_id=a, step=0, arrival_s=0.0, prompt_tokens=100 * 512, completion_tokens=0, hash_ids=pa)
+    )
+    recs.append(
+        Step(
+            run_id=b,
+            step=0,
+            arrival_s=1.0,
+            prompt_tokens=200 * 512,
+            completion_tokens=0,
+            hash_ids=list(range(1000, 1200)),
+        )
+    )
+    recs.append(
+        Step(
+            run_id=a,
+            step=1,
+            arrival_s=2.0,
+            tool_pause_s=1.0,
+            prompt_tokens=101 * 512,
+            completion_tokens=0,
+            hash_ids=[*pa, 5000],
+        )
+    )
+    return RunLog.from_frame(records_to_frame(recs))
+
+
+def _hit(ds, run: str, step: int) -> float:
+    m = ds.meta
+    return float(m.loc[(m["run_id"] == run) & (m["step"] == step), "y_cache"].iloc[0])
+
+
+def test_default_replay_uses_the_node_profile_not_a_4m_token_cache():
+    log = _two_runs()
+    small = build_dataset(log)  # 238 blocks: b's 200 blocks evict a's tail, 38 leading blocks survive
+    assert _hit(small, "a", 1) == 38 * 512
+    assert _hit(build_dataset(log, cache_capacity_blocks=8192), "a", 1) == 100 * 512
+    # the larger deployment of the same profile keeps everything
+    assert _hit(build_dataset(log, kv_cache_gb=64.0), "a", 1) == 100 * 512
+
+
+def test_each_replica_has_its_own_cache():
+    # two run ids that crc32 pins to different replicas: b's blocks land in the other cache
+    ids = next(
+        (f"a{i}", f"b{j}")
+        for i in range(50)
+        for j in range(50)
+        if zlib.crc32(f"a{i}".encode()) % 2 != zlib.crc32(f"b{j}".encode()) % 2
+    )
+    log = _two_runs(ids=ids)
+    assert _hit(build_dataset(log, replicas=2), ids[0], 1) == 100 * 512
+    assert _hit(build_dataset(log, replicas=1), ids[0], 1) == 38 * 512
+
+
+def test_synthetic_cache_labels_are_dropped_when_real_ones_exist():
+    only_syn = build_dataset(_two_runs("synthetic", "synthetic"))
+    assert only_syn.meta["y_cache"].notna().all()  # no real label: synthetic ones are used
+    mixed = build_dataset(_two_runs("mooncake", "synthetic"))
+    m = mixed.meta
+    assert m.loc[m["source"] == "synthetic", "y_cache"].isna().all()
+    assert m.loc[m["source"] == "mooncake", "y_cache"].notna().all()
+    # logged cached_tokens (router logs) count as real too
+    recs = [
+        Run(run_id="r", source="router"),
+        Step(run_id="r", step=0, prompt_tokens=1000, completion_tokens=5, cached_tokens=512),
+        Run(run_id="s", source="synthetic"),
+        Step(run_id="s", step=0, prompt_tokens=1024, completion_tokens=5, hash_ids=[1, 2]),
+    ]
+    ds = build_dataset(RunLog.from_frame(records_to_frame(recs)))
+    assert ds.meta["y_cache"].tolist()[0] == 512 and np.isnan(ds.meta["y_cache"].tolist()[1])
+
+
+def test_training_config_follows_the_deployment():
+    from training.train import TrainConfig
+
+    cfg = TrainConfig(runs=["x"], out="y")
+    assert cfg.cache_capacity_blocks is None and cfg.kv_cache_gb == 16.0 and cfg.cache_replicas == 2
+    with pytest.raises(ValueError):
+        TrainConfig(runs=["x"], out="y", kv_cache_gb=0)
