@@ -4,7 +4,9 @@ node profile's (the simulator's own KV-block definition), one cache per replica;
 
 from __future__ import annotations
 
+import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -109,3 +111,36 @@ def test_training_config_follows_the_deployment():
     assert cfg.cache_capacity_blocks is None and cfg.kv_cache_gb == 16.0 and cfg.cache_replicas == 2
     with pytest.raises(ValueError):
         TrainConfig(runs=["x"], out="y", kv_cache_gb=0)
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.mark.skipif(
+    not (SHARED / "mooncake" / "conversation_trace.jsonl").exists(), reason="no ../shared/data"
+)
+def test_cache_bench_holds_out_the_last_fifth_by_time_and_never_the_training_sample():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    try:
+        import cache_mae
+    finally:
+        sys.path.pop(0)
+    from features.importers.mooncake import import_mooncake
+    from features.runlog import read_runlog
+    from features.samples import sample_path
+    from runroute.demo import DemoConfig
+
+    log = RunLog.from_frame(import_mooncake(SHARED / "mooncake" / "conversation_trace.jsonl"))
+    ds, hold, cut = cache_mae.heldout_rows(log, 0.2, DemoConfig().sim)
+    st = log.steps.sort_values(["run_id", "step"], kind="stable")
+    arrival = st["arrival_s"].to_numpy(dtype=np.float64)
+    assert cut == pytest.approx(arrival.max() - 0.2 * (arrival.max() - arrival.min()))
+    assert (arrival[hold] >= cut).all() and 0.15 < hold.mean() < 0.3
+    # the demo trains on the shipped sample: the first 20 minutes, all before the cut
+    sample = read_runlog([str(sample_path("mooncake_20min.parquet"))])
+    assert float(sample.steps["arrival_s"].max()) < cut
+    # held-out labels: the deployment's cache never reports more than the infinite-cache bound
+    y = ds.meta["y_cache"].to_numpy()[hold]
+    assert (y <= ds.meta["prefix_reuse_tokens"].to_numpy()[hold] + 1e-9).all()
+    f = cache_mae.figures(y, ds.meta["prompt_tokens"].to_numpy()[hold], {"zero": np.zeros(len(y))})
+    assert f["zero"]["mae_tokens"] == pytest.approx(float(y.mean())) and f["zero"]["hit_share"] == 0.0
