@@ -86,22 +86,29 @@ def test_each_replica_has_its_own_cache():
     assert _hit(build_dataset(log, replicas=1), ids[0], 1) == 38 * 512
 
 
-def test_synthetic_cache_labels_are_dropped_when_real_ones_exist():
+def test_synthetic_cache_labels_never_outweigh_real_ones():
     only_syn = build_dataset(_two_runs("synthetic", "synthetic"))
     assert only_syn.meta["y_cache"].notna().all()  # no real label: synthetic ones are used
-    mixed = build_dataset(_two_runs("mooncake", "synthetic"))
-    m = mixed.meta
+    dropped = build_dataset(_two_runs("mooncake", "synthetic"), synthetic_cache_share=0.0)
+    m = dropped.meta
     assert m.loc[m["source"] == "synthetic", "y_cache"].isna().all()
     assert m.loc[m["source"] == "mooncake", "y_cache"].notna().all()
-    # logged cached_tokens (router logs) count as real too
-    recs = [
-        Run(run_id="r", source="router"),
-        Step(run_id="r", step=0, prompt_tokens=1000, completion_tokens=5, cached_tokens=512),
-        Run(run_id="s", source="synthetic"),
-        Step(run_id="s", step=0, prompt_tokens=1024, completion_tokens=5, hash_ids=[1, 2]),
+    # one real run of 3 steps, 20 synthetic runs of 1 step: at most 3 synthetic labels, whole runs
+    recs: list = [Run(run_id="r", source="router")]
+    recs += [
+        Step(run_id="r", step=k, prompt_tokens=1000, completion_tokens=5, cached_tokens=512) for k in range(3)
     ]
-    ds = build_dataset(RunLog.from_frame(records_to_frame(recs)))
-    assert ds.meta["y_cache"].tolist()[0] == 512 and np.isnan(ds.meta["y_cache"].tolist()[1])
+    for i in range(20):
+        recs.append(Run(run_id=f"s{i}", source="synthetic"))
+        recs.append(Step(run_id=f"s{i}", step=0, prompt_tokens=1024, completion_tokens=5, hash_ids=[1, 2]))
+    log = RunLog.from_frame(records_to_frame(recs))
+    for share, most in ((1.0, 3), (0.5, 1)):
+        m = build_dataset(log, synthetic_cache_share=share).meta
+        syn = m.loc[m["source"] == "synthetic", "y_cache"]
+        assert int(syn.notna().sum()) == most
+        assert m.loc[m["source"] == "router", "y_cache"].tolist() == [512.0] * 3  # logged cached_tokens
+    a = build_dataset(log).meta
+    assert a["y_cache"].isna().tolist() == build_dataset(log).meta["y_cache"].isna().tolist()  # deterministic
 
 
 def test_training_config_follows_the_deployment():
