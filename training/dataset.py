@@ -86,6 +86,7 @@ __all__ = [
     "lru_replay",
     "node_cache_blocks",
     "missingness_masked",
+    "replay_cache_labels",
     "source_missing_shares",
     "SYNTHETIC_SOURCES",
 ]
@@ -272,8 +273,12 @@ def build_dataset(
     synthetic_cache_share: float = 1.0,
     missing_rate_tol: float = 0.05,
     min_source_rows: int = 50,
+    cache_labels: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Dataset:
-    """Rows and labels from a :class:`~features.runlog.RunLog`; see the module docstring."""
+    """Rows and labels from a :class:`~features.runlog.RunLog`; see the module docstring.
+
+    ``cache_labels``: (y_cache, pressure) per step in (run, step) order, when the replay, which
+    spans all runs of a source, ran elsewhere; else :func:`replay_cache_labels`."""
     steps = log.steps
     if steps.empty:
         raise ValueError("the run logs hold no step records: nothing to train on")
@@ -295,37 +300,23 @@ def build_dataset(
     )
     rem_tok = pd.Series(tok[::-1]).groupby(run_ids[::-1], sort=False).cumsum().to_numpy()[::-1]
 
-    # cache labels and pressure
-    y_cache = np.full(n, np.nan)
-    pressure = np.full(n, np.nan)
-    cached = pd.to_numeric(steps["cached_tokens"], errors="coerce").to_numpy(dtype=np.float64)
-    has_cached = ~np.isnan(cached)
-    y_cache[has_cached] = cached[has_cached]
-    hl = steps["hash_ids"] if "hash_ids" in steps.columns else pd.Series([None] * n)
-    has_hash = hl.notna().to_numpy() & ~has_cached
-    src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
-    if has_hash.any():
-        if cache_capacity_blocks is None:
-            cache_capacity_blocks = node_cache_blocks(node_gpu, node_profile, kv_cache_gb, block_tokens)
-        replica = _replica_of(run_ids.tolist(), replicas)
-        arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
-        prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
-        completion = np.nan_to_num(steps["completion_tokens"].to_numpy(dtype=np.float64), nan=0.0)
-        hash_vals = hl.tolist()
-        for s, r in sorted({(str(a), int(b)) for a, b in zip(src[has_hash], replica[has_hash], strict=True)}):
-            idx = np.flatnonzero(has_hash & (src == s) & (replica == r))
-            order = idx[np.lexsort((pos[idx], np.nan_to_num(arrival[idx], nan=np.inf)))]
-            hits, pr = lru_replay(
-                [hash_vals[i] for i in order],
-                [run_ids[i] for i in order],
-                prompt[order],
-                cache_capacity_blocks,
-                block_tokens,
-                completion[order],
-            )
-            y_cache[order] = hits
-            pressure[order] = pr
-    _cap_synthetic_labels(y_cache, src, run_ids, synthetic_sources, synthetic_cache_share)
+    # cache labels and pressure (given: computed elsewhere over all runs, e.g. a Dask task)
+    y_cache, pressure = (
+        cache_labels
+        if cache_labels is not None
+        else replay_cache_labels(
+            steps,
+            run_src,
+            cache_capacity_blocks,
+            block_tokens,
+            replicas=replicas,
+            node_gpu=node_gpu,
+            node_profile=node_profile,
+            kv_cache_gb=kv_cache_gb,
+            synthetic_sources=synthetic_sources,
+            synthetic_cache_share=synthetic_cache_share,
+        )
+    )
 
     # request-only fields from router-logged feature vectors of this spec
     logged = np.zeros(n, dtype=bool)
@@ -370,3 +361,55 @@ def build_dataset(
         X[lab], meta["source"].to_numpy(dtype=object)[lab], missing_rate_tol, min_source_rows
     )
     return Dataset(X=X, meta=meta, escalation_masked=masked)
+
+
+def replay_cache_labels(
+    steps: pd.DataFrame,
+    run_src: dict[str, str],
+    cache_capacity_blocks: int | None,
+    block_tokens: int,
+    *,
+    replicas: int = 1,
+    node_gpu: str = "a100",
+    node_profile: str | None = None,
+    kv_cache_gb: float = 16.0,
+    synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
+    synthetic_cache_share: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(y_cache, local_cache_pressure)`` per row of ``steps`` (sorted by run, then step): the
+    logged ``cached_tokens`` where present, else the per-source, per-replica LRU replay through the
+    deployment's cache; synthetic labels capped (the module docstring)."""
+    n = len(steps)
+    run_ids = steps["run_id"].astype(str).to_numpy()
+    pos = steps.groupby("run_id", sort=False).cumcount().to_numpy()
+    y_cache = np.full(n, np.nan)
+    pressure = np.full(n, np.nan)
+    cached = pd.to_numeric(steps["cached_tokens"], errors="coerce").to_numpy(dtype=np.float64)
+    has_cached = ~np.isnan(cached)
+    y_cache[has_cached] = cached[has_cached]
+    hl = steps["hash_ids"] if "hash_ids" in steps.columns else pd.Series([None] * n)
+    has_hash = hl.notna().to_numpy() & ~has_cached
+    src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
+    if has_hash.any():
+        if cache_capacity_blocks is None:
+            cache_capacity_blocks = node_cache_blocks(node_gpu, node_profile, kv_cache_gb, block_tokens)
+        replica = _replica_of(run_ids.tolist(), replicas)
+        arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
+        prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
+        completion = np.nan_to_num(steps["completion_tokens"].to_numpy(dtype=np.float64), nan=0.0)
+        hash_vals = hl.tolist()
+        for s, r in sorted({(str(a), int(b)) for a, b in zip(src[has_hash], replica[has_hash], strict=True)}):
+            idx = np.flatnonzero(has_hash & (src == s) & (replica == r))
+            order = idx[np.lexsort((pos[idx], np.nan_to_num(arrival[idx], nan=np.inf)))]
+            hits, pr = lru_replay(
+                [hash_vals[i] for i in order],
+                [run_ids[i] for i in order],
+                prompt[order],
+                cache_capacity_blocks,
+                block_tokens,
+                completion[order],
+            )
+            y_cache[order] = hits
+            pressure[order] = pr
+    _cap_synthetic_labels(y_cache, src, run_ids, synthetic_sources, synthetic_cache_share)
+    return y_cache, pressure
