@@ -183,6 +183,8 @@ def train_on_log(
         "sources": {k: int(v) for k, v in ds.meta["source"].value_counts().items()},
         "data_sha256": ds.sha256(),
         "escalation_masked_features": list(ds.escalation_masked),
+        # which data the escalation figures rest on (synthetic alone is never evidence: issue 14)
+        "escalation_rows_by_source": {k: int(v) for k, v in m.loc[esc_rows, "source"].value_counts().items()},
         "config": json.loads(cfg.model_dump_json()),
     }
     oof: dict[str, Any] = {}
