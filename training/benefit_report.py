@@ -74,8 +74,8 @@ def benefit_markdown(rep: dict[str, Any]) -> str:
     if rep.get("learning_curve"):
         lines += ["", "## Learning curve: in-domain CV AUC (SE) vs labelled runs", ""]
         for dom, pts in rep["learning_curve"].items():
-            cells = ", ".join(f"{p['runs']}: {_f(p['auc'])} ({_f(p['auc_se'])})" for p in pts)
-            lines.append(f"- {dom}: {cells}")
+            curve = ", ".join(f"{p['runs']}: {_f(p['auc'])} ({_f(p['auc_se'])})" for p in pts)
+            lines.append(f"- {dom}: {curve}")
     if rep.get("permutation_importance"):
         lines += ["", "## Permutation importance (CV AUC drop when the input is shuffled)", ""]
         for dom, imp in rep["permutation_importance"].items():
