@@ -84,9 +84,21 @@ def get_importer(source: str) -> Callable[..., pd.DataFrame]:
 
 
 def import_source(
-    source: str, path: str | Path, *, strict: bool = False, bad_rows: list[BadRow] | None = None
+    source: str,
+    path: str | Path,
+    *,
+    strict: bool = False,
+    bad_rows: list[BadRow] | None = None,
+    embed: bool = False,
 ) -> pd.DataFrame:
-    """Import ``path`` with the importer for ``source``."""
+    """Import ``path`` with the importer for ``source`` (``embed``: tau2bench only, the task
+    embedding of each run's first user message)."""
+    if embed:
+        if source != "tau2bench":
+            from features.runlog import RunLogError
+
+            raise RunLogError(f"--embed: only tau2bench runs carry a task text to embed (not {source})")
+        return get_importer(source)(path, strict=strict, bad_rows=bad_rows, embed=True)
     return get_importer(source)(path, strict=strict, bad_rows=bad_rows)
 
 

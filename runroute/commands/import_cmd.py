@@ -30,6 +30,17 @@ def register(app: typer.Typer) -> None:
         ] = None,
         strong: Annotated[str | None, typer.Option("--strong", help="strong model for --weak")] = None,
         by_model: Annotated[bool, typer.Option("--by-model", help="one summary column per model")] = False,
+        domain_roles: Annotated[
+            bool,
+            typer.Option(
+                "--domain-roles",
+                help="label every weak run by its own outcome against the best player of its domain "
+                "(--weak: only that player is weak)",
+            ),
+        ] = False,
+        embed: Annotated[
+            bool, typer.Option("--embed", help="tau2bench: store each run's task embedding (C1)")
+        ] = False,
     ) -> None:
         """Import traces (mooncake, taubench, tau2bench, swebench-pro, azure, servegen) into a run log."""
         import time
@@ -45,14 +56,14 @@ def register(app: typer.Typer) -> None:
 
         if source not in SOURCE_NAMES:
             raise CliError(f"unknown source '{source}' (expected one of: {', '.join(SOURCE_NAMES)})")
-        if (weak is None) != (strong is None):
+        if (weak is None) != (strong is None) and not domain_roles:
             raise CliError("--weak and --strong go together")
         if out.suffix not in (".parquet", ".jsonl"):
             raise CliError(f"{out}: output must end in .parquet or .jsonl")
         con = Console(width=None if Console().is_terminal else 120)
         bad: list[BadRow] = []
         t0 = time.perf_counter()
-        frames = [import_source(source, p, strict=strict, bad_rows=bad) for p in paths]
+        frames = [import_source(source, p, strict=strict, bad_rows=bad, embed=embed) for p in paths]
         frames = [f for f in frames if len(f)]
         df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames else None)
         elapsed = time.perf_counter() - t0
@@ -75,7 +86,11 @@ def register(app: typer.Typer) -> None:
             raise RunLogError(
                 f"{shown}: no good rows ({len(bad)} bad, quarantined to {rejected}; first: {bad[0] if bad else '-'})"
             )
-        if weak is not None and strong is not None:
+        if domain_roles:
+            from features.importers.pairing import label_domain_runs
+
+            df = label_domain_runs(df, weak=(weak,) if weak else None)
+        elif weak is not None and strong is not None:
             from features.importers.pairing import label_weak_runs
 
             df = label_weak_runs(df, weak, strong)
