@@ -303,3 +303,26 @@ def test_benefit_report_files(bundle, tmp_path):
         "telecom",
     }
     assert (tmp_path / "rep" / "benefit_auc.png").stat().st_size > 5000
+
+
+def test_cli_import_domain_roles(tmp_path):
+    from typer.testing import CliRunner
+
+    from features.runlog import read_runlog
+    from runroute.cli import _typer_app
+
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "strong-team__retail_1trial.json").write_text(json.dumps([_sim("1", 1.0), _sim("2", 1.0)]))
+    (src / "weak-team__retail_1trial.json").write_text(json.dumps([_sim("1", 1.0), _sim("2", 0.0)]))
+    out = tmp_path / "o.parquet"
+    r = CliRunner().invoke(_typer_app, ["import", "tau2bench", str(src), "-o", str(out), "--domain-roles"])
+    assert r.exit_code == 0, r.output
+    runs = read_runlog([str(out)]).runs.set_index("task_id")
+    weak = runs[runs["agent"] == "weak-team"]
+    assert (
+        weak.loc["retail/1", "pair_label"] == "weak_ok"
+        and weak.loc["retail/2", "pair_label"] == "needs_frontier"
+    )
+    bad = CliRunner().invoke(_typer_app, ["import", "mooncake", str(src), "-o", str(out), "--embed"])
+    assert bad.exit_code != 0 and "only tau2bench" in str(bad.exception)

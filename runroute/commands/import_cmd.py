@@ -56,6 +56,8 @@ def register(app: typer.Typer) -> None:
 
         if source not in SOURCE_NAMES:
             raise CliError(f"unknown source '{source}' (expected one of: {', '.join(SOURCE_NAMES)})")
+        if embed and source != "tau2bench":
+            raise CliError(f"--embed: only tau2bench runs carry a task text to embed (not {source})")
         if (weak is None) != (strong is None) and not domain_roles:
             raise CliError("--weak and --strong go together")
         if out.suffix not in (".parquet", ".jsonl"):
