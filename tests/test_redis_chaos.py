@@ -1,0 +1,205 @@
+"""Redis chaos under load (issue 17, F4): two routers share one Redis while concurrent agent runs
+step through them; Redis is frozen for 15 s (SIGSTOP: connections hang, every command times out)
+and later killed and started again empty (no persistence: the data set is lost).
+
+Setup: this module's own ``redis-server`` on a free port (the shared 127.0.0.1:6379 is never
+touched), the fakes of tests/conftest.py, and two ``runroute serve`` processes with the
+``session-sticky`` policy: a run never switches on its own, so a run served on two local replicas
+is always a bug (a lost or split pin), never a policy decision. Fallback is off, so every upstream
+answer reaches the client as is.
+
+The load: ``AGENTS`` concurrent agents over real HTTP (httpx), each running runs of ``STEPS``
+steps back to back; consecutive steps of a run alternate between the two routers, and the
+conversation grows by the assistant's answer each step.
+
+Checked from both routers' run logs (raw JSONL, plus ``features.runlog.read_runlog(strict=True)``,
+the reader that rejects duplicates) and from the clients' responses:
+
+- 0 duplicate (run_id, step) across both routers' logs (and in the ``x-runroute-step`` headers);
+- 0 runs served on two replicas (logs and ``x-runroute-replica`` headers);
+- 0 non-200 answers, 0 transport errors;
+- every 200 answer has its step record (the logs and the clients agree on the count);
+- both routers leave degraded mode and Redis holds every run's pin, on the replica that served it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from multi_router_support import DEGRADED_METRIC, Cluster, gauge, redis_pins, running_cluster, wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+AGENTS = 12
+STEPS = 6
+WARM_S = 3.0  # load before the outage
+OUTAGE_S = 15.0  # Redis frozen (SIGSTOP)
+BETWEEN_S = 4.0  # load between the outage and the restart
+DOWN_S = 1.0  # Redis dead (SIGKILL) before it starts again, empty
+AFTER_S = 4.0  # load after the restart
+
+
+@pytest.fixture(scope="module")
+def chaos(tmp_path_factory, redis_proc, fakes, bundle_dir):
+    tmp = tmp_path_factory.mktemp("chaos")
+    with running_cluster(tmp, redis_proc, fakes, bundle_dir, policy={"kind": "session-sticky"}) as c:
+        yield c, tmp / "logs"
+
+
+async def _agent(
+    w: int, client: httpx.AsyncClient, urls: tuple[str, str], stop: asyncio.Event, tag: str, out: list[dict]
+) -> None:
+    k = 0
+    while not stop.is_set():
+        rid = f"{tag}-{w}-{k}"
+        k += 1
+        msgs: list[dict] = [{"role": "system", "content": f"agent {w}"}]
+        for i in range(STEPS):  # a started run is finished even after stop
+            msgs.append({"role": "user", "content": f"turn {i}"})
+            which = (i + w) % 2
+            body = {"model": "auto", "messages": msgs, "max_tokens": 4}
+            rec: dict = {"run": rid, "i": i, "router": "ab"[which], "t": time.monotonic()}
+            try:
+                resp = await client.post(
+                    urls[which] + "/v1/chat/completions", json=body, headers={"X-Run-Id": rid}
+                )
+            except httpx.HTTPError as e:
+                rec.update(status=-1, error=repr(e))
+                out.append(rec)
+                continue
+            rec.update(
+                status=resp.status_code,
+                step=resp.headers.get("x-runroute-step"),
+                replica=resp.headers.get("x-runroute-replica"),
+                tier=resp.headers.get("x-runroute-tier"),
+            )
+            if resp.status_code == 200:
+                content = resp.json()["choices"][0]["message"].get("content") or ""
+                msgs.append({"role": "assistant", "content": content})
+            else:
+                rec["body"] = resp.text[:300]
+            out.append(rec)
+
+
+async def _load_with_chaos(c: Cluster, tag: str, phases: dict[str, float]) -> list[dict]:
+    out: list[dict] = []
+    stop = asyncio.Event()
+    limits = httpx.Limits(max_connections=2 * AGENTS, max_keepalive_connections=2 * AGENTS)
+    async with httpx.AsyncClient(timeout=20.0, limits=limits) as client:
+        urls = (c.a.url, c.b.url)
+        tasks = [asyncio.create_task(_agent(w, client, urls, stop, tag, out)) for w in range(AGENTS)]
+        try:
+            phases["start"] = time.monotonic()
+            await asyncio.sleep(WARM_S)
+            phases["freeze"] = time.monotonic()
+            c.redis.pause()
+            try:
+                await asyncio.sleep(OUTAGE_S)
+            finally:
+                c.redis.resume()
+            phases["thaw"] = time.monotonic()
+            await asyncio.sleep(BETWEEN_S)
+            phases["kill"] = time.monotonic()
+            c.redis.kill()
+            await asyncio.sleep(DOWN_S)
+            await asyncio.to_thread(c.redis.start)  # empty: no persistence
+            phases["restart"] = time.monotonic()
+            await asyncio.sleep(AFTER_S)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+        phases["end"] = time.monotonic()
+    return out
+
+
+def _log_steps(logdir: Path) -> list[dict]:
+    rows: list[dict] = []
+    files = sorted(logdir.glob("*.jsonl"))
+    assert files, f"no run-log files in {logdir}"
+    for f in files:
+        for line in f.read_bytes().splitlines():
+            if line.strip():
+                r = orjson.loads(line)
+                if r.get("record") == "step":
+                    r["_file"] = f.name
+                    rows.append(r)
+    return rows
+
+
+def test_redis_freeze_and_restart_under_load(chaos):
+    c, logdir = chaos
+    tag = f"chaos-{uuid.uuid4().hex[:6]}"
+    phases: dict[str, float] = {}
+    recs = asyncio.run(_load_with_chaos(c, tag, phases))
+    # both routers leave degraded mode (each probes about once a second while degraded)
+    wait_for(lambda: all(gauge(c.metrics(w), DEGRADED_METRIC) == 0.0 for w in "ab"), "still degraded")
+    runs = sorted({r["run"] for r in recs})
+    pins = redis_pins(c.redis.url, runs)
+    c.a.stop()  # SIGTERM: both writers flush and close their files
+    c.b.stop()
+
+    t0 = phases["start"]
+
+    def when(r: dict) -> str:
+        t = r["t"]
+        ph = [p for p in ("start", "freeze", "thaw", "kill", "restart") if phases[p] <= t]
+        return f"{ph[-1] if ph else 'start'}+{t - phases[ph[-1] if ph else 'start']:.1f}s"
+
+    # enough load in every phase for the checks to mean something
+    by_phase = Counter(when(r).split("+")[0] for r in recs)
+    assert all(by_phase[p] >= AGENTS for p in ("start", "freeze", "thaw", "kill", "restart")), by_phase
+    # clients: every answer a 200, no transport error
+    bad = [
+        (r["run"], r["i"], r["router"], r.get("status"), r.get("error") or r.get("body"), when(r))
+        for r in recs
+        if r["status"] != 200
+    ]
+    assert not bad, f"{len(bad)} of {len(recs)} requests not 200: {bad[:10]}"
+    # clients: step indices unique per run; one replica per run
+    seen = Counter((r["run"], int(r["step"])) for r in recs)
+    dup_client = {k: n for k, n in seen.items() if n > 1}
+    places: dict[str, set] = defaultdict(set)
+    for r in recs:
+        places[r["run"]].add((r["tier"], r["replica"]))
+    split = {rid: p for rid, p in places.items() if len(p) > 1}
+
+    # run logs of both routers
+    rows = [r for r in _log_steps(logdir) if str(r.get("run_id", "")).startswith(tag)]
+    assert len(rows) == len(recs), f"{len(rows)} step records for {len(recs)} answered steps"
+    logged = Counter((r["run_id"], int(r["step"])) for r in rows)
+    dup_log = {k: n for k, n in logged.items() if n > 1}
+    log_places: dict[str, set] = defaultdict(set)
+    for r in rows:
+        log_places[r["run_id"]].add((r["tier"], r["replica"]))
+    log_split = {rid: p for rid, p in log_places.items() if len(p) > 1}
+    assert {r["status"] for r in rows} == {200}
+
+    def explain(keys) -> list:
+        return [
+            [(r["router"], r["i"], r["step"], r["replica"], when(r)) for r in recs if r["run"] == k]
+            for k in list(keys)[:3]
+        ]
+
+    assert not dup_log, f"{len(dup_log)} duplicate (run_id, step) in the logs: {list(dup_log)[:5]}"
+    assert not dup_client, (
+        f"{len(dup_client)} duplicate steps seen by clients: {explain({k[0] for k in dup_client})}"
+    )
+    assert not log_split and not split, f"{len(split)} runs on two replicas: {explain(split)}"
+    # Redis (restarted empty) holds every run's pin again, where the run was served
+    for rid in runs:
+        ((tier, replica),) = places[rid]
+        assert pins[rid] is not None and pins[rid][:2] == (tier, replica), (rid, pins[rid], replica)
+
+    from features.runlog import read_runlog
+
+    read_runlog(logdir, strict=True)  # the reader agrees: no duplicate, no invalid row
+    print(
+        f"chaos: {len(recs)} steps in {len(runs)} runs over {phases['end'] - t0:.1f} s; by phase {dict(by_phase)}"
+    )
