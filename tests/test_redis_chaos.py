@@ -203,3 +203,87 @@ def test_redis_freeze_and_restart_under_load(chaos):
     print(
         f"chaos: {len(recs)} steps in {len(runs)} runs over {phases['end'] - t0:.1f} s; by phase {dict(by_phase)}"
     )
+
+
+# --------------------------------------------------------------------------- focused regressions
+
+
+@pytest.mark.parametrize("outage", ["freeze", "restart-empty"])
+def test_write_back_shows_each_run_pin_and_counter_together(redis_proc, outage):
+    """Found by the chaos test above: after an outage a router wrote its pins and its step counters
+    back to Redis in separate passes (after a data loss: counters first; otherwise pins first). In
+    between, another router saw a run's counter without its pin (it started the run anew: admitted
+    twice, and placed afresh) or its pin without the counter ``step_gap`` past the degraded indices
+    (its own sequential indices then run into them). Every Redis call of router A's write-back is
+    watched: after each one, for both runs A numbered while degraded, a raised counter comes with
+    A's pin and A's pin with the raised counter."""
+    import redis.asyncio as aioredis
+
+    from router.policy.types import RunState
+    from router.server.state import InProcessStore
+    from router.server.state_fallback import FallbackStore
+    from router.server.state_redis import RedisStore, decode_state
+
+    async def scenario() -> None:
+        prefix = f"wb-{uuid.uuid4().hex[:8]}:"
+
+        def store(slot: int) -> FallbackStore:
+            primary = RedisStore(redis_proc.url, key_prefix=prefix, timeout_s=0.3)
+            return FallbackStore(primary, InProcessStore(), retry_interval_s=0.05, slot=slot)
+
+        a, b = store(0), store(1)
+        try:
+            _, i = await a.begin_step("old", 0)  # a run both routers know, stepped normally
+            await a.claim(RunState(run_id="old", tier="local", replica="local-1", steps_seen=i + 1))
+            assert (await b.begin_step("old", 0))[0] is not None
+            if outage == "freeze":
+                redis_proc.pause()
+            else:
+                redis_proc.kill()
+            try:
+                pin, j_old = await a.begin_step("old", i + 1)
+                assert a.degraded and pin is not None
+                await a.put(RunState(run_id="old", tier="local", replica="local-1", steps_seen=j_old + 1))
+                pin, j_new = await a.begin_step("new", 0)  # a run started while Redis is away
+                assert pin is None
+                await a.claim(RunState(run_id="new", tier="local", replica="local-1", steps_seen=j_new + 1))
+            finally:
+                if outage == "freeze":
+                    redis_proc.resume()
+                else:
+                    redis_proc.start()  # empty
+            raw = aioredis.Redis.from_url(redis_proc.url)
+            bad: list[tuple] = []
+            calls = 0
+            plain_call = a.primary._call
+
+            async def watched(aw):
+                nonlocal calls
+                out = await plain_call(aw)
+                calls += 1
+                for rid, j in (("old", j_old), ("new", j_new)):
+                    p, n = await raw.get(f"{prefix}run:{rid}"), await raw.get(f"{prefix}step:{rid}")
+                    seen = decode_state(p).steps_seen if p is not None else -1
+                    n = int(n) if n is not None else -1
+                    if (n > j and seen <= j) or (seen > j and n < j + 1 + a.step_gap):
+                        bad.append((calls, rid, j, seen, n))
+                return out
+
+            a.primary._call = watched  # type: ignore[method-assign]
+            for _ in range(100):
+                if await a.resync_now():
+                    break
+                await asyncio.sleep(0.05)
+            a.primary._call = plain_call  # type: ignore[method-assign]
+            await raw.aclose()
+            assert not a.degraded and calls > 0
+            assert not bad, f"(call, run, A's index, pin steps_seen, counter) seen apart: {bad}"
+            # router B, which never saw "new", finds its pin and numbers both runs past A's indices
+            pin_b, k = await b.begin_step("new", 0)
+            assert pin_b is not None and pin_b.replica == "local-1" and k > j_new
+            assert (await b.begin_step("old", i + 1))[1] > j_old
+        finally:
+            for s in (a, b):
+                await s.close()
+
+    asyncio.run(scenario())
