@@ -18,6 +18,10 @@ the reader that rejects duplicates) and from the clients' responses:
 - 0 duplicate (run_id, step) across both routers' logs (and in the ``x-runroute-step`` headers);
 - 0 runs served on two replicas (logs and ``x-runroute-replica`` headers);
 - 0 non-200 answers, 0 transport errors;
+- every run started (admitted) once, except during an outage: from the freeze (the kill) until
+  both routers' ``runroute_store_degraded`` gauges (sampled every 0.1 s) read 0 again, a router
+  cannot know a pin only the other one holds; with both routers back on Redis no run is taken for
+  new;
 - every 200 answer has its step record (the logs and the clients agree on the count);
 - both routers leave degraded mode and Redis holds every run's pin, on the replica that served it.
 """
@@ -25,6 +29,7 @@ the reader that rejects duplicates) and from the clients' responses:
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -38,7 +43,8 @@ from multi_router_support import DEGRADED_METRIC, Cluster, gauge, redis_pins, ru
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 AGENTS = 12
-STEPS = 6
+STEPS = 8
+THINK_S = 0.05  # an agent's pause between steps: uniform in [0, THINK_S] (runs straddle the phases)
 WARM_S = 3.0  # load before the outage
 OUTAGE_S = 15.0  # Redis frozen (SIGSTOP)
 BETWEEN_S = 4.0  # load between the outage and the restart
@@ -57,6 +63,7 @@ async def _agent(
     w: int, client: httpx.AsyncClient, urls: tuple[str, str], stop: asyncio.Event, tag: str, out: list[dict]
 ) -> None:
     k = 0
+    rng = random.Random(w)
     while not stop.is_set():
         rid = f"{tag}-{w}-{k}"
         k += 1
@@ -66,6 +73,9 @@ async def _agent(
             which = (i + w) % 2
             body = {"model": "auto", "messages": msgs, "max_tokens": 4}
             rec: dict = {"run": rid, "i": i, "router": "ab"[which], "t": time.monotonic()}
+            if i:
+                await asyncio.sleep(rng.uniform(0.0, THINK_S))
+                rec["t"] = time.monotonic()
             try:
                 resp = await client.post(
                     urls[which] + "/v1/chat/completions", json=body, headers={"X-Run-Id": rid}
@@ -85,12 +95,25 @@ async def _agent(
                 msgs.append({"role": "assistant", "content": content})
             else:
                 rec["body"] = resp.text[:300]
+            rec["done"] = time.monotonic()
             out.append(rec)
 
 
-async def _load_with_chaos(c: Cluster, tag: str, phases: dict[str, float]) -> list[dict]:
+async def _sample_degraded(c: Cluster, stop: asyncio.Event, out: list[tuple[float, bool]]) -> None:
+    """Every 0.1 s: (time the answers came, whether either router reports its store degraded)."""
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while not stop.is_set():
+            texts = await asyncio.gather(*(client.get(r.url + "/metrics") for r in (c.a, c.b)))
+            out.append((time.monotonic(), any(gauge(x.text, DEGRADED_METRIC) != 0.0 for x in texts)))
+            await asyncio.sleep(0.1)
+
+
+async def _load_with_chaos(
+    c: Cluster, tag: str, phases: dict[str, float], degraded: list[tuple[float, bool]]
+) -> list[dict]:
     out: list[dict] = []
-    stop = asyncio.Event()
+    stop, done = asyncio.Event(), asyncio.Event()
+    sampler = asyncio.create_task(_sample_degraded(c, done, degraded))
     limits = httpx.Limits(max_connections=2 * AGENTS, max_keepalive_connections=2 * AGENTS)
     async with httpx.AsyncClient(timeout=20.0, limits=limits) as client:
         urls = (c.a.url, c.b.url)
@@ -115,6 +138,8 @@ async def _load_with_chaos(c: Cluster, tag: str, phases: dict[str, float]) -> li
         finally:
             stop.set()
             await asyncio.gather(*tasks)
+            done.set()
+            await sampler
         phases["end"] = time.monotonic()
     return out
 
@@ -137,7 +162,8 @@ def test_redis_freeze_and_restart_under_load(chaos):
     c, logdir = chaos
     tag = f"chaos-{uuid.uuid4().hex[:6]}"
     phases: dict[str, float] = {}
-    recs = asyncio.run(_load_with_chaos(c, tag, phases))
+    degraded: list[tuple[float, bool]] = []
+    recs = asyncio.run(_load_with_chaos(c, tag, phases, degraded))
     # both routers leave degraded mode (each probes about once a second while degraded)
     wait_for(lambda: all(gauge(c.metrics(w), DEGRADED_METRIC) == 0.0 for w in "ab"), "still degraded")
     runs = sorted({r["run"] for r in recs})
@@ -183,7 +209,18 @@ def test_redis_freeze_and_restart_under_load(chaos):
 
     def explain(keys) -> list:
         return [
-            [(r["router"], r["i"], r["step"], r["replica"], when(r)) for r in recs if r["run"] == k]
+            [
+                (
+                    r["router"],
+                    r["i"],
+                    r["step"],
+                    r["replica"],
+                    when(r),
+                    f"{r['t']:.2f}-{r.get('done', 0):.2f}",
+                )
+                for r in recs
+                if r["run"] == k
+            ]
             for k in list(keys)[:3]
         ]
 
@@ -192,6 +229,33 @@ def test_redis_freeze_and_restart_under_load(chaos):
         f"{len(dup_client)} duplicate steps seen by clients: {explain({k[0] for k in dup_client})}"
     )
     assert not log_split and not split, f"{len(split)} runs on two replicas: {explain(split)}"
+    # a run is started (admitted) once; a second start is excusable only while a router is cut off
+    # from Redis (it cannot know a pin only the other router holds), never with both in sync
+    sent = {(r["run"], int(r["step"])): r for r in recs}
+    starts: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("admission"):
+            starts[r["run_id"]].append(sent[(r["run_id"], int(r["step"]))])
+    assert set(starts) == set(runs), f"runs never admitted: {sorted(set(runs) - set(starts))[:5]}"
+
+    def back(after: float) -> float:  # when the sampler first saw both routers on Redis again
+        return next(t for t, d in degraded if t >= after and not d)
+
+    outages = [(phases["freeze"], back(phases["thaw"])), (phases["kill"], back(phases["restart"]))]
+
+    def cut_off(r: dict) -> bool:
+        return any(r["t"] <= end and r["done"] >= start for start, end in outages)
+
+    again = [
+        (rid, x["router"], x["step"], when(x))
+        for rid, xs in starts.items()
+        for x in sorted(xs, key=lambda x: x["t"])[1:]
+        if not cut_off(x)
+    ]
+    assert not again, (
+        f"{len(again)} runs started again with both routers on Redis: {again[:5]} {explain(x[0] for x in again)} outages {outages}"
+    )
+    assert any(d for _, d in degraded) and not degraded[-1][1], "the degraded gauges never moved"
     # Redis (restarted empty) holds every run's pin again, where the run was served
     for rid in runs:
         ((tier, replica),) = places[rid]
@@ -200,6 +264,8 @@ def test_redis_freeze_and_restart_under_load(chaos):
     from features.runlog import read_runlog
 
     read_runlog(logdir, strict=True)  # the reader agrees: no duplicate, no invalid row
+    twice = sum(1 for xs in starts.values() if len(xs) > 1)
+    print(f"chaos: {twice} runs started twice, all during the outages {outages}")
     print(
         f"chaos: {len(recs)} steps in {len(runs)} runs over {phases['end'] - t0:.1f} s; by phase {dict(by_phase)}"
     )
@@ -285,5 +351,59 @@ def test_write_back_shows_each_run_pin_and_counter_together(redis_proc, outage):
         finally:
             for s in (a, b):
                 await s.close()
+
+    asyncio.run(scenario())
+
+
+def test_changes_made_during_the_write_back_reach_redis(redis_proc):
+    """Found by the chaos test above: requests served (locally) while a recovery's last calls were
+    in flight (the admission write-back, the slot lease) left their pins and step counters in the
+    router's memory only, and ``degraded`` cleared anyway: another router then saw no pin and no
+    counter for a run started in that moment and started it again at step 0. Here a run is started
+    through router A exactly while its recovery leases its slot; after the recovery Redis must hold
+    its pin and a counter past its index."""
+    from router.policy.types import RunState
+    from router.server.state import InProcessStore
+    from router.server.state_fallback import FallbackStore
+    from router.server.state_redis import RedisStore
+
+    async def scenario() -> None:
+        prefix = f"late-{uuid.uuid4().hex[:8]}:"
+        # no probes of its own (retry 60 s): the test drives the one recovery
+        a = FallbackStore(
+            RedisStore(redis_proc.url, key_prefix=prefix, timeout_s=0.3),
+            InProcessStore(),
+            retry_interval_s=60,
+        )
+        direct = None
+        try:
+            assert await a.try_admit("local", 100)
+            redis_proc.kill()
+            assert await a.try_admit("local", 100) and a.degraded
+            redis_proc.start()
+            late: list[int] = []
+            plain_lease = a.primary.claim_slot
+
+            async def lease_with_a_request_meanwhile(*args, **kw):
+                out = await plain_lease(*args, **kw)
+                if not late:  # a new run's first step arrives while this call is in flight
+                    pin, i = await a.begin_step("late", 0)
+                    assert pin is None and a.degraded
+                    await a.claim(RunState(run_id="late", tier="local", replica="local-0", steps_seen=i + 1))
+                    assert await a.try_admit("local", 100)
+                    late.append(i)
+                return out
+
+            a.primary.claim_slot = lease_with_a_request_meanwhile  # type: ignore[method-assign]
+            assert await a.resync_now() and late
+            direct = RedisStore(redis_proc.url, key_prefix=prefix, timeout_s=1.0)
+            pin = await direct.get("late")
+            assert pin is not None and pin.replica == "local-0", pin
+            assert await direct.next_index("late") > late[0]
+            assert await direct.active("local") == 3  # every admission of A, the late one included
+        finally:
+            await a.close()
+            if direct is not None:
+                await direct.close()
 
     asyncio.run(scenario())

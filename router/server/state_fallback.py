@@ -7,7 +7,8 @@ in-process ``local`` store (pins and each run's step counter). When Redis raises
 router has seen; admission counted locally, starting from the last count Redis reported for the
 key), writes and deletes are remembered, and a warning is logged at most once per
 ``log_interval_s``. Every ``retry_interval_s`` a background probe pings Redis; when it answers, the
-store recovers (below) and ``degraded`` clears. (A Redis that restarted while this router was idle
+store recovers (below) and ``degraded`` clears, only once nothing served locally is left to write
+back (requests served while the write-back ran are written back in another round). (A Redis that restarted while this router was idle
 is picked up without a degraded period: the Redis client retries a dead pooled connection once.)
 
 Step numbers while degraded (router-scoped, so two routers cut off from Redis never number one
@@ -76,6 +77,8 @@ def _host_slot(slots: int) -> int:
 
 class FallbackStore:
     """See the module docstring."""
+
+    _RECOVER_ROUNDS = 8  # write-back rounds per probe before it gives up until the next one
 
     def __init__(
         self,
@@ -157,7 +160,16 @@ class FallbackStore:
     async def _probe(self) -> None:
         try:
             await self.primary.ping()
-            await self._recover()
+            for _ in range(self._RECOVER_ROUNDS):
+                await self._recover()
+                # requests served while the recovery's last calls were in flight were still served
+                # locally: their pins, indices and admissions go back too before `degraded` clears
+                # (no await between this check and the flag, so nothing can slip in between)
+                if not (self._dirty or self._dirty_steps or self._delta):
+                    break
+            else:
+                log.debug("run-state store probe: local changes keep arriving; still degraded")
+                return
         except Exception as e:  # noqa: BLE001 - any failure keeps us degraded; the next probe retries
             log.debug("run-state store probe failed: %s", e)
             return
