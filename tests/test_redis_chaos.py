@@ -239,7 +239,9 @@ def test_redis_freeze_and_restart_under_load(chaos):
     assert set(starts) == set(runs), f"runs never admitted: {sorted(set(runs) - set(starts))[:5]}"
 
     def back(after: float) -> float:  # when the sampler first saw both routers on Redis again
-        return next(t for t, d in degraded if t >= after and not d)
+        t = next((t for t, d in degraded if t >= after and not d), None)
+        assert t is not None, f"a router still degraded {phases['end'] - after:.1f} s after Redis returned"
+        return t
 
     outages = [(phases["freeze"], back(phases["thaw"])), (phases["kill"], back(phases["restart"]))]
 
