@@ -38,7 +38,15 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from multi_router_support import DEGRADED_METRIC, Cluster, gauge, redis_pins, running_cluster, wait_for
+from multi_router_support import (
+    DEGRADED_METRIC,
+    REPLICAS,
+    Cluster,
+    gauge,
+    redis_pins,
+    running_cluster,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -229,6 +237,7 @@ def test_redis_freeze_and_restart_under_load(chaos):
         f"{len(dup_client)} duplicate steps seen by clients: {explain({k[0] for k in dup_client})}"
     )
     assert not log_split and not split, f"{len(split)} runs on two replicas: {explain(split)}"
+    assert {rep for p in places.values() for _, rep in p} == set(REPLICAS)  # both replicas serve
     # a run is started (admitted) once; a second start is excusable only while a router is cut off
     # from Redis (it cannot know a pin only the other router holds), never with both in sync
     sent = {(r["run"], int(r["step"])): r for r in recs}
