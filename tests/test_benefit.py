@@ -326,3 +326,36 @@ def test_cli_import_domain_roles(tmp_path):
     )
     bad = CliRunner().invoke(_typer_app, ["import", "mooncake", str(src), "-o", str(out), "--embed"])
     assert bad.exit_code != 0 and "only tau2bench" in str(bad.exception)
+
+
+def test_sidecar_shows_each_domains_mode_in_get_run_and_metrics(bundle, tmp_path):
+    import httpx
+
+    from router.fakes.launch import fake_in_thread
+    from router.server.app import create_app, serve_in_thread
+    from router.server.settings import RouterSettings
+
+    b, res = bundle
+    knobs = dict(model="local-model", base_ms=1.0, prefill_ms_per_token=0.001, decode_ms_per_token=0.2)
+    with (
+        fake_in_thread("vllm", name="v0", **knobs) as v0,
+        fake_in_thread("frontier", model="frontier-model", zero_latency=True) as fr,
+    ):
+        s = RouterSettings.load(
+            None,
+            local={"urls": [v0.url], "model": "local-model"},
+            frontier={"url": fr.base_url, "model": "frontier-model", "allow_no_key": True},
+            policy={"kind": "learned"},
+            bundle={"path": str(res.bundle_dir), "watch_s": 0},
+            runlog={"dir": str(tmp_path / "logs")},
+        )
+        with serve_in_thread(create_app(s)) as url:
+            body = {"model": "auto", "messages": [{"role": "user", "content": "change my flight"}]}
+            r = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"X-Run-Id": "r1"}, timeout=30)
+            assert r.status_code == 200, r.text
+            run = httpx.get(f"{url}/v1/runs/r1", timeout=30).json()
+            want = {k: {"mode": d["mode"], "reason": d["reason"]} for k, d in b.manifest["domains"].items()}
+            assert run["domain_modes"] == want
+            metrics = httpx.get(f"{url}/metrics", timeout=30).text
+            for dom, d in want.items():
+                assert f'runroute_domain_mode{{domain="{dom}",mode="{d["mode"]}"}} 1.0' in metrics

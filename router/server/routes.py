@@ -4,7 +4,8 @@
 ``GET /metrics`` (Prometheus text, or OpenMetrics when the scrape's ``Accept`` asks for it;
 scraped figures and the capacity gauges refreshed on each scrape), ``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for the next 5/15/60
 minutes, the replica count that holds the SLO at that forecast, expected spill and reject shares),
-``GET /v1/runs/{run_id}``, ``POST /v1/runs/{run_id}/end`` (:meth:`router.server.lifecycle.RunLifecycle.end`:
+``GET /v1/runs/{run_id}`` (with ``domain_modes``: each domain of the serving bundle's benefit model,
+its mode and why), ``POST /v1/runs/{run_id}/end`` (:meth:`router.server.lifecycle.RunLifecycle.end`:
 logs the outcome, gives back the run's admission slot and leaves an ``ended`` tombstone in the store
 for ``store.ttl_s``; a repeated end updates the outcome), ``POST /v1/messages/count_tokens`` (forwarded to the Anthropic frontier when one is
 configured, else the sidecar's estimate; Anthropic's error shape), ``POST /admin/reload``,
@@ -46,6 +47,15 @@ from router.server.proxy import Proxy
 from router.server.upstream import UpstreamError
 
 __all__ = ["Parts", "register_routes", "json_response"]
+
+
+def _domain_modes(serving: Any) -> dict[str, dict[str, str]]:
+    """``{domain: {mode, reason}}`` of the serving bundle's benefit model (:mod:`models.benefit`):
+    ``model`` where a domain's evidence beat the prior, else ``prior``, and why; empty without one."""
+    benefit = getattr(serving.predictor, "benefit", None) if serving is not None else None
+    if benefit is None:
+        return {}
+    return {k: {"mode": d.mode, "reason": d.reason} for k, d in sorted(benefit.domains.items())}
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -245,6 +255,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
                 "tiers": sorted({e["tier"] for e in entries if e["tier"]}),
                 "replicas": sorted({e["replica"] for e in entries if e["replica"]}),
                 "steps": entries,
+                "domain_modes": _domain_modes(holder.current),
             }
         )
 
