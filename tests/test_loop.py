@@ -80,4 +80,14 @@ def test_train_from_router_logs(loop_out, tmp_path):
         and rep["champion"]["lo"] <= rep["champion"]["value"] <= rep["champion"]["hi"]
     )
     assert ("promoted: " if rep["promoted"] else "not promoted: ") in r.stdout
+    # issue 14: the baselines are evaluated on the same logs; promotion needs every one beaten by > CI
+    assert set(rep["baselines_dr_net"]) | set(rep["baselines_not_evaluable"]) == {
+        "always-local",
+        "always-frontier",
+        "per-step-threshold",
+        "stall-escalation",
+    }
+    if rep["promoted"]:
+        hw = rep["candidates_dr_net"][rep["best"]]["hi"] - rep["candidates_dr_net"][rep["best"]]["value"]
+        assert all(m > 0 for m in rep["margin_over_baselines"].values()) and rep["margin"] > 0 and hw >= 0
     assert (tmp_path / "b" / "benefit.joblib").stat().st_size > 1000

@@ -14,7 +14,8 @@ Algorithm of :func:`train_from_logs`:
    candidates are compared by doubly robust OPE on the logs; each candidate is scored by its
    cross-fitted estimate (task-grouped folds, runs as their own group where no task id is logged:
    a candidate is never scored on runs its model was fitted on). The best candidate is promoted
-   iff its DR net value beats the champion's by more than its CI half-width.
+   iff its DR net value beats the champion's, and every baseline's the logs can evaluate
+   (:data:`BASELINE_KINDS`), by more than its CI half-width.
 5. Output in ``out``: ``benefit.joblib`` (the fitted model, the chosen policy config, the base
    bundle's path) and ``report.json`` (rows, estimates, decision); with ``mlflow`` one run with the
    decision, both estimates and their intervals, and the artifacts (tag ``promoted``).
@@ -34,7 +35,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from training.eval.outcome import Prices
 
-__all__ = ["LogTrainConfig", "train_from_logs", "logs_have_propensities"]
+__all__ = ["LogTrainConfig", "train_from_logs", "logs_have_propensities", "BASELINE_KINDS"]
+
+#: the baselines a promoted candidate must also beat (OPE on the same logs; one the logs cannot
+#: evaluate, e.g. a policy that leaves the logged support, is named in the report)
+BASELINE_KINDS = ("always-local", "always-frontier", "per-step-threshold", "stall-escalation")
 
 
 class LogTrainConfig(BaseModel):
@@ -131,11 +136,21 @@ def train_from_logs(cfg: LogTrainConfig, progress: Callable[[str], None] | None 
             "skip_unsupported": True,
         }
         champ = {**{k: x for k, x in cfg.champion.items() if k != "explore"}, "name": "champion"}
-        say("off-policy evaluation of the champion")
-        rep = evaluate_policies(log, {"champion": (build_policy(champ, bundle), base)}, **ope_kw)  # type: ignore[arg-type]
+        refs = {"champion": (build_policy(champ, bundle), base)}
+        for kind in BASELINE_KINDS:
+            if kind == "per-step-threshold" and bundle is None:
+                continue  # its threshold comes from the bundle
+            refs[kind] = (build_policy({"kind": kind, "name": kind}, bundle), base)
+        say("off-policy evaluation of the champion and the baselines")
+        rep = evaluate_policies(log, refs, **ope_kw)  # type: ignore[arg-type]
         if "champion" not in rep.candidates:
             raise ValueError(f"the champion cannot be evaluated on these logs: {rep.refused.get('champion')}")
         ch = rep.candidates["champion"].estimates["dr"]["net"]
+        base_est = {
+            k: rep.candidates[k].estimates["dr"]["net"]
+            for k in refs
+            if k != "champion" and k in rep.candidates
+        }
         say("cross-fitted off-policy evaluation of the candidates")
         cross = crossfit(
             log, log, cands, prior_rows, base, folds=cfg.folds, seed=cfg.seed, prices=prices, ope_kw=ope_kw
@@ -145,15 +160,25 @@ def train_from_logs(cfg: LogTrainConfig, progress: Callable[[str], None] | None 
         best = max(cross, key=lambda k: cross[k].value if cross[k].value is not None else -1e9)
         b = cross[best]
         margin = (b.value or 0.0) - (ch.value or 0.0)
-        promoted = bool(b.half_width is not None and margin > b.half_width)
+        # issue 14: beat the champion *and* every baseline the logs can evaluate by more than the CI
+        beats = {k: (b.value or 0.0) - (e.value or 0.0) for k, e in base_est.items()}
+        promoted = bool(
+            b.half_width is not None
+            and margin > b.half_width
+            and all(m > b.half_width for m in beats.values())
+        )
         chosen = float(str(cands[best]["p_frontier_up"]))
         report.update(
             champion=ch.as_dict(),
             candidates_dr_net={k: e.as_dict() for k, e in cross.items()},
             best=best,
             margin=margin,
+            baselines_dr_net={k: e.as_dict() for k, e in base_est.items()},
+            baselines_not_evaluable=sorted(set(refs) - set(base_est) - {"champion"}),
+            margin_over_baselines=beats,
             promoted=promoted,
-            decision=f"{best}: DR net {b.value:.4f} vs champion {ch.value:.4f} (margin {margin:+.4f}, half-width {b.half_width:.4f})",
+            decision=f"{best}: DR net {b.value:.4f} vs champion {ch.value:.4f} (margin {margin:+.4f}, half-width {b.half_width:.4f}); "
+            + ", ".join(f"vs {k} {m:+.4f}" for k, m in beats.items()),
         )
         say(("PROMOTED " if promoted else "kept the champion: ") + report["decision"])
     cfg.out.mkdir(parents=True, exist_ok=True)
