@@ -19,7 +19,9 @@ holds
   (all-local below the break-even value, all-frontier above);
 - a :class:`DomainBenefit` per domain with at least ``min_runs`` labelled runs; its ``mode`` is
   ``"model"`` only when its task-grouped CV evidence beat the prior by more than its confidence
-  interval (``training.benefit``), else ``"prior"``; ``reason`` says why, in one line.
+  interval (``training.benefit``), else ``"prior"``; ``reason`` says why, in one line. A domain in
+  prior mode runs its ``prior`` policy: the base rates above, or the escalation classifier where
+  that measured better on the training runs (:func:`training.benefit_job.choose_priors`).
 
 :meth:`BenefitModel.predict` answers for one step: ``(p_local, p_frontier, mode, reason)``.
 """
@@ -84,6 +86,11 @@ class DomainBenefit:
     local: LogitHead | None = None
     frontier: LogitHead | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: the prior policy of a domain in ``prior`` mode: ``base-rates`` (the domain's constant uplift:
+    #: all-local or all-frontier by the value-of-success knob) or ``escalation`` (the bundle's
+    #: escalation classifier, P(needs frontier) with the learned policy's thresholds), whichever
+    #: had the better AIQ on the training runs by more than its SE
+    prior: str = "base-rates"
 
 
 @dataclass
@@ -118,12 +125,19 @@ class BenefitModel:
             E = None
         return float(d.local.predict(X, E)[0]), float(d.frontier.predict(X, E)[0]), d.mode, d.reason
 
+    def uses_uplift(self, domain: str | None) -> bool:
+        """False when the domain's prior policy is the escalation classifier (the router then
+        routes on ``p_frontier`` alone)."""
+        d = self.domains.get(domain) if domain is not None else None
+        return d is None or d.mode == "model" or d.prior != "escalation"
+
     def summary(self) -> dict[str, dict[str, Any]]:
         """``{domain: {mode, reason, n_runs, p_local, p_frontier}}`` (manifest, ``GET /v1/runs``)."""
         return {
             k: {
                 "mode": d.mode,
                 "reason": d.reason,
+                "prior": d.prior,
                 "n_runs": d.n_runs,
                 "p_local": d.p_local,
                 "p_frontier": d.p_frontier,

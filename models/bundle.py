@@ -215,6 +215,8 @@ class ModelBundle:
         if self.benefit is None or prefix.domain is None:
             return p
         pl, pf, mode, reason = self.benefit.predict(self._buf[0], prefix.task_embedding, prefix.domain)
+        if not self.benefit.uses_uplift(prefix.domain):  # prior policy = the escalation classifier
+            return replace(p, domain_mode=mode, domain_reason=reason)
         return replace(
             p,
             p_success_local=pl,

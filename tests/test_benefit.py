@@ -359,3 +359,20 @@ def test_sidecar_shows_each_domains_mode_in_get_run_and_metrics(bundle, tmp_path
             metrics = httpx.get(f"{url}/metrics", timeout=30).text
             for dom, d in want.items():
                 assert f'runroute_domain_mode{{domain="{dom}",mode="{d["mode"]}"}} 1.0' in metrics
+
+
+def test_prior_policy_is_the_escalation_classifier_only_where_it_measured_better():
+    from training.benefit_job import choose_priors
+
+    rows = _concat(_rows(40, False, "retail", 1), _rows(40, False, "telecom", 3))
+    model, _ = fit_benefit(rows, BenefitConfig(min_runs=30, n_boot=50))
+    assert model.domains["retail"].mode == model.domains["telecom"].mode == "prior"
+    # out-of-fold P(needs frontier): informative in retail (= the run fails), noise in telecom
+    rng = np.random.default_rng(5)
+    p = np.where(rows.domain == "retail", 1.0 - rows.y_local, rng.random(len(rows)))
+    got = choose_priors(model, rows, {"run_id": rows.run_id, "model": p}, BenefitConfig(n_boot=50))
+    assert got["retail"]["prior"] == "escalation" and got["retail"]["aiq_gain_over_random_mix"] > 0.05
+    assert got["telecom"]["prior"] == "base-rates"
+    assert "prior policy: the escalation classifier" in model.domains["retail"].reason
+    # the router then routes on P(needs frontier) alone there (no uplift), and on the uplift elsewhere
+    assert not model.uses_uplift("retail") and model.uses_uplift("telecom") and model.uses_uplift("banking")

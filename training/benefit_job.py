@@ -15,6 +15,9 @@ Algorithm (:func:`benefit_stage`, called by :func:`training.train.train_on_log`)
    needs-frontier AUC, each with its task-bootstrap SE (:func:`held_out_scores`); the promotion gate
    reads these.
 
+5. **Prior policies** (:func:`choose_priors`): a prior-mode domain runs the escalation classifier
+   instead of the base rates where that measured better on the training runs by more than its SE.
+
 Knobs: :class:`training.benefit.BenefitConfig` (``TrainConfig.benefit``) and ``tables``.
 """
 
@@ -28,7 +31,7 @@ from models.benefit import BenefitModel
 from training import uplift
 from training.benefit import BenefitConfig, BenefitRows, benefit_rows, fit_benefit
 
-__all__ = ["benefit_stage", "held_out_scores"]
+__all__ = ["benefit_stage", "held_out_scores", "choose_priors"]
 
 
 def _flaps(run_id: np.ndarray, step: np.ndarray, frontier: np.ndarray) -> np.ndarray:
@@ -87,11 +90,13 @@ def held_out_scores(
             ]
         )
         sticky = _sticky(rows.run_id, rows.step, upl, 0.0, 0.0)
+        down = (thresholds or {}).get("p_frontier_down", up)
+        sticky_p = _sticky(rows.run_id, rows.step, p_all, up, down)  # domains whose prior is the classifier
         for dom in sorted(set(rows.domain.tolist())):
             m = rows.domain == dom
             flaps[dom] = (
                 _flaps(rows.run_id[m], rows.step[m], p_all[m] >= up),
-                _flaps(rows.run_id[m], rows.step[m], sticky[m]),
+                _flaps(rows.run_id[m], rows.step[m], (sticky if model.uses_uplift(dom) else sticky_p)[m]),
                 np.zeros(0),
             )
     for dom in sorted(set(at.domain.tolist())):
@@ -109,7 +114,9 @@ def held_out_scores(
                 else pl[i]
             )
         pst = np.array([pst_max[x] for x in r.run_id.astype(str)]) if pst_max else None
-        out[dom] = {"mode": model.mode(dom)[0], **_domain_scores(r, pf - pl, fail, pst, cfg)}
+        # the gated policy's ranking: the uplift, or per-step-threshold's where that is the prior policy
+        gated = pf - pl if model.uses_uplift(dom) or pst is None else pst
+        out[dom] = {"mode": model.mode(dom)[0], **_domain_scores(r, gated, fail, pst, cfg)}
         if dom in flaps:
             out[dom]["flaps_per_run"] = {
                 "per_step_threshold": float(flaps[dom][0].mean()),
@@ -148,6 +155,49 @@ def _domain_scores(
     }
 
 
+def choose_priors(model: BenefitModel, rows: BenefitRows, oof_esc: Any, cfg: BenefitConfig) -> dict[str, Any]:
+    """Each prior-mode domain's prior policy (:class:`models.benefit.DomainBenefit.prior`).
+
+    The escalation classifier's *out-of-fold* P(needs frontier) on the training rows (the job's
+    grouped CV, ``oof_esc``: ``run_id`` and ``model`` per labelled step) ranks a run by its largest
+    P over its steps (what per-step-threshold escalates on); its AIQ on the domain's paired runs is
+    compared with random mixing (the base-rates prior, for any value of the cost knob). The
+    classifier becomes the prior policy only when it wins by more than the SE of the difference
+    (task bootstrap); the reason gets the figures either way. Without OOF scores (no CV) every
+    domain keeps the base rates."""
+    out: dict[str, Any] = {}
+    if oof_esc is None:
+        return out
+    best: dict[str, float] = {}
+    for rid, p in zip(np.asarray(oof_esc["run_id"]).astype(str), np.asarray(oof_esc["model"]), strict=True):
+        if np.isfinite(p):
+            best[rid] = max(best.get(rid, 0.0), float(p))
+    at = rows.subset(rows.step == cfg.eval_step)
+    for dom, d in model.domains.items():
+        if d.mode != "prior":
+            continue
+        r = at.subset((at.domain == dom) & np.isin(at.run_id.astype(str), list(best)))
+        if len(r) < 2:
+            continue
+        s = np.array([best[x] for x in r.run_id.astype(str)])
+        z = np.zeros(len(r))
+
+        def gain(i: Any, r: BenefitRows = r, s: np.ndarray = s, z: np.ndarray = z) -> float:
+            return uplift.aiq(s[i], r.y_local[i], r.y_frontier[i]) - uplift.aiq(
+                z[i], r.y_local[i], r.y_frontier[i]
+            )
+
+        g = gain(np.arange(len(r)))
+        se = uplift.bootstrap_se(gain, r.task, cfg.n_boot, cfg.seed)
+        if np.isfinite(se) and g > se:
+            d.prior = "escalation"
+            d.reason += f"; prior policy: the escalation classifier (training AIQ {g:+.3f} over random mixing, SE {se:.3f})"
+        else:
+            d.reason += f"; prior policy: base rates (the escalation classifier's AIQ {g:+.3f}, SE {se:.3f}, is no better)"
+        out[dom] = {"prior": d.prior, "aiq_gain_over_random_mix": g, "se": se, "n_runs": int(len(r))}
+    return out
+
+
 def _emb(r: BenefitRows, i: int) -> np.ndarray | None:
     return None if r.E is None or np.isnan(r.E[i]).any() else r.E[i]
 
@@ -161,6 +211,7 @@ def benefit_stage(
     tables: bool,
     escalation: Any = None,
     thresholds: dict[str, float] | None = None,
+    oof_escalation: Any = None,
 ) -> tuple[BenefitModel | None, dict[str, Any]]:
     """``(model, report)`` for the bundle (module docstring). BLAS runs on one thread here: the
     matrices are small and on a busy 2-core machine two BLAS threads made a 384 x 384 eigh 40x
@@ -168,7 +219,7 @@ def benefit_stage(
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):
-        return _stage(runs, train, held, cfg, tables, escalation, thresholds)
+        return _stage(runs, train, held, cfg, tables, escalation, thresholds, oof_escalation)
 
 
 def _stage(
@@ -179,11 +230,16 @@ def _stage(
     tables: bool,
     escalation: Any,
     thresholds: dict[str, float] | None,
+    oof_escalation: Any,
 ) -> tuple[BenefitModel | None, dict[str, Any]]:
     rows = benefit_rows(runs, train.X, train.meta)
     if rows is None or len(rows) == 0:
         return None, {}
     model, gate_report = fit_benefit(rows, cfg)
+    priors = choose_priors(model, rows, oof_escalation, cfg)
+    for dom, d in model.domains.items():
+        gate_report[dom]["reason"] = d.reason
+        gate_report[dom]["prior"] = d.prior
     report: dict[str, Any] = {
         "config": cfg.model_dump(),
         "n_runs": int((rows.step == cfg.eval_step).sum()),
@@ -192,6 +248,7 @@ def _stage(
         ),
         "prior": {"p_local": model.p_local, "p_frontier": model.p_frontier},
         "domains": gate_report,
+        "priors": priors,
     }
     if tables:
         from training.benefit_eval import (

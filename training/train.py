@@ -289,7 +289,14 @@ def train_on_log(
     from training.benefit_job import benefit_stage
 
     bundle.benefit, report["benefit"] = benefit_stage(
-        log.runs, train, held, cfg.benefit, tables=cfg.evaluate, escalation=esc, thresholds=bundle.thresholds
+        log.runs,
+        train,
+        held,
+        cfg.benefit,
+        tables=cfg.evaluate,
+        escalation=esc,
+        thresholds=bundle.thresholds,
+        oof_escalation=oof.get("escalation"),
     )
     t = lap("benefit_s", t)
     if len(held):
