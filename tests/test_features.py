@@ -124,7 +124,7 @@ def _router_prefix(k: int) -> RunPrefix:
 
 
 def test_layout_is_versioned_and_fixed():
-    assert FEATURE_SPEC_VERSION == "fs-1"
+    assert FEATURE_SPEC_VERSION == "fs-2"
     assert len(FEATURE_NAMES) == len(set(FEATURE_NAMES)) == N_FEATURES
     x = extract(_router_prefix(2))
     assert x.dtype == np.float64 and x.shape == (N_FEATURES,)
