@@ -2,27 +2,17 @@
 :func:`features.extract.extract` reads instead of walking every step.
 
 Per step folded in (:meth:`StepAggregate.add`, O(its tool calls)): token sums and maxima, tool-call
-counts per hash bucket (``crc32(name) % N_TOOL_BUCKETS``) and per verb class
-(:mod:`features.verbs`; and the last step's write-class calls), the tool-call-key counts behind the
+counts per verb class (:mod:`features.verbs`; and the last step's write-class calls), the tool-call-key counts behind the
 repeated-call features, the tool-error streak, structured outputs, cache counters, tier switches
 and tool pauses.
 """
 
 from __future__ import annotations
 
-import zlib
-
 from features.prefix import StepView
 from features.verbs import WRITE, verb_class
 
-__all__ = ["N_TOOL_BUCKETS", "tool_bucket", "StepAggregate"]
-
-N_TOOL_BUCKETS = 8
-
-
-def tool_bucket(name: str) -> int:
-    """Stable bucket of a tool name: ``crc32(utf-8 name) % N_TOOL_BUCKETS``."""
-    return zlib.crc32(name.encode("utf-8")) % N_TOOL_BUCKETS
+__all__ = ["StepAggregate"]
 
 
 class StepAggregate:
@@ -39,7 +29,6 @@ class StepAggregate:
         "out_sum",
         "out_max",
         "n_calls",
-        "buckets",
         "verbs",
         "last_write",
         "seen",
@@ -66,7 +55,6 @@ class StepAggregate:
         self.out_sum = 0
         self.out_max = 0
         self.n_calls = 0
-        self.buckets = [0] * N_TOOL_BUCKETS
         self.verbs = [0, 0, 0]  # read, write, other (features.verbs)
         self.last_write = 0  # write-class calls of the last step
         self.seen: dict[str, int] = {}
@@ -106,10 +94,9 @@ class StepAggregate:
         calls = s.tool_calls
         if calls:
             self.n_calls += len(calls)
-            buckets, verbs = self.buckets, self.verbs
+            verbs = self.verbs
             w0 = verbs[WRITE]
             for name in calls:
-                buckets[zlib.crc32(name.encode("utf-8")) % N_TOOL_BUCKETS] += 1
                 verbs[verb_class(name)] += 1
             self.last_write = verbs[WRITE] - w0
         else:

@@ -27,10 +27,10 @@ no verb classes and no signals):
 - tool mix: ``n_tool_calls``, ``tool_calls_last``; per verb class v of :mod:`features.verbs`
   (read / write / other, from the tool name, the same meaning in every domain)
   ``verb_<v>_calls`` / ``verb_<v>_share``, and ``verb_write_last`` (write-class calls of the last
-  step); per hash bucket b of :data:`N_TOOL_BUCKETS` ``tool_bucket_count_b`` /
-  ``tool_bucket_share_b`` (``crc32(name) % N_TOOL_BUCKETS``: a stable hash, Python's ``hash()`` is
-  salted per process; kept beside the verbs because a task-grouped CV on the shipped data found
-  them still adding in-domain, see CHANGELOG ``fs-2``).
+  step). ``fs-1``'s 16 hash-bucket features (``crc32(name) % 8``) are gone: on tau2-bench
+  (``bench/feature_ablation.py --tau2``, task-grouped CV) they added nothing in-domain beyond the
+  SE and cost 0.05-0.10 AUC on a domain the model never saw (one domain's tools' meanings carried
+  onto another's), see CHANGELOG ``fs-2``.
 - trouble: ``tool_errors`` (errored tool results so far, the new request's included),
   ``tool_error_streak`` (consecutive errored results ending at the newest), ``new_tool_errors``
   (errored results the new request carries: the last step's calls), ``repeated_tool_calls`` (calls
@@ -59,7 +59,7 @@ import math
 
 import numpy as np
 
-from features.aggregate import N_TOOL_BUCKETS, StepAggregate, tool_bucket
+from features.aggregate import StepAggregate
 from features.logged import iter_frame_prefixes, iter_prefixes, step_views, steps_columns
 from features.prefix import SIGNAL_KINDS, RunPrefix, signal_kind
 from features.verbs import VERB_CLASSES
@@ -68,8 +68,6 @@ __all__ = [
     "FEATURE_SPEC_VERSION",
     "FEATURE_NAMES",
     "N_FEATURES",
-    "N_TOOL_BUCKETS",
-    "tool_bucket",
     "StepAggregate",
     "extract",
     "extract_dict",
@@ -99,9 +97,6 @@ _VERBS: tuple[str, ...] = (
     + tuple(f"verb_{v}_share" for v in VERB_CLASSES)
     + ("verb_write_last",)
 )
-_BUCKETS: tuple[str, ...] = tuple(f"tool_bucket_count_{b}" for b in range(N_TOOL_BUCKETS)) + tuple(
-    f"tool_bucket_share_{b}" for b in range(N_TOOL_BUCKETS)
-)
 _TROUBLE: tuple[str, ...] = (
     "tool_errors",
     "tool_error_streak",
@@ -127,12 +122,10 @@ _TAIL: tuple[str, ...] = (
     "new_wants_json",
     "local_cache_pressure",
 )
-FEATURE_NAMES: tuple[str, ...] = _HEAD + _VERBS + _BUCKETS + _TROUBLE + _SIGNALS + _TAIL
+FEATURE_NAMES: tuple[str, ...] = _HEAD + _VERBS + _TROUBLE + _SIGNALS + _TAIL
 N_FEATURES = len(FEATURE_NAMES)
 _V = len(_HEAD)  # first index of _VERBS
-_BUCKET0 = _V + len(_VERBS)
-_SHARE0 = _BUCKET0 + N_TOOL_BUCKETS
-_TR = _SHARE0 + N_TOOL_BUCKETS  # first index of _TROUBLE
+_TR = _V + len(_VERBS)  # first index of _TROUBLE
 _SG = _TR + len(_TROUBLE)  # first index of _SIGNALS
 _NK = len(SIGNAL_KINDS)
 _T = _SG + len(_SIGNALS)  # first index of _TAIL
@@ -158,7 +151,6 @@ def extract(prefix: RunPrefix, out: np.ndarray | None = None) -> np.ndarray:
         a = StepAggregate.of(steps)
         prefix.aggregate = a
     n_calls = a.n_calls
-    buckets = a.buckets
     streak = a.streak
 
     new_err = 0
@@ -196,9 +188,6 @@ def extract(prefix: RunPrefix, out: np.ndarray | None = None) -> np.ndarray:
         x[_V + v] = verbs[v]
         x[_V + 3 + v] = verbs[v] / n_calls if n_calls else 0.0
     x[_V + 6] = a.last_write
-    for b in range(N_TOOL_BUCKETS):
-        x[_BUCKET0 + b] = buckets[b]
-        x[_SHARE0 + b] = buckets[b] / n_calls if n_calls else 0.0
     i = _TR
     x[i] = a.errors + new_err
     x[i + 1] = streak
