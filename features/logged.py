@@ -22,7 +22,7 @@ from features.prefix import RunPrefix, StepView
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["iter_prefixes", "iter_frame_prefixes", "step_views", "steps_columns"]
+__all__ = ["iter_prefixes", "iter_frame_prefixes", "step_views", "steps_columns", "run_context", "signals_of"]
 
 
 def _opt(v: Any) -> Any:
@@ -217,3 +217,27 @@ def iter_frame_prefixes(
         for j, p in enumerate(_run_prefixes(cols, lo, hi, start, dom, emb)):
             yield lo + j, p
         lo = hi
+
+
+def signals_of(v: Any) -> tuple[str, ...]:
+    """A logged ``signals`` cell (list, Arrow array, None, NaN) as a tuple of kinds."""
+    return _tup(v)
+
+
+def run_context(runs: pd.DataFrame) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """``(domain per run_id, task embedding per run_id)`` from run records (the runs that have
+    them; a run logged twice takes its last non-null value, as :func:`features.runmerge.merge_runs`)."""
+    domains: dict[str, str] = {}
+    embeddings: dict[str, np.ndarray] = {}
+    if len(runs) == 0:
+        return domains, embeddings
+    ids = runs["run_id"].tolist()
+    dom = runs["domain"].tolist() if "domain" in runs.columns else [None] * len(ids)
+    emb = runs["task_embedding"].tolist() if "task_embedding" in runs.columns else [None] * len(ids)
+    for rid, d, e in zip(ids, dom, emb, strict=True):
+        key = str(rid)
+        if isinstance(d, str) and d:
+            domains[key] = d
+        if e is not None and not isinstance(e, float) and len(e):
+            embeddings[key] = np.asarray(e, dtype=np.float32)
+    return domains, embeddings
