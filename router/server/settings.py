@@ -87,6 +87,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from router.policy.admission import AdmissionConfig
+from router.server.runcontext import RunContextSettings
 from router.server.settings_tiers import (
     FrontierTier,
     IdentitySettings,
@@ -113,6 +114,7 @@ __all__ = [
     "IdentitySettings",
     "TracingSettings",
     "MetricsSettings",
+    "RunContextSettings",
     "RouterSettings",
     "SettingsError",
     "ProtocolName",
@@ -364,6 +366,7 @@ class RouterSettings(BaseSettings):
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    context: RunContextSettings = Field(default_factory=RunContextSettings)
 
     @field_validator("policy", mode="before")
     @classmethod

@@ -1,0 +1,243 @@
+"""A run's context in the sidecar: its domain and its task embedding (contract C2), set once per run.
+
+Domain (:func:`resolve_domain`, at a run's first step on this router), the first that applies:
+
+1. the ``x-runroute-domain`` request header (the client says it; the deployment's most reliable
+   source);
+2. ``context.tenant_domains[tenant]``: the request's tenant (the ``admission`` tenant: header
+   ``x-runroute-tenant``, else the request's user) mapped in settings;
+3. ``metadata.domain`` in the request body (OpenAI ``metadata``; Anthropic ``metadata``);
+4. ``context.agent_domains[agent]``: the ``x-runroute-agent`` header (an agent name) mapped in
+   settings, else the agent name itself;
+5. ``sys-<8 hex>``: a short hash (SHA-256) of the run's system prompt when it has one: runs of one
+   agent share a system prompt, so they share a domain even when nobody configured it;
+6. None (the predictor's global prior serves the run).
+
+A value is cleaned to at most 64 characters of ``[A-Za-z0-9._:/-]`` (others become ``_``), so it
+is safe in logs, metrics labels and the run log.
+
+Task embedding (:class:`TaskEmbedder`): at a run's first step the text of its first user message
+(the protocol adapter's ``opening``: chat, Responses and Messages alike) is embedded with
+``features.embed.embed_texts`` on one background thread (numpy releases the GIL; the event loop
+never runs the model). The first step waits at most ``context.embed_wait_ms`` (default 25 ms) for
+the vector, so a fast embedding already informs the first decision; otherwise it goes on without,
+and a later step of the run takes the vector once the thread has it (one ``done()`` check per
+step, nothing else). The text is never stored or logged; the vector goes to
+``RunPrefix.task_embedding`` and to the run log's ``Run.task_embedding`` when the run ends. At most
+``context.embed_queue`` embeddings wait at once; a run that finds the queue full gets none (the
+load shows in ``TaskEmbedder.dropped``). The model's weights are loaded in the background at
+start-up (``warm``), so the first run does not pay for them.
+
+Knobs (``context.*``): ``embed`` (``auto``: on when ``features.embed.available()``; ``on``; ``off``),
+``embed_wait_ms``, ``embed_queue``, ``tenant_domains``, ``agent_domains``, ``domain_header``,
+``agent_header``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["RunContextSettings", "resolve_domain", "clean_domain", "TaskEmbedder", "RunContext"]
+
+log = logging.getLogger("runroute.context")
+
+_BAD = re.compile(r"[^A-Za-z0-9._:/-]")
+
+
+class RunContextSettings(BaseModel):
+    """``context``: how the sidecar knows a run's domain and task embedding (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    embed: Literal["auto", "on", "off"] = "auto"
+    embed_wait_ms: float = Field(default=25.0, ge=0, le=1000)
+    embed_queue: int = Field(default=64, ge=1)
+    domain_header: str = "x-runroute-domain"
+    agent_header: str = "x-runroute-agent"
+    tenant_domains: dict[str, str] = Field(default_factory=dict)
+    agent_domains: dict[str, str] = Field(default_factory=dict)
+
+
+def clean_domain(v: Any) -> str | None:
+    """A domain value made safe (module docstring); None for empty / non-string values."""
+    if not isinstance(v, str):
+        return None
+    v = v.strip()
+    if not v:
+        return None
+    return _BAD.sub("_", v[:64])
+
+
+def resolve_domain(
+    cfg: RunContextSettings,
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    tenant: str | None,
+    system: str | None,
+) -> tuple[str | None, str]:
+    """``(domain, how)`` of a run's first request; ``how`` names the rule that gave it (module
+    docstring): ``header``, ``tenant``, ``metadata``, ``agent``, ``system-prompt`` or ``none``."""
+    d = clean_domain(headers.get(cfg.domain_header))
+    if d:
+        return d, "header"
+    if tenant is not None and tenant in cfg.tenant_domains:
+        d = clean_domain(cfg.tenant_domains[tenant])
+        if d:
+            return d, "tenant"
+    meta = body.get("metadata")
+    if isinstance(meta, dict):
+        d = clean_domain(meta.get("domain"))
+        if d:
+            return d, "metadata"
+    agent = headers.get(cfg.agent_header)
+    if agent:
+        d = clean_domain(cfg.agent_domains.get(agent, agent))
+        if d:
+            return d, "agent"
+    if system:
+        return "sys-" + hashlib.sha256(system.encode("utf-8", "replace")).hexdigest()[:8], "system-prompt"
+    return None, "none"
+
+
+class TaskEmbedder:
+    """The background task embedding of runs (module docstring). ``embed_fn`` is injected (tests);
+    the default is ``features.embed.embed_texts``, imported on first use."""
+
+    def __init__(self, cfg: RunContextSettings, embed_fn: Any = None):
+        self.wait_s = cfg.embed_wait_ms / 1000.0
+        self.queue_max = cfg.embed_queue
+        self._fn = embed_fn
+        self._pool: ThreadPoolExecutor | None = None
+        self.submitted = 0  # written on the event loop only
+        self.finished = 0  # written on the embedding thread only
+        self.dropped = 0
+        self.done = 0
+        self.failed = 0
+
+    @staticmethod
+    def enabled(cfg: RunContextSettings) -> bool:
+        """Whether the settings turn embedding on (``auto``: when the model is installed)."""
+        if cfg.embed == "off":
+            return False
+        if cfg.embed == "on":
+            return True
+        try:
+            from features.embed import available
+        except ImportError:  # pragma: no cover - an install without features.embed
+            return False
+        return bool(available())
+
+    def _embed(self, text: str) -> Any:
+        fn = self._fn
+        if fn is None:
+            from features.embed import embed_texts
+
+            fn = self._fn = embed_texts
+        try:
+            vec = fn([text])[0]
+            self.done += 1
+            return vec
+        except Exception:  # noqa: BLE001 - no embedding is a missing feature, never a failed step
+            self.failed += 1
+            log.exception("task embedding failed")
+            return None
+        finally:
+            self.finished += 1
+
+    @property
+    def pending(self) -> int:
+        """Embeddings queued or running."""
+        return self.submitted - self.finished
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runroute-embed")
+        return self._pool
+
+    def warm(self) -> None:
+        """Load the model's weights in the background (the first run does not pay for it)."""
+
+        def load() -> None:
+            try:
+                from features.embed import get_embedder
+
+                get_embedder().load()
+            except Exception:  # noqa: BLE001 - a later embed call reports it
+                log.warning("task embedding: model could not be loaded in the background", exc_info=True)
+
+        if self._fn is None:
+            self._executor().submit(load)
+
+    def start(self, text: str | None) -> Future[Any] | None:
+        """Queue one run's embedding; None when there is no text or the queue is full."""
+        if not text:
+            return None
+        if self.pending >= self.queue_max:
+            self.dropped += 1
+            return None
+        self.submitted += 1
+        return self._executor().submit(self._embed, text)
+
+    async def first(self, fut: Future[Any] | None) -> Any:
+        """The vector when it is ready within the first step's budget, else None (it stays queued)."""
+        if fut is None:
+            return None
+        if not fut.done() and self.wait_s > 0:
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), self.wait_s)
+            except (TimeoutError, asyncio.TimeoutError):
+                return None
+        return fut.result() if fut.done() else None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+class RunContext:
+    """The proxy's per-step hook for the run context: at a run's first step on this router its
+    domain and task embedding (module docstring); at every step the signals posted since the
+    run's previous step (from the run-state store)."""
+
+    def __init__(self, cfg: RunContextSettings, embed_fn: Any = None):
+        self.cfg = cfg
+        self.embedder = (
+            TaskEmbedder(cfg, embed_fn) if embed_fn is not None or TaskEmbedder.enabled(cfg) else None
+        )
+
+    def start(self) -> None:
+        if self.embedder is not None:
+            self.embedder.warm()
+
+    def close(self) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
+
+    async def step(
+        self, hist: Any, headers: Mapping[str, str], proto: Any, req: Any, tenant: str | None, store: Any
+    ) -> tuple[str, ...]:
+        """Set the run's context on ``hist`` (a :class:`router.core.runs.RunTrack`) and return the
+        signals new since its previous step."""
+        sig = await store.signals(hist.run_id)  # first: right after begin_step, which read them
+        emb = self.embedder
+        if not hist.context_done:
+            hist.context_done = True
+            system, first, _ = proto.opening(req)
+            hist.domain, hist.domain_source = resolve_domain(self.cfg, headers, req.body, tenant, system)
+            if emb is not None:
+                hist.embed_future = emb.start(first)
+                hist.task_embedding = await emb.first(hist.embed_future)
+        elif hist.task_embedding is None and hist.embed_future is not None and hist.embed_future.done():
+            hist.task_embedding = hist.embed_future.result()
+            hist.embed_future = None
+        seen = len(hist.signals)
+        return tuple(sig[seen:]) if len(sig) > seen else ()
