@@ -1,0 +1,292 @@
+"""Observed trouble over real HTTP: ``POST /v1/runs/{id}/signal`` (validation, 404, auth), the next
+step's features and run-log record see the signal, a ``verifier_failed`` escalates the run when the
+benefit rule says so and not while the dwell holds; with Redis two routers see each other's
+signals; the run's domain and task embedding (set once, at its first step) reach the run log.
+
+Real uvicorn on loopback, fake vLLM + fake frontier (router.fakes), the ``learned`` policy with a
+stand-in predictor whose P(frontier) rises with the signal feature (the routing mechanics, not a
+model, are under test here).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from features.extract import FEATURE_NAMES
+from features.prefix import SIGNAL_KINDS
+from models.predictor import FeaturePredictor
+from models.types import Predictions
+from router.fakes.launch import fake_in_thread
+from router.server.app import create_app, serve_in_thread
+from router.server.settings import RouterSettings
+
+_NEW_VF = FEATURE_NAMES.index("new_sig_verifier_failed")
+
+
+class SignalPredictor(FeaturePredictor):
+    """P(frontier) 0.9 at a step that sees a new verifier_failed signal, else 0; 10k tokens left (so
+    with the frontier's prices a run with P = 0 is worth bringing back, one with 0.9 escalating)."""
+
+    version = "signal-test"
+
+    def predict_features(self, x: np.ndarray) -> Predictions:
+        p = 0.9 if x[_NEW_VF] > 0 else 0.0
+        return Predictions(p_frontier=p, remaining_tokens_p50=10000.0, remaining_steps_p50=3.0)
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    knobs = dict(model="local-model", base_ms=1.0, prefill_ms_per_token=0.001, decode_ms_per_token=0.1)
+    with (
+        fake_in_thread("vllm", name="v0", **knobs) as v0,
+        fake_in_thread("frontier", model="frontier-model", zero_latency=True, api_key="sk-front") as fr,
+    ):
+        yield v0, fr
+
+
+def make_settings(tmp_path: Path, fakes, **over) -> RouterSettings:
+    v0, fr = fakes
+    os.environ["RR_TEST_FRONTIER_KEY"] = "sk-front"
+    base = {
+        "local": {"urls": [v0.url], "model": "local-model"},
+        "frontier": {
+            "url": fr.base_url,
+            "model": "frontier-model",
+            "api_key_env": "RR_TEST_FRONTIER_KEY",
+            "price_in_per_m": 10.0,
+            "price_cached_in_per_m": 1.0,
+            "price_out_per_m": 30.0,
+        },
+        "policy": {
+            "kind": "learned",
+            "p_frontier_up": 0.5,
+            "p_frontier_down": 0.3,
+            "min_dwell_steps": 3,
+            "max_switches": 4,
+            "value_of_success_usd": 5.0,
+        },
+        # the learned kind wants a bundle source; the stand-in predictor is installed instead
+        "bundle": {"path": str(tmp_path / "unused-bundle"), "watch_s": 0},
+        "scrape": {"interval_s": 0},
+        "runlog": {"dir": str(tmp_path / "logs")},
+        "context": {"embed": "off"},
+    }
+    base.update(over)
+    return RouterSettings.load(None, **base)
+
+
+def _step(c: httpx.Client, run_id: str, k: int, headers: dict[str, str] | None = None) -> httpx.Response:
+    msgs = [
+        {"role": "system", "content": "You are a careful airline agent."},
+        {"role": "user", "content": "Change my flight to Las Vegas."},
+    ]
+    for i in range(k):
+        msgs += [{"role": "assistant", "content": f"step {i}"}, {"role": "user", "content": "go on"}]
+    r = c.post(
+        "/v1/chat/completions",
+        json={"model": "auto", "messages": msgs},
+        headers={"x-run-id": run_id, **(headers or {})},
+    )
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _log(tmp_path: Path):
+    from features.runlog import read_runlog
+
+    return read_runlog(sorted((tmp_path / "logs").glob("runlog-*")))
+
+
+def test_signal_kinds_match_the_published_schema():
+    from router.server.openapi import RunSignalRequest
+
+    kinds = RunSignalRequest.model_json_schema()["properties"]["kind"]["enum"]
+    assert tuple(kinds) == SIGNAL_KINDS
+
+
+def test_signal_endpoint_refuses_bad_input_and_unknown_runs(tmp_path, fakes):
+    app = create_app(make_settings(tmp_path, fakes), bundle=SignalPredictor())
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+        r = c.post("/v1/runs/nobody/signal", json={"kind": "verifier_failed"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "run_not_found"
+        _step(c, "r-bad", 0)
+        cases = [
+            (b"{not json", 400, "invalid_json"),
+            (b"[1, 2]", 422, "body_not_object"),
+            (b"", 422, "body_not_object"),
+            (b'{"detail": {}}', 422, "invalid_signal_kind"),
+            (b'{"kind": "exploded"}', 422, "invalid_signal_kind"),
+            (b'{"kind": 7}', 422, "invalid_signal_kind"),
+            (b'{"kind": "other", "detail": "text"}', 422, "invalid_signal_detail"),
+            (b'{"kind": "other", "why": 1}', 422, "unknown_field"),
+            (b'{"kind": "other", "detail": {"x": "' + b"a" * 70000 + b'"}}', 413, "body_too_large"),
+        ]
+        for body, status, code in cases:
+            r = c.post("/v1/runs/r-bad/signal", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == status, (body[:40], r.text)
+            err = r.json()["error"]
+            assert err["code"] == code and err["message"], err
+        assert c.get("/v1/runs/r-bad").json()["signals"] == []  # nothing bad was stored
+        ok = c.post("/v1/runs/r-bad/signal", json={"kind": "tests_failed", "detail": {"failed": 3}})
+        assert ok.status_code == 200 and ok.json()["signals"] == 1
+        assert c.get("/v1/runs/r-bad").json()["signals"] == ["tests_failed"]
+        paths = c.get("/openapi.json").json()["paths"]
+        assert "post" in paths["/v1/runs/{run_id}/signal"]
+
+
+def test_signal_answers_only_the_key_that_started_the_run(tmp_path, fakes):
+    app = create_app(
+        make_settings(tmp_path, fakes, server={"api_keys": ["ka", "kb"]}), bundle=SignalPredictor()
+    )
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+        _step(c, "r-auth", 0, {"authorization": "Bearer ka"})
+        sig = {"kind": "verifier_failed"}
+        assert c.post("/v1/runs/r-auth/signal", json=sig).status_code == 401
+        other = c.post("/v1/runs/r-auth/signal", json=sig, headers={"authorization": "Bearer kb"})
+        assert other.status_code == 404 and other.json()["error"]["code"] == "run_not_found"
+        mine = c.post("/v1/runs/r-auth/signal", json=sig, headers={"authorization": "Bearer ka"})
+        assert mine.status_code == 200
+
+
+def test_verifier_failed_escalates_when_the_rule_allows_and_dwell_holds(tmp_path, fakes):
+    """Step 0 local; verifier_failed -> step 1 escalates (the predictor's P rises with the signal);
+    steps 2-3 want to come back but the dwell (3 steps) holds; step 4 de-escalates; a second
+    verifier_failed right after -> step 5 wants to escalate again, and the dwell holds it local. A
+    run with no signal stays local throughout."""
+    app = create_app(make_settings(tmp_path, fakes), bundle=SignalPredictor())
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+        tiers, reasons = [], []
+        for k in range(6):
+            if k in (1, 5):
+                r = c.post("/v1/runs/r-esc/signal", json={"kind": "verifier_failed"})
+                assert r.status_code == 200
+            resp = _step(c, "r-esc", k)
+            tiers.append(resp.headers["x-runroute-tier"])
+            reasons.append(c.get("/v1/runs/r-esc").json()["steps"][-1]["reason"])
+        for k in range(6):
+            assert _step(c, "r-calm", k).headers["x-runroute-tier"] == "local"
+        for rid in ("r-esc", "r-calm"):
+            assert c.post(f"/v1/runs/{rid}/end", json={"outcome": "failure"}).status_code == 200
+    assert tiers == ["local", "frontier", "frontier", "frontier", "local", "local"], (tiers, reasons)
+    assert reasons[1] == "escalate" and reasons[2] == reasons[3] == "hold-dwell"
+    assert reasons[4] == "de-escalate" and reasons[5] == "hold-dwell"
+    log = _log(tmp_path)
+    steps = log.steps[log.steps["run_id"] == "r-esc"].sort_values("step")
+    sig = [list(s) if s is not None else None for s in steps["signals"].tolist()]
+    assert sig == [None, ["verifier_failed"], None, None, None, ["verifier_failed"]]
+    X = np.array(steps["features"].tolist())
+    assert X[:, FEATURE_NAMES.index("sig_verifier_failed")].tolist() == [0, 1, 1, 1, 1, 2]
+    assert X[:, _NEW_VF].tolist() == [0, 1, 0, 0, 0, 1]
+    runs = log.runs.set_index("run_id")
+    assert list(runs.loc["r-esc", "signals"]) == ["verifier_failed", "verifier_failed"]
+    assert runs.loc["r-calm", "signals"] is None
+
+
+def test_signal_after_the_end_is_logged_on_the_run(tmp_path, fakes):
+    app = create_app(make_settings(tmp_path, fakes), bundle=SignalPredictor())
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+        _step(c, "r-late", 0)
+        assert c.post("/v1/runs/r-late/end", json={"outcome": "success"}).status_code == 200
+        r = c.post("/v1/runs/r-late/signal", json={"kind": "verifier_failed"})
+        assert r.status_code == 200 and r.json()["ended"] is True
+    run = _log(tmp_path).runs.set_index("run_id").loc["r-late"]
+    assert list(run["signals"]) == ["verifier_failed"] and run["outcome"] == "success"
+
+
+def test_domain_and_task_embedding_reach_the_run_log(tmp_path, fakes):
+    calls: list[list[str]] = []
+
+    def embed(texts):
+        calls.append(list(texts))
+        v = np.zeros((len(texts), 384), dtype=np.float32)
+        v[:, 0] = 1.0
+        return v
+
+    s = make_settings(tmp_path, fakes, context={"embed": "on", "embed_wait_ms": 500})
+    app = create_app(s, bundle=SignalPredictor(), embed_fn=embed)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+        for k in range(3):
+            _step(c, "r-dom", k, {"x-runroute-domain": "airline"})
+        for k in range(2):
+            _step(c, "r-hash", k)
+        run = c.get("/v1/runs/r-dom").json()
+        assert run["domain"] == "airline" and run["domain_source"] == "header"
+        hashed = c.get("/v1/runs/r-hash").json()
+        assert hashed["domain"].startswith("sys-") and hashed["domain_source"] == "system-prompt"
+        for rid in ("r-dom", "r-hash"):
+            c.post(f"/v1/runs/{rid}/end", json={})
+        hist = app.state.proxy.runs["r-dom"]
+        assert hist.task_embedding is not None and hist.task_embedding[0] == 1.0
+    assert calls == [["Change my flight to Las Vegas."]] * 2  # once per run, the first user text only
+    runs = _log(tmp_path).runs.set_index("run_id")
+    assert runs.loc["r-dom", "domain"] == "airline"
+    emb = np.asarray(runs.loc["r-dom", "task_embedding"])
+    assert emb.shape == (384,) and emb[0] == 1.0
+    logged = _log(tmp_path)
+    assert "Las Vegas" not in logged.runs.to_json() + logged.steps.to_json()  # never the text
+
+
+def test_resolve_domain_order():
+    from router.server.runcontext import RunContextSettings, resolve_domain
+
+    cfg = RunContextSettings(tenant_domains={"acme": "retail"}, agent_domains={"bot-7": "telecom"})
+    hdr = {"x-runroute-domain": "air line!", "x-runroute-agent": "bot-7"}
+    body = {"metadata": {"domain": "meta"}}
+    assert resolve_domain(cfg, hdr, body, "acme", "sys") == ("air_line_", "header")
+    assert resolve_domain(cfg, {"x-runroute-agent": "bot-7"}, body, "acme", "sys") == ("retail", "tenant")
+    assert resolve_domain(cfg, {"x-runroute-agent": "bot-7"}, body, None, "sys") == ("meta", "metadata")
+    assert resolve_domain(cfg, {"x-runroute-agent": "bot-7"}, {}, None, "sys") == ("telecom", "agent")
+    assert resolve_domain(cfg, {"x-runroute-agent": "free"}, {}, None, "sys") == ("free", "agent")
+    d, how = resolve_domain(cfg, {}, {}, None, "You are an agent.")
+    assert how == "system-prompt" and d == resolve_domain(cfg, {}, {}, "t", "You are an agent.")[0]
+    assert resolve_domain(cfg, {}, {}, None, None) == (None, "none")
+
+
+def test_first_step_does_not_wait_past_the_budget(tmp_path, fakes):
+    """A slow embedding: the first step goes on after embed_wait_ms; a later step gets the vector."""
+
+    def slow(texts):
+        time.sleep(0.3)
+        return np.ones((len(texts), 384), dtype=np.float32)
+
+    s = make_settings(tmp_path, fakes, context={"embed": "on", "embed_wait_ms": 10})
+    app = create_app(s, bundle=SignalPredictor(), embed_fn=slow)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+        t0 = time.perf_counter()
+        _step(c, "r-slow", 0)
+        assert time.perf_counter() - t0 < 0.25
+        hist = app.state.proxy.runs["r-slow"]
+        assert hist.task_embedding is None
+        time.sleep(0.4)
+        _step(c, "r-slow", 1)
+        assert hist.task_embedding is not None and float(hist.task_embedding[0]) == 1.0
+
+
+@pytest.mark.redis
+def test_two_routers_on_redis_see_each_others_signals(tmp_path, fakes):
+    prefix = f"rr-sig-{uuid.uuid4().hex[:8]}:"
+    store = {"kind": "redis", "key_prefix": prefix, "redis_url": "redis://127.0.0.1:6379/0"}
+    try:
+        import redis
+
+        redis.Redis(socket_connect_timeout=0.5).ping()
+    except Exception:  # noqa: BLE001
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    a = create_app(make_settings(tmp_path / "a", fakes, store=store), bundle=SignalPredictor())
+    b = create_app(make_settings(tmp_path / "b", fakes, store=store), bundle=SignalPredictor())
+    with serve_in_thread(a) as ua, serve_in_thread(b) as ub:
+        with httpx.Client(base_url=ua, timeout=10) as ca, httpx.Client(base_url=ub, timeout=10) as cb:
+            _step(ca, "r-two", 0)
+            assert cb.post("/v1/runs/r-two/signal", json={"kind": "verifier_failed"}).status_code == 200
+            assert _step(ca, "r-two", 1).headers["x-runroute-tier"] == "frontier"  # A saw B's signal
+            assert cb.get("/v1/runs/nope/signal").status_code in (404, 405)
+            ca.post("/v1/runs/r-two/end", json={})
+    steps = _log(tmp_path / "a").steps
+    assert list(steps.sort_values("step")["signals"].tolist()[1]) == ["verifier_failed"]
