@@ -74,11 +74,11 @@ class Run(_Base):
     n_steps: NonNegInt | None = None
     # why the run ended: "client" (the client ended it), "idle" (no step for identity.idle_end_s)
     end_reason: str | None = None
-    # the run's domain (router logs: resolved at its first step, see router.server.domain;
-    # importers: the benchmark's domain); training and replay give it to RunPrefix.domain
-    domain: str | None = None
-    # features.embed vector (EMBED_DIM floats) of the run's first user message; never the text
     task_embedding: list[float] | None = None
+    # (task_embedding: the features.embed vector, EMBED_DIM floats, of the run's first user message;
+    # never the text.) domain: the run's domain (router logs: resolved at its first step, see
+    # router.server.runcontext; importers: the benchmark's); training and replay give both to RunPrefix
+    domain: str | None = None
     # every signal posted on the run (POST /v1/runs/{id}/signal), oldest first, incl. those after its
     # last step (a verifier that failed the finished run); the steps' ``signals`` say when they came
     signals: list[str] | None = None
@@ -195,8 +195,8 @@ ARROW_SCHEMA = pa.schema(
         ("strong_outcome", pa.string()),
         ("n_steps", pa.int64()),
         ("end_reason", pa.string()),
-        ("domain", pa.string()),
         ("task_embedding", pa.list_(pa.float32())),
+        ("domain", pa.string()),
         ("signals", pa.list_(pa.string())),
         ("step", pa.int64()),
         ("arrival_s", pa.float64()),

@@ -189,6 +189,39 @@ def test_verifier_failed_escalates_when_the_rule_allows_and_dwell_holds(tmp_path
     assert runs.loc["r-calm", "signals"] is None
 
 
+class FlatPredictor(FeaturePredictor):
+    """P(frontier) 0.1 whatever happens: a bundle that never saw a signal."""
+
+    version = "flat-test"
+
+    def predict_features(self, x: np.ndarray) -> Predictions:
+        return Predictions(p_frontier=0.1, remaining_tokens_p50=10000.0, remaining_steps_p50=3.0)
+
+
+def test_trouble_boost_escalates_a_model_that_never_saw_signals(tmp_path, fakes):
+    """policy.trouble_boost: verifier_failed raises P past the threshold; the move still pays and
+    stays put (P stays raised while the trouble stands: no flap back). Without the knob, the same
+    signal moves nothing."""
+    pol = {"kind": "learned", "p_frontier_up": 0.5, "p_frontier_down": 0.3, "value_of_success_usd": 5.0}
+    tiers = {}
+    for name, boost in (("off", {}), ("on", {"verifier_failed": 0.5})):
+        s = make_settings(tmp_path / name, fakes, policy={**pol, "trouble_boost": boost})
+        app = create_app(s, bundle=FlatPredictor())
+        with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+            seen = []
+            for k in range(4):
+                if k == 2:
+                    assert c.post("/v1/runs/r-tb/signal", json={"kind": "verifier_failed"}).status_code == 200
+                seen.append(_step(c, "r-tb", k).headers["x-runroute-tier"])
+            tiers[name] = seen
+            reasons = [st["reason"] for st in c.get("/v1/runs/r-tb").json()["steps"]]
+            if name == "on":
+                assert reasons[2] == "escalate" and reasons[3] == "pinned", reasons
+    assert tiers == {"off": ["local"] * 4, "on": ["local", "local", "frontier", "frontier"]}
+    with pytest.raises(Exception, match="unknown signal kind"):
+        make_settings(tmp_path, fakes, policy={**pol, "trouble_boost": {"exploded": 1.0}})
+
+
 def test_signal_after_the_end_is_logged_on_the_run(tmp_path, fakes):
     app = create_app(make_settings(tmp_path, fakes), bundle=SignalPredictor())
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:

@@ -11,7 +11,7 @@ logged about a decision, happens here, synchronously, in this order:
    end) and ``local_cache_pressure`` (from the adapter's cache reading of the run's local replica).
 2. **predict**: one feature extraction (``features.extract.extract``), then
    ``predictor.predict_features(x)`` (:class:`models.predictor.Predictor`), or, for a predictor
-   that declares ``needs_context = True``, ``predictor.predict_context(x, prefix)``: the prefix
+   that declares ``reads_run_context = True``, ``predictor.predict_context(x, prefix)``: the prefix
    carries the run context (``domain``, ``task_embedding``, ``signals``; contract C2) that the
    vector does not.
 3. **snapshot**: the adapter's backend states with ``warm_prefix_tokens`` set from the router's
@@ -207,10 +207,8 @@ class StepEngine(EngineMoves):
             x = extract(prefix)
             if prefix.aggregate is not track.base.aggregate:  # extract rebuilt it: keep it for next time
                 track.base.aggregate = prefix.aggregate
-            if getattr(predictor, "needs_context", False):  # reads the run context (domain, embedding)
-                preds = predictor.predict_context(x, prefix)
-            else:
-                preds = predictor.predict_features(x)
+            ctx = getattr(predictor, "reads_run_context", False)  # domain + task embedding (benefit)
+            preds = predictor.predict_context(x, prefix) if ctx else predictor.predict_features(x)
         else:  # a predictor that reads no features (the constant one), and no record wants them
             preds = predictor.predict(prefix)
         pinned = run.replica

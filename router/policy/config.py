@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from features.prefix import SIGNAL_KINDS
 from router.policy.baselines import (
     AlwaysFrontierPolicy,
     AlwaysLocalPolicy,
@@ -39,6 +40,7 @@ from router.policy.baselines import (
 from router.policy.explore import ExploreConfig, ExplorePolicy
 from router.policy.filters import ScoreWeights
 from router.policy.learned import LearnedPolicy
+from router.policy.trouble import TroubleTerm
 from router.policy.types import Policy
 
 if TYPE_CHECKING:  # the bundle module imports lightgbm; never needed at import time here
@@ -141,9 +143,17 @@ class LearnedConfig(_Base):
     latency_usd_per_s: float = Field(
         default=0.0, ge=0, description="USD per second of prefill latency (0 = money only)"
     )
+    trouble_boost: dict[str, float] = Field(
+        default_factory=dict,
+        description="per signal kind posted on the run: added to P before the economics "
+        "(router.policy.trouble; empty = off)",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> LearnedConfig:
+        bad = sorted(set(self.trouble_boost) - set(SIGNAL_KINDS))
+        if bad:
+            raise ValueError(f"trouble_boost: unknown signal kind(s) {bad}; kinds are {list(SIGNAL_KINDS)}")
         if self.p_frontier_up is not None and self.p_frontier_down is not None:
             if self.p_frontier_down > self.p_frontier_up:
                 raise ValueError("p_frontier_down must be <= p_frontier_up (hysteresis band)")
@@ -171,6 +181,7 @@ class LearnedConfig(_Base):
             latency_usd_per_s=self.latency_usd_per_s,
             weights=self.scoring.weights(),
             name=self.label(),
+            trouble=TroubleTerm(self.trouble_boost) if self.trouble_boost else None,
         )
 
 

@@ -48,12 +48,15 @@ Knobs (:class:`router.policy.config.LearnedConfig`): ``p_frontier_up`` / ``p_fro
 ``min_dwell_steps``, ``max_switches``, ``off_boundary_ratio``, ``frontier_cache_hit`` (share of
 remaining frontier input tokens served from provider prompt caching), ``output_token_share``
 (share of remaining tokens that are output), ``local_gpu_usd_per_hour``, ``latency_usd_per_s``
-(price of a second of prefill latency; 0 = money only), ``scoring`` (replica weights).
+(price of a second of prefill latency; 0 = money only), ``scoring`` (replica weights),
+``trouble_boost`` (:mod:`router.policy.trouble`: signals posted on the run raise ``p`` before the
+economics; off by default).
 """
 
 from __future__ import annotations
 
 from router.policy.filters import DEFAULT_WEIGHTS, ScoreWeights, make_decision, place, place_requested
+from router.policy.trouble import TroubleTerm
 from router.policy.types import BackendState, Decision, Snapshot, Tier
 
 __all__ = ["LearnedPolicy"]
@@ -75,6 +78,7 @@ class LearnedPolicy:
         "local_gpu_usd_per_hour",
         "latency_usd_per_s",
         "weights",
+        "trouble",
     )
 
     def __init__(
@@ -92,6 +96,7 @@ class LearnedPolicy:
         latency_usd_per_s: float = 0.0,
         weights: ScoreWeights = DEFAULT_WEIGHTS,
         name: str = "learned",
+        trouble: TroubleTerm | None = None,
     ):
         if not 0.0 <= p_frontier_down <= p_frontier_up <= 1.0:
             raise ValueError(
@@ -110,6 +115,7 @@ class LearnedPolicy:
         self.local_gpu_usd_per_hour = float(local_gpu_usd_per_hour)
         self.latency_usd_per_s = float(latency_usd_per_s)
         self.weights = weights
+        self.trouble = trouble if trouble is not None and trouble.terms else None  # router.policy.trouble
 
     def _sides(self, snap: Snapshot) -> tuple[BackendState | None, BackendState | None]:
         """The local and frontier backends the economics are priced on.
@@ -134,6 +140,8 @@ class LearnedPolicy:
         pred = snap.predictions
         p = pred.p_frontier
         p = 0.0 if p < 0.0 else (1.0 if p > 1.0 else p)
+        if self.trouble is not None:  # observed trouble (router.policy.trouble)
+            p = self.trouble.adjust(p, snap.features, 0.0)
         ctx = snap.context_tokens if snap.context_tokens > 0 else 0
         rem = pred.remaining_tokens_p50
         if rem <= 0.0:
