@@ -323,3 +323,111 @@ def test_two_routers_on_redis_see_each_others_signals(tmp_path, fakes):
             ca.post("/v1/runs/r-two/end", json={})
     steps = _log(tmp_path / "a").steps
     assert list(steps.sort_values("step")["signals"].tolist()[1]) == ["verifier_failed"]
+
+
+class RecordingPredictor(FeaturePredictor):
+    """Records the run context and the signal features of every prefix it is asked about."""
+
+    version = "rec"
+    reads_run_context = True
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    def predict_context(self, x: np.ndarray, prefix) -> Predictions:
+        sig = tuple(float(x[FEATURE_NAMES.index(n)]) for n in FEATURE_NAMES if "sig_" in n)
+        emb = None if prefix.task_embedding is None else float(prefix.task_embedding[1])
+        self.seen.append((prefix.run_id, prefix.step_index, prefix.signals, prefix.domain, emb, sig))
+        return Predictions(p_frontier=0.0)
+
+    def predict_features(self, x: np.ndarray) -> Predictions:  # pragma: no cover - context path
+        raise AssertionError("the engine must ask predict_context")
+
+
+def _signal_log(tmp_path):
+    from features.runlog import read_runlog, records_to_frame, write_frame
+    from features.schema import Run, Step
+
+    emb = [0.0] * 384
+    emb[1] = 0.5
+    recs: list = [
+        Run(run_id="a", source="t", domain="retail", task_embedding=emb),
+        Run(run_id="b", source="t"),
+    ]
+    for rid, sigs in (
+        ("a", [None, ["verifier_failed"], None, ["tests_failed", "other"]]),
+        ("b", [None, None]),
+    ):
+        for k, s in enumerate(sigs):
+            recs.append(
+                Step(
+                    run_id=rid,
+                    step=k,
+                    arrival_s=10.0 * k,
+                    prompt_tokens=100 + 50 * k,
+                    completion_tokens=5,
+                    signals=s,
+                )
+            )
+    return read_runlog(write_frame(records_to_frame(recs), tmp_path / "sig.parquet"))
+
+
+def test_logged_signals_and_context_are_the_same_in_training_replay_and_simulation(tmp_path):
+    """A logged Step.signals replays as the same RunPrefix.signals (and sig_* features), and the run
+    record's domain / embedding reach the prefix, on all three code paths."""
+    from features.extract import extract, iter_frame_prefixes
+    from features.logged import run_context
+    from router.policy.baselines import AlwaysLocalPolicy
+    from router.replay import replay
+    from router.sim.profiles import NodeProfile
+    from router.sim.whatif import SimConfig, Simulator, Workload
+
+    log = _signal_log(tmp_path)
+    domains, embs = run_context(log.runs)
+    train = []
+    for _, p in iter_frame_prefixes(log.steps, domains=domains, embeddings=embs):
+        x = extract(p)
+        sig = tuple(float(x[FEATURE_NAMES.index(n)]) for n in FEATURE_NAMES if "sig_" in n)
+        emb = None if p.task_embedding is None else float(p.task_embedding[1])
+        train.append((p.run_id, p.step_index, p.signals, p.domain, emb, sig))
+    assert train[3][2] == ("verifier_failed", "tests_failed", "other") and train[0][3] == "retail"
+    assert train[3][4] == 0.5 and train[4][3] is None
+
+    rec = RecordingPredictor()
+    replay(log, [AlwaysLocalPolicy()], rec)
+    assert rec.seen == train
+
+    rec = RecordingPredictor()
+    w = Workload.from_runlog(log)
+    prof = NodeProfile(
+        name="p", a=0.01, b=1e-5, c=0.0, d=1e-7, e=0.0, kv_bytes_per_token=1000, token_budget=8192
+    )
+    Simulator(w, AlwaysLocalPolicy(), SimConfig(profile=prof), np.array([0.0, 0.0]), predictor=rec).run()
+    assert sorted(rec.seen, key=lambda t: (t[0], t[1])) == train
+
+
+def test_router_logs_store_the_request_fields_the_features_read(tmp_path, fakes):
+    """n_tools_offered / wants_json are in each router-logged step and training reads them back."""
+    from features.extract import extract, iter_frame_prefixes
+
+    app = create_app(make_settings(tmp_path, fakes), bundle=SignalPredictor())
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("a", "b")
+    ]
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+        body = {
+            "model": "auto",
+            "messages": [{"role": "user", "content": "give me json"}],
+            "tools": tools,
+            "response_format": {"type": "json_object"},
+        }
+        assert c.post("/v1/chat/completions", json=body, headers={"x-run-id": "r-req"}).status_code == 200
+    steps = _log(tmp_path).steps
+    row = steps[steps["run_id"] == "r-req"].iloc[0]
+    assert row["n_tools_offered"] == 2 and bool(row["wants_json"]) is True
+    ((_, p),) = list(iter_frame_prefixes(steps[steps["run_id"] == "r-req"].reset_index(drop=True)))
+    x = extract(p)
+    assert (
+        x[FEATURE_NAMES.index("new_n_tools_offered")] == 2 and x[FEATURE_NAMES.index("new_wants_json")] == 1
+    )
+    assert np.array_equal(x, np.asarray(row["features"], dtype=float), equal_nan=True)
