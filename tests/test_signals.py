@@ -137,6 +137,7 @@ def test_signal_endpoint_refuses_bad_input_and_unknown_runs(tmp_path, fakes):
         ok = c.post("/v1/runs/r-bad/signal", json={"kind": "tests_failed", "detail": {"failed": 3}})
         assert ok.status_code == 200 and ok.json()["signals"] == 1
         assert c.get("/v1/runs/r-bad").json()["signals"] == ["tests_failed"]
+        assert 'runroute_run_signals_total{kind="tests_failed"} 1.0' in c.get("/metrics").text
         paths = c.get("/openapi.json").json()["paths"]
         assert "post" in paths["/v1/runs/{run_id}/signal"]
 

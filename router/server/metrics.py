@@ -195,6 +195,9 @@ class RouterMetrics:
             self._bundle_labels = (version, registry_version or "")
             self.bundle_info.labels(*self._bundle_labels).set(1)
 
+    def signal_posted(self, kind: str) -> None:
+        self.run_signals.labels(kind).inc()
+
     def bundle_reloaded(self, ok: bool) -> None:
         self.bundle_reloads.labels("ok" if ok else "refused").inc()
 

@@ -320,6 +320,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             return error_response(
                 409, "signal_limit_reached", f"run {run_id!r} holds {MAX_SIGNALS} signals already"
             )
+        metrics.signal_posted(kind)
         return json_response(done)
 
     @app.post("/admin/reload", responses=error_responses(401, 403, 409))
