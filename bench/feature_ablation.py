@@ -73,12 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     from training.dataset import build_dataset
 
     if a.tau2:
-        from features.importers.tau2bench import import_tau2bench
-        from features.runlog import conform
-
         import pandas as pd
 
-        from features.runlog import RunLogError
+        from features.importers.tau2bench import import_tau2bench
+        from features.runlog import RunLogError, conform
 
         frames = []
         for f in sorted(Path(a.tau2).glob("*.json")):
