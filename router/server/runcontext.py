@@ -19,7 +19,7 @@ is safe in logs, metrics labels and the run log.
 Task embedding (:class:`TaskEmbedder`): at a run's first step the text of its first user message
 (the protocol adapter's ``opening``: chat, Responses and Messages alike) is embedded with
 ``features.embed.embed_texts`` on one background thread (numpy releases the GIL; the event loop
-never runs the model). The first step waits at most ``context.embed_wait_ms`` (default 25 ms) for
+never runs the model). The first step waits at most ``context.embed_wait_ms`` (default 20 ms, the per-run budget of issue 14) for
 the vector, so a fast embedding already informs the first decision; otherwise it goes on without,
 and a later step of the run takes the vector once the thread has it (one ``done()`` check per
 step, nothing else). The text is never stored or logged; the vector goes to
@@ -58,7 +58,7 @@ class RunContextSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     embed: Literal["auto", "on", "off"] = "auto"
-    embed_wait_ms: float = Field(default=25.0, ge=0, le=1000)
+    embed_wait_ms: float = Field(default=20.0, ge=0, le=1000)
     embed_queue: int = Field(default=64, ge=1)
     domain_header: str = "x-runroute-domain"
     agent_header: str = "x-runroute-agent"
