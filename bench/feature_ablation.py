@@ -2,10 +2,14 @@
 
 For each labelled source of the shipped samples (or the run logs given), every step row with a
 ``y_frontier`` label is a row; folds are by task (``group``: steps of one task never straddle
-folds). A LightGBM classifier is fitted on all fs-2 features and on fs-2 minus each group
-(hash buckets, verb classes); the table prints the AUC mean over folds with its standard error
-(std over folds / sqrt(folds)). A group "helps" in a source when dropping it lowers the AUC by more
-than the SE. Small on purpose (CPU-light): ``--folds 5 --trees 100``.
+folds). A LightGBM classifier is fitted on the fs-2 features and on variants: ``+ buckets`` (fs-1's
+16 tool-name hash-bucket features, ``crc32(name) % 8`` counts and shares over the earlier steps,
+recomputed here from the same prefixes), ``- verbs`` (fs-2 without its verb classes), ``+ domain
+z`` (fs-2 plus :mod:`features.domain_norm`'s per-domain z-scores, statistics from each domain's own
+rows, no labels) and ``z for raw`` (the z-scores instead of the raw sizes/times/counts). The table
+prints the AUC mean over folds with its standard error (std over folds / sqrt(folds)). A group
+"helps" in a source when adding it raises (dropping it lowers) the AUC by more than the SE. Small
+on purpose (CPU-light): ``--folds 5 --trees 100``.
 
     python bench/feature_ablation.py [--runs data/*.parquet] [--folds 5] [--trees 100]
     python bench/feature_ablation.py --tau2 ../shared/data/tau2bench   # per domain + leave-one-domain-out
@@ -24,10 +28,39 @@ from pathlib import Path
 
 import numpy as np
 
-GROUPS = {
-    "buckets": lambda n: n.startswith("tool_bucket_"),
-    "verbs": lambda n: n.startswith("verb_"),
-}
+
+def _buckets(steps) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """fs-1's hash-bucket features (counts, shares over the earlier steps' tool calls) per row."""
+    import zlib
+
+    from features.extract import iter_frame_prefixes
+
+    out = np.zeros((len(steps), 16))
+    for i, p in iter_frame_prefixes(steps):
+        c = np.zeros(8)
+        for v in p.steps:
+            for name in v.tool_calls:
+                c[zlib.crc32(name.encode("utf-8")) % 8] += 1
+        out[i, :8] = c
+        out[i, 8:] = c / c.sum() if c.sum() else 0.0
+    return out
+
+
+def _variants(ds, steps, domains) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+    from features.domain_norm import NORMALISED, DomainStats
+    from features.extract import FEATURE_NAMES
+
+    X = ds.X
+    verbs = np.array([not n.startswith("verb_") for n in FEATURE_NAMES])
+    raw = np.array([n not in NORMALISED for n in FEATURE_NAMES])
+    Z = DomainStats().fit(X, domains).transform(X, domains)
+    return {
+        "fs-2": X,
+        "+ buckets": np.hstack([X, _buckets(steps)]),
+        "- verbs": X[:, verbs],
+        "+ domain z": np.hstack([X, Z]),
+        "z for raw": np.hstack([X[:, raw], Z]),
+    }
 
 
 def _auc_cv(
@@ -68,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tau2", default=None, help="a tau2-bench directory: split by domain")
     a = ap.parse_args(argv)
 
-    from features.extract import FEATURE_NAMES
     from features.runlog import RunLog, read_runlog
     from training.dataset import build_dataset
 
@@ -85,15 +117,15 @@ def main(argv: list[str] | None = None) -> int:
             except RunLogError as e:  # a file in another layout: skipped, said
                 print(f"skipped {f.name}: {e}", file=sys.stderr)
         df = conform(pd.concat(frames, ignore_index=True))
-        ds = build_dataset(RunLog.from_frame(df))
+        log = RunLog.from_frame(df)
+        ds = build_dataset(log)
         ds.meta["source"] = [str(g).split("/", 1)[0] for g in ds.meta["group"]]
     else:
-        ds = build_dataset(read_runlog(a.runs))
+        log = read_runlog(a.runs)
+        ds = build_dataset(log)
+    steps = log.steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
     meta = ds.meta
-    names = list(FEATURE_NAMES)
-    configs = {"fs-2 (all)": np.ones(len(names), dtype=bool)}
-    for g, pred in GROUPS.items():
-        configs[f"- {g}"] = np.array([not pred(n) for n in names])
+    configs = _variants(ds, steps, meta["source"].tolist())
     print(f"{'source':<14}{'rows':>7}{'tasks':>7}  " + "".join(f"{c:>20}" for c in configs))
     for src in sorted(meta["source"].unique()):
         m = (meta["source"] == src).to_numpy() & ~np.isnan(meta["y_frontier"].to_numpy())
@@ -103,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cells = []
         for cols in configs.values():
-            aucs = _auc_cv(ds.X[m][:, cols], y, g, a.folds, a.trees, a.seed)
+            aucs = _auc_cv(cols[m], y, g, a.folds, a.trees, a.seed)
             se = float(np.std(aucs, ddof=1) / np.sqrt(len(aucs))) if len(aucs) > 1 else float("nan")
             cells.append(f"{np.mean(aucs):.3f} ± {se:.3f}")
         print(f"{src:<14}{int(m.sum()):>7}{len(set(g.tolist())):>7}  " + "".join(f"{c:>20}" for c in cells))
@@ -134,10 +166,8 @@ def _lodo(ds, configs, a) -> None:  # type: ignore[no-untyped-def]
                 verbose=-1,
                 n_jobs=1,
             )
-            m.fit(ds.X[tr][:, cols], y_all[tr].astype(int))
-            cells.append(
-                f"{roc_auc_score(y_all[te].astype(int), m.predict_proba(ds.X[te][:, cols])[:, 1]):.3f}"
-            )
+            m.fit(cols[tr], y_all[tr].astype(int))
+            cells.append(f"{roc_auc_score(y_all[te].astype(int), m.predict_proba(cols[te])[:, 1]):.3f}")
         print(f"{dom:<14}{int(te.sum()):>7}{'':>7}  " + "".join(f"{c:>20}" for c in cells))
 
 

@@ -270,3 +270,20 @@ def test_iter_prefixes_sorts_and_rejects_mixed_runs():
     with pytest.raises(ValueError, match="one run"):
         list(iter_prefixes(pd.concat([df, df.assign(run_id="other")])))
     assert list(iter_prefixes(df.iloc[:0])) == []
+
+
+def test_domain_stats_z_scores_within_each_domain():
+    from features.domain_norm import NORMALISED, DomainStats, z_names
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 10, size=(200, N_FEATURES))
+    X[:100] *= 100.0  # domain "a" runs at 100x the scale of "b"
+    doms = ["a"] * 100 + ["b"] * 100
+    Z = DomainStats().fit(X, doms).transform(X, doms)
+    assert Z.shape == (200, len(NORMALISED)) == (200, len(z_names()))
+    for rows in (slice(0, 100), slice(100, 200)):  # each domain centred and scaled on its own
+        assert np.allclose(Z[rows].mean(axis=0), 0.0, atol=1e-9)
+        assert np.allclose(Z[rows].std(axis=0), 1.0, atol=1e-6)
+    st = DomainStats().fit(X, doms)
+    assert np.allclose(st.transform(X[0], ["a"]), Z[0])  # one row
+    assert np.isfinite(st.transform(X[:3], ["never-seen"] * 3)).all()  # unknown domain: all rows' stats
