@@ -169,7 +169,8 @@ class StepEngine(EngineMoves):
             new_tool_results_n=req.tool_results_n,
             new_tool_result_errors=req.tool_result_errors,
             new_tool_result_tokens=req.tool_result_tokens,
-            new_tool_pause_s=(now - track.last_end_s)
+            # an overlapping step (it arrived before the previous one ended) has no pause: 0
+            new_tool_pause_s=max(0.0, now - track.last_end_s)
             if now is not None and track.last_end_s is not None
             else None,
             new_n_tools_offered=req.n_tools_offered,
