@@ -320,10 +320,24 @@ def test_two_routers_on_redis_see_each_others_signals(tmp_path, fakes):
             _step(ca, "r-two", 0)
             assert cb.post("/v1/runs/r-two/signal", json={"kind": "verifier_failed"}).status_code == 200
             assert _step(ca, "r-two", 1).headers["x-runroute-tier"] == "frontier"  # A saw B's signal
+            _step(cb, "r-two", 2)  # B never served this run: the signal is old news there too
+            assert cb.post("/v1/runs/r-two/signal", json={"kind": "tests_failed"}).status_code == 200
+            _step(ca, "r-two", 3)
             assert cb.get("/v1/runs/nope/signal").status_code in (404, 405)
             ca.post("/v1/runs/r-two/end", json={})
-    steps = _log(tmp_path / "a").steps
-    assert list(steps.sort_values("step")["signals"].tolist()[1]) == ["verifier_failed"]
+    import pandas as pd
+
+    steps = pd.concat([_log(tmp_path / d).steps for d in ("a", "b")]).sort_values("step")
+    assert [list(v) if v is not None else None for v in steps["signals"]] == [
+        None,
+        ["verifier_failed"],
+        None,
+        ["tests_failed"],
+    ]
+    X = np.array(steps["features"].tolist())
+    assert X[:, FEATURE_NAMES.index("sig_verifier_failed")].tolist() == [0, 1, 1, 1]
+    assert X[:, _NEW_VF].tolist() == [0, 1, 0, 0]
+    assert X[:, FEATURE_NAMES.index("new_sig_tests_failed")].tolist() == [0, 0, 0, 1]
 
 
 class RecordingPredictor(FeaturePredictor):

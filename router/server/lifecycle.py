@@ -199,7 +199,13 @@ class RunLifecycle(BackgroundTask):
         if self.admission is not None:
             await self.admission.release(state, holds)
         await self.store.put(
-            RunState(run_id=state.run_id, admitted="ended", steps_seen=state.steps_seen, owner=state.owner)
+            RunState(
+                run_id=state.run_id,
+                admitted="ended",
+                steps_seen=state.steps_seen,
+                owner=state.owner,
+                signals_seen=state.signals_seen,
+            )
         )
 
     # ------------------------------------------------------------------ idle sweep

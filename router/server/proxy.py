@@ -305,7 +305,9 @@ class Proxy(StepIO):
         if pin is None:
             run = RunState(run_id=run_id, owner=owner)
         elif pin.admitted == "ended":  # the run id was ended before: a new run
-            run = RunState(run_id=run_id, steps_seen=pin.steps_seen, owner=owner)
+            run = RunState(
+                run_id=run_id, steps_seen=pin.steps_seen, owner=owner, signals_seen=pin.signals_seen
+            )
         else:
             run = pin
         run.steps_seen = max(run.steps_seen, index)  # the store's index: the engine claims it
@@ -318,7 +320,7 @@ class Proxy(StepIO):
             # the estimate builds on the previous step's counts only when this router saw it
             fresh = hist.base.steps and hist.next_step >= run.steps_seen
             sreq = proto.step_request(req, hist.last_tokens if fresh else None, priority=prio, tenant=tenant)
-            sreq.signals = await self.context.step(hist, request.headers, proto, req, tenant, self.store)
+            sreq.signals = await self.context.step(hist, request.headers, proto, req, tenant, self.store, run)
             adm = self.admission
             active = await adm.active() if adm is not None and run.admitted is None else 0
             candidates = self.pool.for_request(req.requested, req.model_alias, run.replica)

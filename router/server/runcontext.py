@@ -276,11 +276,25 @@ class RunContext:
             self.embedder.close()
 
     async def step(
-        self, hist: Any, headers: Mapping[str, str], proto: Any, req: Any, tenant: str | None, store: Any
+        self,
+        hist: Any,
+        headers: Mapping[str, str],
+        proto: Any,
+        req: Any,
+        tenant: str | None,
+        store: Any,
+        run: Any,
     ) -> tuple[str, ...]:
         """Set the run's context on ``hist`` (a :class:`router.core.runs.RunTrack`) and return the
-        signals new since its previous step."""
+        signals new since its previous step. ``run`` (the pin, :class:`router.policy.types.RunState`)
+        says how many signals the run's previous step saw, on whichever router served it; a track
+        that missed those steps takes the older signals from the store, so "so far" and "new" are the
+        same on every router."""
         sig = await store.signals(hist.run_id)  # first: right after begin_step, which read them
+        seen = min(run.signals_seen, len(sig))
+        if len(hist.signals) != seen:  # another router served the run's previous steps
+            hist.signals = tuple(sig[:seen])
+        run.signals_seen = len(sig)
         emb = self.embedder
         if not hist.context_done:
             hist.context_done = True
@@ -292,5 +306,4 @@ class RunContext:
         elif hist.task_embedding is None and hist.embed_future is not None and hist.embed_future.done():
             hist.task_embedding = TaskEmbedder.result(hist.embed_future)
             hist.embed_future = None
-        seen = len(hist.signals)
         return tuple(sig[seen:]) if len(sig) > seen else ()
