@@ -62,6 +62,19 @@ def _msg_chars(m: dict[str, Any]) -> int:
     return c
 
 
+def log_odds_ratio(event: np.ndarray, failed: np.ndarray) -> tuple[float, float]:
+    """log OR of ``event`` in failed vs successful runs (+0.5 per cell: few events) and its SE."""
+    from features.generate import log_odds_ratio as lor
+
+    return lor(event, failed)
+
+
+def log_median_ratio(sizes: np.ndarray, failed: np.ndarray) -> float:
+    from features.generate_stats import log_median_ratio as lmr
+
+    return lmr(sizes, failed)
+
+
 def taubench_stats(data: Path) -> dict[str, Stat]:
     """tau-bench gpt-4o airline: outcomes, steps, context growth, message sizes, tool signals."""
     runs = json.loads((data / TAU).read_text())
@@ -74,6 +87,8 @@ def taubench_stats(data: Path) -> dict[str, Stat]:
     res_tok: list[int] = []
     res_err: list[bool] = []
     repeats: list[bool] = []
+    rep_fail: list[bool] = []  # per tool call / tool result: did the run fail (reward < 1)?
+    err_fail: list[bool] = []
     user_tok: list[int] = []
     calls_per_tool_step: list[int] = []
     for r in runs:
@@ -97,6 +112,7 @@ def taubench_stats(data: Path) -> dict[str, Stat]:
                 for tc in calls:
                     key = (tc["function"]["name"], tc["function"]["arguments"])
                     repeats.append(key in seen)
+                    rep_fail.append(r["reward"] != 1)
                     seen.add(key)
             else:
                 comp_text.append(comp)
@@ -104,10 +120,15 @@ def taubench_stats(data: Path) -> dict[str, Stat]:
             if m["role"] == "tool":
                 res_tok.append(_tok(len(m["content"] or "")))
                 res_err.append((m["content"] or "").startswith("Error"))
+                err_fail.append(r["reward"] != 1)
             elif m["role"] == "user":
                 user_tok.append(_tok(len(m["content"] or "")))
     comp_all = np.array(comp_tool + comp_text)
     rt, re_ = np.array(res_tok), np.array(res_err)
+    rep_lor, rep_se = log_odds_ratio(np.array(repeats), np.array(rep_fail))
+    err_lor, err_se = log_odds_ratio(re_, np.array(err_fail))
+    ok_res, ef = rt[~re_], np.array(err_fail)[~re_]
+    size_diff = log_median_ratio(ok_res, ef)
     fn = "bench/calibrate_generator.py:taubench_stats"
     src = f"{TAU} (sierra-research/tau-bench historical_trajectories)"
     out = {
@@ -123,6 +144,9 @@ def taubench_stats(data: Path) -> dict[str, Stat]:
         "tool_result_tokens_median": (float(np.median(rt[~re_])), "median tokens of non-error tool results"),
         "tool_error_share": (float(re_.mean()), "share of tool results starting with 'Error'"),
         "repeated_call_share": (float(np.mean(repeats)), "share of tool calls whose (name, arguments) occurred earlier in the run"),
+        "repeat_log_odds_failure": (rep_lor, f"log odds ratio (failed vs successful runs, +0.5 per cell) of a tool call repeating an earlier one; SE {rep_se:.2f}"),
+        "error_log_odds_failure": (err_lor, f"log odds ratio (failed vs successful runs, +0.5 per cell) of a tool result being an error; SE {err_se:.2f}"),
+        "result_size_log_ratio_failure": (size_diff, "log(median tokens of non-error tool results in failed runs / in successful runs)"),
         "user_message_tokens_median": (float(np.median(user_tok)), "median tokens of user messages after the first"),
         "calls_per_tool_step": (float(np.mean(calls_per_tool_step)), "mean tool calls per tool-call message"),
     }  # fmt: skip
@@ -279,6 +303,10 @@ TOLERANCES: dict[str, tuple[str, float]] = {
     "tool_result_tokens_median": ("rel", 0.25),
     "tool_error_share": ("abs", 0.015),
     "repeated_call_share": ("abs", 0.01),
+    # planted failure signals: no stronger (or weaker) than tau-bench's own, within ~1 real SE
+    "repeat_log_odds_failure": ("abs", 0.7),
+    "error_log_odds_failure": ("abs", 0.3),
+    "result_size_log_ratio_failure": ("abs", 0.08),
     "user_pause_median_s": ("rel", 0.2),
     "latency_median_s": ("rel", 0.5),
 }

@@ -64,7 +64,11 @@ recomputed by ``bench/calibrate_generator.py``, checked by ``tests/test_generate
 - tau-bench gpt-4o airline: median steps 8.5 (success) / 13 (failure); prompt repetition share
   (median 0.985); tool-step share 0.47; short-step (<= 64 output tokens) share 0.65; completion
   medians of tool / text steps; tool result size median; tool error share 0.063; repeated identical
-  tool call share 0.023; user message size.
+  tool call share 0.023; user message size; and the *strength* of the failure signals, so the
+  generator plants none the real data lacks: log odds ratio (failed vs successful runs) of a tool
+  result being an error (0.68 +- 0.31) and of a call repeating an earlier one (1.49 +- 0.67), and the
+  log ratio of tool-result sizes (0.08) - ``error_coef`` / ``repeat_coef`` / ``growth_coef`` were
+  1.0 / 1.0 / 0.25 before (generated 1.83 / 2.04 / 0.35: 2.7x, 1.4x and 4x tau-bench's).
 - Azure LLM code trace: per-second peak/mean of arrivals (~26) and per-minute CV (~1.0) when run
   starts are generated at its mean rate (2.57/s).
 
@@ -80,9 +84,7 @@ Knobs are the fields of :class:`GeneratorParams`; ``generate(n, seed, **params)`
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
@@ -92,142 +94,18 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
     import pyarrow as pa
 
-__all__ = ["GeneratorParams", "DOMAIN_TOOLS", "generate", "run_start_times", "summary_stats", "BLOCK_TOKENS"]
+from features.generate_params import BLOCK_TOKENS, DOMAIN_TOOLS, GeneratorParams
+from features.generate_stats import log_odds_ratio, summary_stats
 
-BLOCK_TOKENS = 512
-
-# Small tool vocabularies per domain (names only; Zipf-weighted in this order).
-DOMAIN_TOOLS: dict[str, tuple[str, ...]] = {
-    "airline": (
-        "get_user_details",
-        "get_reservation_details",
-        "search_direct_flight",
-        "search_onestop_flight",
-        "update_reservation_flights",
-        "book_reservation",
-        "cancel_reservation",
-        "calculate",
-        "transfer_to_human_agents",
-    ),
-    "retail": (
-        "find_user_id_by_email",
-        "get_order_details",
-        "get_product_details",
-        "get_user_details",
-        "modify_pending_order_items",
-        "return_delivered_order_items",
-        "exchange_delivered_order_items",
-        "cancel_pending_order",
-    ),
-    "code": ("read_file", "grep", "run_tests", "edit_file", "list_dir", "bash"),
-    "research": ("web_search", "fetch_url", "python", "summarize"),
-}
-
-
-@dataclass(frozen=True)
-class GeneratorParams:
-    """Every knob of the generator; defaults are calibrated (see the module docstring).
-
-    Groups (the algorithm step that uses each is in the module docstring): latent outcome process
-    (success rates, ``outcome_noise``, ``difficulty``, ``frontier_gap``, model names); run length
-    (per-outcome medians, lognormal ``steps_sigma``, ``length_difficulty_coef``, clip bounds); step
-    kinds and output sizes (lognormal medians/sigmas in tokens); context (``n_domains`` of
-    :data:`DOMAIN_TOOLS`, system prompt, message and tool-result sizes, ``turn_overhead_tokens`` of
-    framing per new message, ``growth_coef``, ``hash_ids`` on/off - off saves ~35% time at 1M steps);
-    failure signals (marginal rates and their dependence on the latent ``u``); timing (run arrival
-    process, pauses, nominal service time; ``start_time_s`` is the first run's start).
-    """
-
-    # latent outcome process
-    weak_success_rate: float = 0.38  # tau2 gpt-oss-120b airline, 19/50
-    strong_success_rate: float = 0.72  # tau2 claude-sonnet-4-5 airline, 36/50
-    outcome_noise: float = 0.6  # model-specific noise sd relative to the task difficulty sd (1)
-    difficulty: float = 0.0  # mean task difficulty shift (higher = harder tasks)
-    frontier_gap: float = 0.0  # extra capability of the strong model (difficulty units)
-    weak_model: str = "gpt-oss-120b"
-    strong_model: str = "claude-sonnet-4-5"
-    # run length
-    median_steps_success: float = 8.5  # tau-bench gpt-4o airline
-    median_steps_failure: float = 13.0
-    steps_sigma: float = 0.35
-    length_difficulty_coef: float = 0.25
-    min_steps: int = 2
-    max_steps: int = 200
-    # step kinds and output sizes
-    tool_step_share: float = 0.47
-    tool_completion_median: float = 13.0
-    tool_completion_sigma: float = 0.15
-    tool_long_share: float = 0.2
-    tool_long_completion_median: float = 90.0
-    tool_long_completion_sigma: float = 0.5
-    text_completion_median: float = 65.0
-    text_completion_sigma: float = 0.56
-    # context
-    n_domains: int = 4
-    system_prompt_tokens: int = 5650
-    user_message_tokens_median: float = 23.0
-    user_message_tokens_sigma: float = 0.56
-    first_user_tokens_median: float = 60.0
-    tool_result_tokens_median: float = 167.0
-    tool_result_tokens_sigma: float = 0.9
-    turn_overhead_tokens: int = 8
-    growth_coef: float = 0.25
-    hash_ids: bool = True
-    # observable failure signals
-    tool_error_rate: float = 0.063
-    error_coef: float = 1.0
-    repeat_rate: float = 0.023
-    repeat_coef: float = 1.0
-    repeat_after_error: float = 1.5
-    # timing
-    arrival_rate: float = 2.567  # runs/s (Azure code trace mean request rate)
-    arrival_cluster_mean: float = 20.0
-    arrival_cluster_sigma: float = 1.5
-    arrival_spread_s: float = 0.5
-    start_time_s: float = 0.0
-    tool_pause_median_s: float = 0.5  # assumption (tau2 tools are in-memory: sub-ms)
-    tool_pause_sigma: float = 1.2
-    user_pause_median_s: float = 1.77  # tau2 user-simulator turns
-    user_pause_sigma: float = 0.6
-    service_base_s: float = 0.35
-    decode_tokens_per_s: float = 55.0
-
-    def __post_init__(self) -> None:
-        for name in ("weak_success_rate", "strong_success_rate", "tool_error_rate", "repeat_rate"):
-            v = getattr(self, name)
-            if not 0.0 < v < 1.0:
-                raise ValueError(f"generator: {name} must be strictly between 0 and 1, got {v}")
-        for name in ("tool_step_share", "tool_long_share"):
-            v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise ValueError(f"generator: {name} must be in [0, 1], got {v}")
-        sigmas = [f.name for f in dataclasses.fields(self) if f.name.endswith("sigma")]
-        for name in [*sigmas, "arrival_spread_s", "service_base_s"]:
-            if getattr(self, name) < 0:
-                raise ValueError(f"generator: {name} must be >= 0, got {getattr(self, name)}")
-        positive = (
-            "outcome_noise", "median_steps_success", "median_steps_failure", "tool_completion_median",
-            "tool_long_completion_median", "text_completion_median", "user_message_tokens_median",
-            "first_user_tokens_median", "tool_result_tokens_median", "arrival_rate", "arrival_cluster_mean",
-            "tool_pause_median_s", "user_pause_median_s", "decode_tokens_per_s",
-        )  # fmt: skip
-        for name in positive:
-            if not getattr(self, name) > 0:
-                raise ValueError(f"generator: {name} must be > 0, got {getattr(self, name)}")
-        if self.n_domains < 1 or self.n_domains > len(DOMAIN_TOOLS):
-            raise ValueError(f"generator: n_domains must be 1..{len(DOMAIN_TOOLS)}, got {self.n_domains}")
-        if not 1 <= self.min_steps <= self.max_steps:
-            raise ValueError("generator: need 1 <= min_steps <= max_steps")
-        if self.system_prompt_tokens < 0 or self.turn_overhead_tokens < 0:
-            raise ValueError("generator: token counts must be >= 0")
-
-    @classmethod
-    def from_overrides(cls, **params: Any) -> GeneratorParams:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ValueError(f"generator: unknown parameter(s) {', '.join(unknown)}")
-        return cls(**params)
+__all__ = [
+    "GeneratorParams",
+    "DOMAIN_TOOLS",
+    "generate",
+    "run_start_times",
+    "summary_stats",
+    "log_odds_ratio",
+    "BLOCK_TOKENS",
+]
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -537,54 +415,3 @@ def _table(cols: dict[str, pa.Array], n: int, schema: pa.Schema) -> pa.Table:
 
     arrays = [cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def summary_stats(df: pd.DataFrame) -> dict[str, float]:
-    """The statistics the calibration compares (same definitions as bench/calibrate_generator.py)."""
-    import pandas as pd
-
-    runs = df[df["record"] == "run"]
-    steps = df[df["record"] == "step"].sort_values(["run_id", "step"], kind="stable")
-    out: dict[str, float] = {}
-    ok = runs["outcome"] == "success"
-    out["n_runs"] = float(len(runs))
-    out["success_rate"] = float(ok.mean())
-    out["needs_frontier_rate"] = float((runs["pair_label"] == "needs_frontier").mean())
-    out["both_fail_rate"] = float((runs["pair_label"] == "both_fail").mean())
-    out["strong_success_rate"] = float((runs["strong_outcome"] == "success").mean())
-    out["median_steps_success"] = float(runs.loc[ok, "n_steps"].median())
-    out["median_steps_failure"] = float(runs.loc[~ok, "n_steps"].median())
-    pt = steps["prompt_tokens"].to_numpy(dtype=float)
-    ct = steps["completion_tokens"].to_numpy(dtype=float)
-    k = steps["step"].to_numpy()
-    later = k > 0
-    out["prompt_repeat_share_median"] = float(
-        np.median(steps["prefix_reuse_tokens"].to_numpy(float)[later] / pt[later])
-    )
-    n_calls = steps["tool_calls"].map(len).to_numpy()
-    tool = n_calls > 0
-    out["tool_step_share"] = float(tool.mean())
-    out["short_step_share"] = float((ct <= 64).mean())
-    out["tool_completion_median"] = float(np.median(ct[tool]))
-    out["text_completion_median"] = float(np.median(ct[~tool]))
-    out["first_prompt_median"] = float(np.median(pt[~later]))
-    out["prompt_p50"] = float(np.percentile(pt, 50))
-    out["prompt_p95"] = float(np.percentile(pt, 95))
-    res_tok = np.concatenate([np.asarray(x) for x in steps["tool_result_tokens"] if len(x)] or [np.zeros(0)])
-    res_err = np.concatenate([np.asarray(x) for x in steps["tool_result_errors"] if len(x)] or [np.zeros(0)])
-    out["tool_result_tokens_median"] = (
-        float(np.median(res_tok[~res_err.astype(bool)])) if len(res_tok) else float("nan")
-    )
-    out["tool_error_share"] = float(res_err.mean()) if len(res_err) else float("nan")
-    keys = pd.DataFrame({"run_id": steps["run_id"].to_numpy(), "key": steps["tool_call_keys"].to_numpy()})
-    keys = keys[tool].explode("key")
-    out["repeated_call_share"] = (
-        float(keys.duplicated(["run_id", "key"]).mean()) if len(keys) else float("nan")
-    )
-    prev_tool = np.concatenate([[False], tool[:-1]]) & later
-    pause = steps["tool_pause_s"].to_numpy(dtype=float)
-    out["tool_pause_median_s"] = float(np.nanmedian(pause[prev_tool])) if prev_tool.any() else float("nan")
-    after_text = later & ~np.concatenate([[False], tool[:-1]])
-    out["user_pause_median_s"] = float(np.nanmedian(pause[after_text])) if after_text.any() else float("nan")
-    out["latency_median_s"] = float(np.nanmedian(steps["latency_s"].to_numpy(dtype=float)))
-    return out

@@ -105,6 +105,9 @@ def _train(cfg: DemoConfig, out: Path, data: Path, say: Any) -> Any:
         tracking_uri=f"sqlite:///{out / 'mlflow.db'}" if cfg.mlflow else None,
         experiment="runroute-demo",
         registered_model="runroute-demo-bundle",
+        node_gpu=cfg.sim.gpu,  # cache labels from the simulated deployment's cache
+        kv_cache_gb=cfg.sim.kv_cache_gb,
+        cache_replicas=cfg.sim.replicas,
     )
     if not cfg.mlflow:  # mlflow is not even imported
         return tcfg, run_training(tcfg, progress=say)

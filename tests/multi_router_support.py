@@ -14,12 +14,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from router.policy.filters import DEFAULT_WEIGHTS, pick
 from router.policy.types import BackendState
@@ -88,6 +91,16 @@ class RedisProc:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(5)
         self.proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the port still accepts connections (the kernel backlog) but nothing answers, so
+        clients see timeouts, not refusals; commands already sent run when :meth:`resume` is called."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
 
 class RouterProc:
@@ -237,6 +250,26 @@ class Cluster:
 
     def metrics(self, which: str) -> str:
         return self.client.get(self.router(which).url + "/metrics").text
+
+
+@contextmanager
+def running_cluster(tmp: Path, redis: RedisProc, fakes, bundle_dir: Path, **extra) -> Iterator[Cluster]:
+    """Two ``runroute serve`` processes sharing ``redis`` (config: :func:`router_config` + ``extra``),
+    both logging to ``tmp/logs``; stopped (SIGTERM: run logs flushed) on exit."""
+    cfg_path = tmp / "runroute.yaml"
+    cfg_path.write_text(yaml.safe_dump(router_config(tmp, fakes, bundle_dir, redis.url, **extra)))
+    a = RouterProc("a", cfg_path, free_port(), tmp / "router-a.log")
+    b = RouterProc("b", cfg_path, free_port(), tmp / "router-b.log")
+    client = httpx.Client(timeout=10.0)
+    try:
+        with ThreadPoolExecutor(2) as ex:  # start both at once: start-up is mostly imports
+            for f in [ex.submit(a.start), ex.submit(b.start)]:
+                f.result()
+        yield Cluster(a, b, redis, fakes, client)
+    finally:
+        client.close()
+        a.stop()
+        b.stop()
 
 
 # --------------------------------------------------------------------------- helpers

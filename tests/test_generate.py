@@ -256,3 +256,16 @@ def test_cli_writes_a_readable_run_log_and_rejects_bad_input(tmp_path, monkeypat
     assert code == 2 and "nope" in err and len(err.strip().splitlines()) == 1
     code, _, err = _cli(["generate", "--runs", "0", "-o", str(out)], monkeypatch, capsys)
     assert code == 2 and "--runs" in err
+
+
+def test_planted_failure_signals_are_no_stronger_than_the_real_data(calib_frame):
+    """No shortcut: the strength of each failure signal the generator plants (failed vs successful
+    runs) is within the real trace's own uncertainty of tau-bench's, not a multiple of it."""
+    got = summary_stats(calib_frame)
+    for k in ("repeat_log_odds_failure", "error_log_odds_failure", "result_size_log_ratio_failure"):
+        st = CALIBRATION[k]
+        assert st["matched"] and st["tolerance"]["kind"] == "abs"
+        assert got[k] <= st["value"] + st["tolerance"]["value"], (k, got[k], st["value"])
+    # the old defaults planted 1.4x-4x the real strength: the check can fail
+    old = summary_stats(generate(2000, 3, error_coef=1.0, repeat_coef=1.0, growth_coef=0.25))
+    assert old["error_log_odds_failure"] > CALIBRATION["error_log_odds_failure"]["value"] + 0.3

@@ -44,7 +44,11 @@ class TrainConfig(BaseModel):
     holdout_share: float = Field(default=0.2, ge=0.0, lt=1.0)
     eval_steps: tuple[int, ...] = (1, 3, 5)
     evaluate: bool = True
-    cache_capacity_blocks: int = Field(default=8192, ge=1)
+    # cache-label replay: None = one replica's KV blocks of the node profile (training.dataset.node_cache_blocks)
+    cache_capacity_blocks: int | None = Field(default=None, ge=1)
+    node_gpu: str = "a100"
+    kv_cache_gb: float = Field(default=16.0, gt=0.0)
+    cache_replicas: int = Field(default=2, ge=1)
     block_tokens: int = Field(default=512, ge=1)
     # LightGBM for the regressors (cache reuse; remaining work unless overridden below)
     n_estimators: int = Field(default=200, ge=1)

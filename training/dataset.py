@@ -13,28 +13,63 @@ the serving code path) and labels known only once the run ended:
   completion tokens of steps k..end.
 - ``y_cache``: prompt tokens of step k that hit the local prefix cache. Where the log has
   ``cached_tokens`` (router logs, provider usage) that value; else, for steps with ``hash_ids``
-  (Mooncake, synthetic), a prefix-cache replay (:func:`lru_replay`): all steps of a source with
-  block hashes are replayed in arrival order, one at a time, through one cache of
-  ``cache_capacity_blocks`` blocks, the simulator's node model (``router.core.prefix_cache``): a step
+  (Mooncake, synthetic), a prefix-cache replay (:func:`lru_replay`) through the *deployment's*
+  cache: ``cache_capacity_blocks`` blocks per replica, by default the simulator's own definition for
+  the configured node profile (:func:`node_cache_blocks` = ``router.sim.simconfig.SimConfig.kv_blocks``:
+  ``kv_cache_gb`` / the profile's KV bytes per token / ``block_tokens``; a100-llama-3-8b at 16 GB:
+  238 blocks = 122k tokens), and ``replicas`` such caches. A run is pinned to one replica (a stable
+  crc32 of its run id, as the router pins runs); all steps of a source with block hashes that land on
+  one replica are replayed in arrival order, one at a time, through that replica's cache, the
+  simulator's node model (``router.core.prefix_cache``): a step
   hits the leading run of its full prompt blocks still cached (``* block_tokens``, at most prompt - 1
   tokens, as vLLM computes the last prompt token), writes its other blocks, and on release leaves
   them cached, tail first in the LRU order, so a prefix outlives its suffix. The replay also gives
   the feature ``local_cache_pressure`` = blocks newly inserted into the cache since this run's
   previous step / capacity, clipped to [0, 1] (``router.core.prefix_cache.turnover``; NaN on a run's
   first step): with the tool pause, it decides whether the run's blocks survived. Otherwise NaN.
+  **Synthetic cache labels never outweigh real ones**: when steps of non-synthetic sources have
+  cache labels (logged ``cached_tokens``, a replayed real trace), the labels of the
+  ``synthetic_sources`` are kept only for a deterministic subset of their runs (lowest crc32 of the
+  run id first) holding at most ``synthetic_cache_share`` x the real labelled steps; the others are
+  NaN (left out of the cache model; their features still train the other models). With 0 synthetic
+  labels are dropped whenever real ones exist. Why keep any: the shipped real labels are Mooncake's
+  human chat turns (pauses of minutes: the deployment's cache has long forgotten the run), while the
+  router serves agents (tool pauses of seconds: ~90% of a prompt hits); a model that has seen only
+  chat predicts ~5% hits for agent steps (demo synthetic held-out set: MAE 5,781 tokens vs 1,136 for
+  the prefix bound). Subsampling rather than weights: the cache model's fit takes no weights from
+  the job, and the row counts say plainly how much each kind contributes.
 - ``group``: the CV group, the run's ``task_id`` (steps of one task never straddle folds, whatever
   run or source they come from), else its ``run_id``.
+
+**No source from missingness** (the escalation model's rows): a feature that is missing at
+different rates in different sources (tau-bench has no timestamps, so ``time_since_start_s`` /
+``tool_pause_s`` / ``tool_pause_mean_s`` are NaN in every tau-bench row and almost never elsewhere;
+``local_cache_pressure`` exists only where a cache replay or router log gives it) tells the model
+*which dataset* a run came from, and the label base rates differ by dataset. Among the rows with a
+``y_frontier`` label, every feature whose missing share differs between two sources (each with at
+least ``min_source_rows`` rows) by more than ``missing_rate_tol`` is masked to missing in *every*
+labelled row of the escalation model's matrix (:meth:`Dataset.escalation_X`; the names in
+``Dataset.escalation_masked``): the trees never split on it, so at serving time its value is
+ignored. That is dropping, chosen over equalising the rates by random masking: the differing
+features here are missing in *all* rows of one source (equalising would mask them everywhere anyway),
+and independent random masks would leave joint patterns a classifier can still read. Structural
+missingness that every source shares (the first step has no pause) is kept. The other models
+(cache reuse, remaining work) see the unmasked ``X``. ``tests/test_missingness.py`` checks that a
+classifier cannot tell the source from the missingness pattern of :meth:`Dataset.escalation_X`.
 
 Router logs close the loop: when a logged step carries a feature vector of the current spec, its
 request-only fields (``new_n_tools_offered``, ``new_wants_json``, ``local_cache_pressure``), which
 the run log does not otherwise store, are taken from it.
 
-Knobs: ``cache_capacity_blocks``, ``block_tokens``, ``outcome_fallback``.
+Knobs: ``missing_rate_tol`` (0.05), ``min_source_rows`` (50), ``cache_capacity_blocks`` (None: :func:`node_cache_blocks` of ``node_gpu`` / ``node_profile``
+/ ``kv_cache_gb``), ``replicas``, ``block_tokens``, ``synthetic_sources``, ``synthetic_cache_share`` (1.0),
+``outcome_fallback``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +80,18 @@ from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES, ex
 from features.runlog import RunLog
 from router.core.prefix_cache import PrefixCache, turnover
 
-__all__ = ["Dataset", "build_dataset", "lru_replay"]
+__all__ = [
+    "Dataset",
+    "build_dataset",
+    "lru_replay",
+    "node_cache_blocks",
+    "missingness_masked",
+    "replay_cache_labels",
+    "source_missing_shares",
+    "SYNTHETIC_SOURCES",
+]
+
+SYNTHETIC_SOURCES: tuple[str, ...] = ("synthetic",)  # features.generate writes source "synthetic"
 
 _F = {n: i for i, n in enumerate(FEATURE_NAMES)}
 
@@ -57,6 +103,16 @@ class Dataset:
 
     X: np.ndarray
     meta: pd.DataFrame
+    escalation_masked: tuple[str, ...] = ()  # features masked to NaN for the escalation model
+
+    def escalation_X(self) -> np.ndarray:
+        """``X`` with the :attr:`escalation_masked` features set to NaN: what the escalation model
+        trains on (module docstring: no source from missingness)."""
+        if not self.escalation_masked:
+            return self.X
+        Xe = self.X.copy()
+        Xe[:, [_F[n] for n in self.escalation_masked]] = np.nan
+        return Xe
 
     def __len__(self) -> int:
         return len(self.meta)
@@ -66,7 +122,7 @@ class Dataset:
         return int(self.meta["run_id"].nunique())
 
     def subset(self, mask: np.ndarray) -> Dataset:
-        return Dataset(self.X[mask], self.meta[mask].reset_index(drop=True))
+        return Dataset(self.X[mask], self.meta[mask].reset_index(drop=True), self.escalation_masked)
 
     def sha256(self) -> str:
         """Hash of the features, labels and groups (the bundle's ``training_data_sha256``)."""
@@ -125,6 +181,68 @@ def lru_replay(
     return hits, pressure
 
 
+def node_cache_blocks(
+    node_gpu: str = "a100",
+    node_profile: str | None = None,
+    kv_cache_gb: float = 16.0,
+    block_tokens: int = 512,
+) -> int:
+    """KV blocks of one replica of the node profile: the simulator's own definition
+    (``SimConfig.kv_blocks``), so training's cache labels and the what-if deployment agree."""
+    from router.sim.profiles import load_profile
+    from router.sim.simconfig import SimConfig
+
+    prof = load_profile(node_profile, node_gpu)
+    return SimConfig(profile=prof, kv_cache_gb=kv_cache_gb, block_tokens=block_tokens).kv_blocks()
+
+
+def _replica_of(run_ids: list[str], replicas: int) -> np.ndarray:
+    if replicas <= 1:
+        return np.zeros(len(run_ids), dtype=np.int64)
+    return np.array([zlib.crc32(r.encode()) % replicas for r in run_ids], dtype=np.int64)
+
+
+def source_missing_shares(X: np.ndarray, source: np.ndarray, min_rows: int = 1) -> pd.DataFrame:
+    """Share of NaN per feature (columns) and source (rows), sources with >= ``min_rows`` rows."""
+    srcs = [s for s in sorted(set(source.tolist())) if int((source == s).sum()) >= min_rows]
+    data = {s: np.isnan(X[source == s]).mean(axis=0) for s in srcs}
+    return pd.DataFrame(data, index=list(FEATURE_NAMES)).T
+
+
+def missingness_masked(
+    X: np.ndarray, source: np.ndarray, tol: float = 0.05, min_rows: int = 50
+) -> tuple[str, ...]:
+    """Features whose missing share differs between sources by more than ``tol``."""
+    sh = source_missing_shares(X, source, min_rows)
+    if len(sh) < 2:
+        return ()
+    spread = sh.max(axis=0) - sh.min(axis=0)
+    return tuple(n for n in FEATURE_NAMES if spread[n] > tol)
+
+
+def _cap_synthetic_labels(
+    y: np.ndarray, src: np.ndarray, run_ids: np.ndarray, synthetic_sources: tuple[str, ...], share: float
+) -> None:
+    """Keep synthetic labels (in place) for whole runs, lowest crc32 first, up to ``share`` x the
+    real labelled steps; all of them when no real label exists."""
+    synthetic = np.isin(src, list(synthetic_sources))
+    n_real = int((~np.isnan(y) & ~synthetic).sum())
+    lab = synthetic & ~np.isnan(y)
+    if n_real == 0 or not lab.any():
+        return
+    per_run = pd.Series(np.ones(int(lab.sum()))).groupby(run_ids[lab]).sum()
+    order = sorted(per_run.index, key=lambda r: (zlib.crc32(str(r).encode()), str(r)))
+    keep, total = set(), 0
+    for r in order:
+        n = int(per_run[r])
+        if total + n > share * n_real:
+            break
+        keep.add(r)
+        total += n
+    drop = lab & ~np.isin(run_ids, list(keep))
+    y[drop] = np.nan
+
+
 def _frontier_labels(runs: pd.DataFrame, outcome_fallback: bool) -> dict[str, float]:
     out: dict[str, float] = {}
     if runs.empty:
@@ -144,11 +262,23 @@ def _frontier_labels(runs: pd.DataFrame, outcome_fallback: bool) -> dict[str, fl
 def build_dataset(
     log: RunLog,
     *,
-    cache_capacity_blocks: int = 8192,
+    cache_capacity_blocks: int | None = None,
     block_tokens: int = 512,
     outcome_fallback: bool = True,
+    replicas: int = 1,
+    node_gpu: str = "a100",
+    node_profile: str | None = None,
+    kv_cache_gb: float = 16.0,
+    synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
+    synthetic_cache_share: float = 1.0,
+    missing_rate_tol: float = 0.05,
+    min_source_rows: int = 50,
+    cache_labels: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Dataset:
-    """Rows and labels from a :class:`~features.runlog.RunLog`; see the module docstring."""
+    """Rows and labels from a :class:`~features.runlog.RunLog`; see the module docstring.
+
+    ``cache_labels``: (y_cache, pressure) per step in (run, step) order, when the replay, which
+    spans all runs of a source, ran elsewhere; else :func:`replay_cache_labels`."""
     steps = log.steps
     if steps.empty:
         raise ValueError("the run logs hold no step records: nothing to train on")
@@ -170,33 +300,23 @@ def build_dataset(
     )
     rem_tok = pd.Series(tok[::-1]).groupby(run_ids[::-1], sort=False).cumsum().to_numpy()[::-1]
 
-    # cache labels and pressure
-    y_cache = np.full(n, np.nan)
-    pressure = np.full(n, np.nan)
-    cached = pd.to_numeric(steps["cached_tokens"], errors="coerce").to_numpy(dtype=np.float64)
-    has_cached = ~np.isnan(cached)
-    y_cache[has_cached] = cached[has_cached]
-    hl = steps["hash_ids"] if "hash_ids" in steps.columns else pd.Series([None] * n)
-    has_hash = hl.notna().to_numpy() & ~has_cached
-    if has_hash.any():
-        src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
-        arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
-        prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
-        completion = np.nan_to_num(steps["completion_tokens"].to_numpy(dtype=np.float64), nan=0.0)
-        hash_vals = hl.tolist()
-        for s in sorted(set(src[has_hash])):
-            idx = np.flatnonzero(has_hash & (src == s))
-            order = idx[np.lexsort((pos[idx], np.nan_to_num(arrival[idx], nan=np.inf)))]
-            hits, pr = lru_replay(
-                [hash_vals[i] for i in order],
-                [run_ids[i] for i in order],
-                prompt[order],
-                cache_capacity_blocks,
-                block_tokens,
-                completion[order],
-            )
-            y_cache[order] = hits
-            pressure[order] = pr
+    # cache labels and pressure (given: computed elsewhere over all runs, e.g. a Dask task)
+    y_cache, pressure = (
+        cache_labels
+        if cache_labels is not None
+        else replay_cache_labels(
+            steps,
+            run_src,
+            cache_capacity_blocks,
+            block_tokens,
+            replicas=replicas,
+            node_gpu=node_gpu,
+            node_profile=node_profile,
+            kv_cache_gb=kv_cache_gb,
+            synthetic_sources=synthetic_sources,
+            synthetic_cache_share=synthetic_cache_share,
+        )
+    )
 
     # request-only fields from router-logged feature vectors of this spec
     logged = np.zeros(n, dtype=bool)
@@ -236,4 +356,60 @@ def build_dataset(
             "y_rem_tokens": rem_tok,
         }
     )
-    return Dataset(X=X, meta=meta)
+    lab = meta["y_frontier"].notna().to_numpy()
+    masked = missingness_masked(
+        X[lab], meta["source"].to_numpy(dtype=object)[lab], missing_rate_tol, min_source_rows
+    )
+    return Dataset(X=X, meta=meta, escalation_masked=masked)
+
+
+def replay_cache_labels(
+    steps: pd.DataFrame,
+    run_src: dict[str, str],
+    cache_capacity_blocks: int | None,
+    block_tokens: int,
+    *,
+    replicas: int = 1,
+    node_gpu: str = "a100",
+    node_profile: str | None = None,
+    kv_cache_gb: float = 16.0,
+    synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
+    synthetic_cache_share: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(y_cache, local_cache_pressure)`` per row of ``steps`` (sorted by run, then step): the
+    logged ``cached_tokens`` where present, else the per-source, per-replica LRU replay through the
+    deployment's cache; synthetic labels capped (the module docstring)."""
+    n = len(steps)
+    run_ids = steps["run_id"].astype(str).to_numpy()
+    pos = steps.groupby("run_id", sort=False).cumcount().to_numpy()
+    y_cache = np.full(n, np.nan)
+    pressure = np.full(n, np.nan)
+    cached = pd.to_numeric(steps["cached_tokens"], errors="coerce").to_numpy(dtype=np.float64)
+    has_cached = ~np.isnan(cached)
+    y_cache[has_cached] = cached[has_cached]
+    hl = steps["hash_ids"] if "hash_ids" in steps.columns else pd.Series([None] * n)
+    has_hash = hl.notna().to_numpy() & ~has_cached
+    src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
+    if has_hash.any():
+        if cache_capacity_blocks is None:
+            cache_capacity_blocks = node_cache_blocks(node_gpu, node_profile, kv_cache_gb, block_tokens)
+        replica = _replica_of(run_ids.tolist(), replicas)
+        arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
+        prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
+        completion = np.nan_to_num(steps["completion_tokens"].to_numpy(dtype=np.float64), nan=0.0)
+        hash_vals = hl.tolist()
+        for s, r in sorted({(str(a), int(b)) for a, b in zip(src[has_hash], replica[has_hash], strict=True)}):
+            idx = np.flatnonzero(has_hash & (src == s) & (replica == r))
+            order = idx[np.lexsort((pos[idx], np.nan_to_num(arrival[idx], nan=np.inf)))]
+            hits, pr = lru_replay(
+                [hash_vals[i] for i in order],
+                [run_ids[i] for i in order],
+                prompt[order],
+                cache_capacity_blocks,
+                block_tokens,
+                completion[order],
+            )
+            y_cache[order] = hits
+            pressure[order] = pr
+    _cap_synthetic_labels(y_cache, src, run_ids, synthetic_sources, synthetic_cache_share)
+    return y_cache, pressure

@@ -139,7 +139,14 @@ def train_on_log(
 
     t = lap("read_s", t0)
     say(f"building features ({len(log.steps)} steps)")
-    ds = build_dataset(log, cache_capacity_blocks=cfg.cache_capacity_blocks, block_tokens=cfg.block_tokens)
+    ds = build_dataset(
+        log,
+        cache_capacity_blocks=cfg.cache_capacity_blocks,
+        block_tokens=cfg.block_tokens,
+        replicas=cfg.cache_replicas,
+        node_gpu=cfg.node_gpu,
+        kv_cache_gb=cfg.kv_cache_gb,
+    )
     t = lap("features_s", t)
     large = len(ds) >= cfg.large_data_rows
     if large:
@@ -164,6 +171,7 @@ def train_on_log(
             "pairing via --pairs WEAK=STRONG, or run outcomes)"
         )
     groups = m["group"].to_numpy(dtype=object)
+    X_esc = train.escalation_X()  # features whose missingness tells the source are masked (dataset docs)
     report: dict[str, Any] = {
         "feature_spec_version": FEATURE_SPEC_VERSION,
         "n_runs": ds.n_runs,
@@ -174,6 +182,9 @@ def train_on_log(
         "n_groups": int(ds.meta["group"].nunique()),
         "sources": {k: int(v) for k, v in ds.meta["source"].value_counts().items()},
         "data_sha256": ds.sha256(),
+        "escalation_masked_features": list(ds.escalation_masked),
+        # which data the escalation figures rest on (synthetic alone is never evidence: issue 14)
+        "escalation_rows_by_source": {k: int(v) for k, v in m.loc[esc_rows, "source"].value_counts().items()},
         "config": json.loads(cfg.model_dump_json()),
     }
     oof: dict[str, Any] = {}
@@ -183,7 +194,7 @@ def train_on_log(
         report["n_folds"] = int(len(np.unique(fold)))
         say("cross-validating the escalation model")
         e = escalation_cv(
-            train.X[esc_rows],
+            X_esc[esc_rows],
             y_esc,
             groups[esc_rows],
             fold[esc_rows],
@@ -231,7 +242,7 @@ def train_on_log(
 
     say("fitting the final models")
     jobs: list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]] = [
-        ("escalation", cfg.make_escalation(), (train.X[esc_rows], y_esc), {"groups": groups[esc_rows]}),
+        ("escalation", cfg.make_escalation(), (X_esc[esc_rows], y_esc), {"groups": groups[esc_rows]}),
         ("remaining_steps", cfg.make_remaining(), (train.X, m["y_rem_steps"].to_numpy()), {}),
         ("remaining_tokens", cfg.make_remaining(), (train.X, m["y_rem_tokens"].to_numpy()), {}),
     ]
@@ -254,7 +265,7 @@ def train_on_log(
     # thresholds from the final model's own out-of-fold calibrated probabilities
     raw = esc.oof_raw_
     ok = ~np.isnan(raw)
-    p_oof = esc.calibrate(raw[ok]) if ok.any() else esc.predict_proba(train.X[esc_rows])[:, 1]
+    p_oof = esc.calibrate(raw[ok]) if ok.any() else esc.predict_proba(X_esc[esc_rows])[:, 1]
     sel = ok if ok.any() else np.ones(len(raw), dtype=bool)
     from training.calibration import choose_thresholds
 

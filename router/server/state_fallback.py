@@ -7,7 +7,8 @@ in-process ``local`` store (pins and each run's step counter). When Redis raises
 router has seen; admission counted locally, starting from the last count Redis reported for the
 key), writes and deletes are remembered, and a warning is logged at most once per
 ``log_interval_s``. Every ``retry_interval_s`` a background probe pings Redis; when it answers, the
-store recovers (below) and ``degraded`` clears. (A Redis that restarted while this router was idle
+store recovers (below) and ``degraded`` clears, only once nothing served locally is left to write
+back (requests served while the write-back ran are written back in another round). (A Redis that restarted while this router was idle
 is picked up without a degraded period: the Redis client retries a dead pooled connection once.)
 
 Step numbers while degraded (router-scoped, so two routers cut off from Redis never number one
@@ -32,6 +33,10 @@ epoch-checked operation, or when ``get`` finds a pin missing in Redis that ``loc
   (up to the floor at 0) and every pin some live router still holds;
 - outage write-back: remembered pins (``put_newer``; deletions as deletes), step counters numbered
   while degraded (``+ step_gap``), admission deltas (added, floored at 0).
+
+Pins and step counters go back per run in one script (``RedisStore.resync_many``): written in
+separate passes, another router could see a run's raised counter without its pin (and start the
+run anew) or its pin without the raised counter (and number into this router's degraded indices).
 
 ``resyncs`` counts recoveries after outages, ``resets`` recoveries after data loss. The epoch key has
 no TTL; keep it out of eviction (``maxmemory-policy`` ``noeviction`` or ``volatile-*``).
@@ -63,6 +68,8 @@ T = TypeVar("T")
 
 log = logging.getLogger("runroute.state")
 
+_CLEAN = object()  # "no pin change to write back" (None in ``_dirty`` means: deleted)
+
 
 def _host_slot(slots: int) -> int:
     return zlib.crc32(f"{socket.gethostname()}-{os.getpid()}".encode()) % slots
@@ -70,6 +77,8 @@ def _host_slot(slots: int) -> int:
 
 class FallbackStore:
     """See the module docstring."""
+
+    _RECOVER_ROUNDS = 8  # write-back rounds per probe before it gives up until the next one
 
     def __init__(
         self,
@@ -151,7 +160,16 @@ class FallbackStore:
     async def _probe(self) -> None:
         try:
             await self.primary.ping()
-            await self._recover()
+            for _ in range(self._RECOVER_ROUNDS):
+                await self._recover()
+                # requests served while the recovery's last calls were in flight were still served
+                # locally: their pins, indices and admissions go back too before `degraded` clears
+                # (no await between this check and the flag, so nothing can slip in between)
+                if not (self._dirty or self._dirty_steps or self._delta):
+                    break
+            else:
+                log.debug("run-state store probe: local changes keep arriving; still degraded")
+                return
         except Exception as e:  # noqa: BLE001 - any failure keeps us degraded; the next probe retries
             log.debug("run-state store probe failed: %s", e)
             return
@@ -191,29 +209,11 @@ class FallbackStore:
             self._lock = asyncio.Lock()
         async with self._lock:
             now_epoch = await self.primary.epoch(uuid.uuid4().hex)
-            if self._epoch is not None and now_epoch != self._epoch:
+            lost = self._epoch is not None and now_epoch != self._epoch
+            if lost:
                 await self._restore_share()
-                self._epoch = now_epoch  # the share is back: never add it twice, even if pins fail below
-                counters = self.local.counters()
-                await self.primary.advance_many({rid: n + self.step_gap for rid, n in counters.items()})
-                await self.primary.put_newer_many(
-                    [st for st in await self.local.states() if st.run_id not in self._dirty]
-                )
-                self._slot_due = 0.0
-            self._epoch = now_epoch
-            while self._dirty:
-                rid, st = next(iter(self._dirty.items()))
-                if st is None:
-                    await self.primary.delete(rid)
-                else:
-                    await self.primary.put_newer(st)
-                if self._dirty.get(rid, ...) is st:
-                    del self._dirty[rid]
-            while self._dirty_steps:
-                rid, n = next(iter(self._dirty_steps.items()))
-                await self.primary.advance(rid, n + self.step_gap)
-                if self._dirty_steps.get(rid) == n:
-                    del self._dirty_steps[rid]
+            self._epoch = now_epoch  # the share is back: never add it twice, even if pins fail below
+            await self._write_back(lost)
             while self._delta:
                 key, d = next(iter(self._delta.items()))
                 self._last_count[key] = await self.primary.adjust(key, d)
@@ -222,8 +222,43 @@ class FallbackStore:
                     self._delta[key] = left
                 else:
                     self._delta.pop(key, None)
+            if lost:
+                self._slot_due = 0.0
             if not self._slot_fixed:
                 await self._lease_slot()
+
+    async def _write_back(self, lost: bool) -> None:
+        """Pins and step counters back to Redis, each run's pin and counter in one script
+        (``resync_many``): a router that sees a run's counter raised also sees its pin, so it never
+        starts a run anew that this router is writing back, and a pin is never visible with a
+        counter that does not yet lie ``step_gap`` past this router's indices (degraded numbering).
+
+        After a data loss every run this router holds; otherwise the runs it changed while degraded
+        (also those changed while this write-back runs: it loops until none is left)."""
+        if lost:
+            counters = self.local.counters()
+            states = {st.run_id: st for st in await self.local.states()}
+            items = [
+                (rid, states.get(rid), False, counters[rid] + self.step_gap if rid in counters else None)
+                for rid in {**counters, **states}
+                if rid not in self._dirty and rid not in self._dirty_steps
+            ]
+            await self.primary.resync_many(items)
+        while self._dirty or self._dirty_steps:
+            batch = {**dict.fromkeys(self._dirty_steps), **dict.fromkeys(self._dirty)}
+            snap = {rid: (self._dirty.get(rid, _CLEAN), self._dirty_steps.get(rid)) for rid in batch}
+            items = []
+            for rid, (st, n) in snap.items():
+                if lost:  # every index this router knows for the run, not only the degraded ones
+                    n = max(n or 0, self.local.next_index(rid)) or None
+                pin = st if isinstance(st, RunState) else None
+                items.append((rid, pin, st is None, None if n is None else n + self.step_gap))
+            await self.primary.resync_many(items)
+            for rid, (st, n) in snap.items():  # unless changed meanwhile (then written next round)
+                if st is not _CLEAN and self._dirty.get(rid, _CLEAN) is st:
+                    del self._dirty[rid]
+                if n is not None and self._dirty_steps.get(rid) == n:
+                    del self._dirty_steps[rid]
 
     async def _restore_share(self) -> None:
         """Add this router's net admissions to a wiped Redis' counters (deltas pending are included)."""

@@ -21,6 +21,9 @@ and changes nothing.
 - :data:`PUT_NEWER`: the deterministic resync rule for a pin two routers wrote while apart: the
   one with more ``steps_seen`` wins; on a tie the byte-wise smaller JSON text (same on every
   router, whatever order they resync in).
+- :data:`RESYNC`: one run's write-back after an outage or a data loss: its pin (the
+  :data:`PUT_NEWER` rule, or a delete) and its step counter (the :data:`ADVANCE` rule) in one
+  script, so another router never sees the pin without the counter or the counter without the pin.
 - :data:`SLOT`: claim (or keep) one of ``ARGV[2]`` router slots under a lease: the first
   ``KEYS[1]..:i`` that is free or already holds this router's token ``ARGV[1]``.
 """
@@ -38,6 +41,7 @@ __all__ = [
     "ADVANCE",
     "CLAIM",
     "PUT_NEWER",
+    "RESYNC",
     "SLOT",
     "ADD_SIGNAL",
 ]
@@ -162,6 +166,35 @@ if v then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
 return 1
+"""
+
+# KEYS: pin, step counter; ARGV: 'put' | 'del' | '' (pin untouched), json, ttl ms, steps_seen of
+# ARGV[2], next index (-1 = counter untouched); returns 1 when the pin was written or deleted
+RESYNC = """
+local wrote = 0
+if ARGV[1] == 'put' then
+  local v = redis.call('GET', KEYS[1])
+  local keep = false
+  if v then
+    local ok, d = pcall(cjson.decode, v)
+    local old = -1
+    if ok and type(d) == 'table' and type(d['steps_seen']) == 'number' then old = d['steps_seen'] end
+    local new = tonumber(ARGV[4])
+    keep = new < old or (new == old and ARGV[2] >= v)
+  end
+  if not keep then
+    redis.call('SET', KEYS[1], ARGV[2], 'PX', tonumber(ARGV[3]))
+    wrote = 1
+  end
+elseif ARGV[1] == 'del' then
+  wrote = redis.call('DEL', KEYS[1])
+end
+local want = tonumber(ARGV[5])
+if want >= 0 then
+  local n = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if want > n then redis.call('SET', KEYS[2], want, 'PX', tonumber(ARGV[3])) end
+end
+return wrote
 """
 
 # KEYS[1]: slot key prefix; ARGV: token, slots, lease ms, preferred slot (-1 = none)

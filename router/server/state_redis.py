@@ -152,7 +152,7 @@ class RedisStore:
         self._admit, self._release, self._adjust = reg(lua.ADMIT), reg(lua.RELEASE), reg(lua.ADJUST)
         self._get, self._epoch, self._begin = reg(lua.GET), reg(lua.EPOCH), reg(lua.BEGIN)
         self._advance, self._claim, self._put_newer = reg(lua.ADVANCE), reg(lua.CLAIM), reg(lua.PUT_NEWER)
-        self._slot, self._unstep = reg(lua.SLOT), reg(lua.UNSTEP)
+        self._slot, self._unstep, self._resync = reg(lua.SLOT), reg(lua.UNSTEP), reg(lua.RESYNC)
         self._add_signal = reg(lua.ADD_SIGNAL)
         self._sig_read: dict[str, tuple[str, ...]] = {}  # run -> signals read by begin_step
         self._epoch_key = f"{key_prefix}epoch"
@@ -278,6 +278,25 @@ class RedisStore:
             for st in states[i : i + chunk]:
                 args: list[Any] = [_encode(st), self._ttl_ms, int(st.steps_seen)]
                 await self._put_newer(keys=[self._run_key(st.run_id)], args=args, client=pipe)
+            written += sum(1 for r in await self._call(pipe.execute()) if r)
+        return written
+
+    async def resync_many(
+        self, items: list[tuple[str, RunState | None, bool, int | None]], chunk: int = 500
+    ) -> int:
+        """Write back ``(run_id, pin, delete, next_index)`` items (pipelined, ``chunk`` per round
+        trip): each run's pin (``put_newer`` rule; ``delete``: removed; neither: untouched) and its
+        step counter (raised to ``next_index``; None: untouched) in one script (state_lua.RESYNC),
+        so no router sees one without the other. Returns how many pins were written or deleted."""
+        written = 0
+        for i in range(0, len(items), chunk):
+            pipe = self._r.pipeline(transaction=False)
+            for rid, st, delete, n in items[i : i + chunk]:
+                mode, raw, seen = ("del", b"", 0) if delete else ("", b"", 0)
+                if st is not None and not delete:
+                    mode, raw, seen = "put", _encode(st), int(st.steps_seen)
+                args: list[Any] = [mode, raw, self._ttl_ms, seen, -1 if n is None else int(n)]
+                await self._resync(keys=[self._run_key(rid), self._step_key(rid)], args=args, client=pipe)
             written += sum(1 for r in await self._call(pipe.execute()) if r)
         return written
 

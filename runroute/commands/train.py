@@ -38,9 +38,14 @@ def register(app: typer.Typer) -> None:
         ),
         folds: int = typer.Option(5, "--folds", help="grouped CV folds"),
         no_eval: bool = typer.Option(False, "--no-eval", help="skip the cross-validated evaluation"),
-        cache_capacity_blocks: int = typer.Option(
-            8192, "--cache-capacity-blocks", help="LRU replay capacity"
+        cache_capacity_blocks: int | None = typer.Option(
+            None,
+            "--cache-capacity-blocks",
+            help="LRU replay capacity per replica (default: the node profile's KV blocks at --kv-cache-gb)",
         ),
+        node_gpu: str = typer.Option("a100", "--node-gpu", help="node profile of the cache-label replay"),
+        kv_cache_gb: float = typer.Option(16.0, "--kv-cache-gb", help="KV cache per replica (GB)"),
+        cache_replicas: int = typer.Option(2, "--cache-replicas", help="local replicas (one cache each)"),
         n_estimators: int = typer.Option(200, "--n-estimators", help="trees of the regressors"),
         no_mlflow: bool = typer.Option(False, "--no-mlflow", help="do not log to MLflow"),
         tracking_uri: str | None = typer.Option(
@@ -101,6 +106,9 @@ def register(app: typer.Typer) -> None:
                 n_folds=folds,
                 evaluate=not no_eval,
                 cache_capacity_blocks=cache_capacity_blocks,
+                node_gpu=node_gpu,
+                kv_cache_gb=kv_cache_gb,
+                cache_replicas=cache_replicas,
                 n_estimators=n_estimators,
                 mlflow=not no_mlflow,
                 tracking_uri=tracking_uri,

@@ -7,9 +7,12 @@ Algorithm of :func:`split_by_task`:
    (:func:`split_tau2`). The held-out tau2 set is the paired runs of those tasks.
 2. Every run of a held-out task id, of *any* source (tau2's other agents, tau-bench's airline tasks
    with the same ids), is kept out of training.
-3. Training = tau-bench + tau2 runs of the other tasks + ``synthetic_train_runs`` synthetic runs
-   (:func:`features.generate.generate`, ``synthetic_train_seed``). A second held-out set is a
-   synthetic workload of ``synthetic_holdout_runs`` runs with its own seed.
+3. Training = tau-bench + tau2 runs of the other tasks + the real cache-label sources
+   (``cache_sources``: the shipped Mooncake sample, the first 20 minutes of the conversation trace;
+   no outcomes, so they train the cache-reuse and remaining-work models, never the escalation
+   model) + ``synthetic_train_runs`` synthetic runs (:func:`features.generate.generate`,
+   ``synthetic_train_seed``). A second held-out set is a synthetic workload of
+   ``synthetic_holdout_runs`` runs with its own seed.
 4. The three sets are written to ``data_dir`` (``train.parquet``, ``holdout_tau2.parquet``,
    ``holdout_synthetic.parquet``) and described in a :class:`training.eval.scorecard.Split`. A
    held-out task id found in training is a programming error and raises.
@@ -67,6 +70,7 @@ def split_by_task(
     synthetic_holdout_seed: int,
     limit_tau2_tasks: int | None = None,
     limit_taubench_runs: int | None = None,
+    cache_sources: tuple[str, ...] = ("mooncake",),
 ) -> DemoSets:
     """Split the shipped samples' runs and steps (the module docstring)."""
     import pandas as pd
@@ -90,7 +94,9 @@ def split_by_task(
         tb = tau_train[tau_train["source"] == "taubench"].head(limit_taubench_runs)
         tau_train = pd.concat([tau_train[tau_train["source"] != "taubench"], tb])
     excluded = runs[is_tau & task_s.isin(hold_set) & ~runs["run_id"].isin(tau2_hold_runs["run_id"])]
-    train_parts = [tau_train, steps[steps["run_id"].isin(set(tau_train["run_id"]))]]
+    cache_train = runs[runs["source"].isin(list(cache_sources))]
+    tau_train_ids = set(tau_train["run_id"]) | set(cache_train["run_id"])
+    train_parts = [tau_train, cache_train, steps[steps["run_id"].isin(tau_train_ids)]]
     if synthetic_train_runs:
         train_parts.append(generate(synthetic_train_runs, seed=synthetic_train_seed))
     train_df = pd.concat(train_parts, ignore_index=True)
