@@ -30,12 +30,15 @@ time for some first steps on this shared machine, for most with 40 ms) for the v
 and a later step of the run takes the vector once the thread has it (one ``done()`` check per
 step, nothing else). The text is never stored or logged; the vector goes to
 ``RunPrefix.task_embedding`` and to the run log's ``Run.task_embedding`` when the run ends. At most
-``context.embed_queue`` embeddings wait at once; a run that finds the queue full gets none (the
-load shows in ``TaskEmbedder.dropped``). The model's weights are loaded in the background at
+``context.embed_queue`` embeddings wait at once, and at most ``context.embed_max_per_s`` (10) start
+per second (a token bucket: ~20 ms of CPU each, so at most ~0.2 core however many runs start; a
+benchmark of one-step runs at 200 new runs/s paid 6 ms of CPU per request without it); a run over
+either bound gets none (``TaskEmbedder.dropped``), and a first step that finds another embedding
+still queued does not wait (its vector could not be ready in time). The model's weights are loaded in the background at
 start-up (``warm``), so the first run does not pay for them.
 
 Knobs (``context.*``): ``embed`` (``auto``: on when ``features.embed.available()``; ``on``; ``off``),
-``embed_executor`` (``process`` | ``thread``), ``embed_wait_ms``, ``embed_queue``, ``tenant_domains``, ``agent_domains``, ``domain_header``,
+``embed_executor`` (``process`` | ``thread``), ``embed_wait_ms``, ``embed_queue``, ``embed_max_per_s``, ``tenant_domains``, ``agent_domains``, ``domain_header``,
 ``agent_header``.
 """
 
@@ -45,6 +48,7 @@ import asyncio
 import hashlib
 import logging
 import re
+import time
 from collections.abc import Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal
@@ -67,6 +71,7 @@ class RunContextSettings(BaseModel):
     embed_executor: Literal["process", "thread"] = "thread"
     embed_wait_ms: float = Field(default=15.0, ge=0, le=1000)
     embed_queue: int = Field(default=64, ge=1)
+    embed_max_per_s: float = Field(default=10.0, ge=0)  # new-run embeddings per second (0 = no cap)
     domain_header: str = "x-runroute-domain"
     agent_header: str = "x-runroute-agent"
     tenant_domains: dict[str, str] = Field(default_factory=dict)
@@ -140,6 +145,9 @@ class TaskEmbedder:
     def __init__(self, cfg: RunContextSettings, embed_fn: Any = None):
         self.wait_s = cfg.embed_wait_ms / 1000.0
         self.queue_max = cfg.embed_queue
+        self.rate = cfg.embed_max_per_s
+        self._tokens = max(1.0, self.rate)  # the token bucket (burst: one second's worth)
+        self._refilled = time.monotonic()
         self._fn = embed_fn
         self.process = embed_fn is None and cfg.embed_executor == "process"
         self._pool: Executor | None = None
@@ -222,11 +230,23 @@ class TaskEmbedder:
         if fut is not None:
             fut.add_done_callback(_log_failure)
 
+    def _take(self) -> bool:
+        """One token of the rate bucket (always, without a cap)."""
+        if self.rate <= 0:
+            return True
+        now = time.monotonic()
+        self._tokens = min(max(1.0, self.rate), self._tokens + (now - self._refilled) * self.rate)
+        self._refilled = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
     def start(self, text: str | None) -> Future[Any] | None:
         """Queue one run's embedding; None when there is no text or the queue is full."""
         if not text:
             return None
-        if self.pending >= self.queue_max:
+        if self.pending >= self.queue_max or not self._take():
             self.dropped += 1
             return None
         fut = self._submit(_embed_text, text) if self.process else self._submit(self._embed, text)
@@ -241,7 +261,7 @@ class TaskEmbedder:
         """The vector when it is ready within the first step's budget, else None (it stays queued)."""
         if fut is None:
             return None
-        if not fut.done() and self.wait_s > 0:
+        if not fut.done() and self.wait_s > 0 and self.pending <= 1:  # queued behind others: no use
             try:
                 await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), self.wait_s)
             except (TimeoutError, asyncio.TimeoutError):
