@@ -469,3 +469,41 @@ def test_real_task_embedding_is_the_first_user_messages_vector(tmp_path, fakes, 
     )
     assert got.shape == (embed.EMBED_DIM,) and np.allclose(got, want, atol=1e-6)
     assert abs(float(np.linalg.norm(got)) - 1.0) < 1e-4
+
+
+def _settle(cond, timeout_s: float = 5.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.005)
+
+
+def test_task_embedder_bounds_and_failures():
+    """The rate bucket and the queue bound drop embeddings (counted), a failing model gives None
+    (never an exception into a step), an empty text starts nothing."""
+    import asyncio as aio
+
+    from router.server.runcontext import RunContextSettings, TaskEmbedder
+
+    def boom(texts):
+        raise RuntimeError("model exploded")
+
+    emb = TaskEmbedder(RunContextSettings(embed_max_per_s=2, embed_wait_ms=500), embed_fn=boom)
+    futs = [emb.start(f"t{i}") for i in range(5)]
+    assert sum(f is not None for f in futs) == 2 and emb.dropped == 3  # a burst of one second's worth
+    assert aio.run(emb.first(futs[0])) is None
+    for f in futs[:2]:
+        assert f is not None
+        f.exception(timeout=5)
+        assert TaskEmbedder.result(f) is None
+    _settle(lambda: emb.finished == 2)  # done-callbacks run just after the waiters wake
+    assert emb.failed == 2 and emb.done == 0 and emb.pending == 0
+    assert emb.start("") is None and emb.start(None) is None
+    emb.close()
+
+    ok = TaskEmbedder(RunContextSettings(embed_max_per_s=0, embed_queue=1), embed_fn=lambda t: [[1.0]])
+    first = ok.start("a")
+    assert first is not None
+    assert first.result(timeout=5) == [1.0] and TaskEmbedder.result(first) == [1.0]
+    _settle(lambda: ok.finished == 1)
+    assert ok.done == 1
+    ok.close()
