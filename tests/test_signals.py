@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from features.extract import FEATURE_NAMES
 from features.prefix import SIGNAL_KINDS
@@ -507,3 +509,64 @@ def test_task_embedder_bounds_and_failures():
     _settle(lambda: ok.finished == 1)
     assert ok.done == 1
     ok.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.floats(0, 1), min_size=1, max_size=25),
+    st.lists(st.integers(0, 2), min_size=25, max_size=25),
+    st.lists(st.booleans(), min_size=25, max_size=25),
+    st.integers(0, 4),
+    st.integers(0, 3),
+    st.floats(0, 0.6),
+)
+def test_the_trouble_term_only_adds_frontier_and_keeps_dwell_and_cap(ps, new_sigs, bounds, dwell, cap, boost):
+    """Signals with a trouble boost: a run reaches the frontier no later than without (the score
+    only rises), and the moves still obey the dwell and the switch cap."""
+    from router.policy import BackendState, RunState, Snapshot, apply_decision, build_policy
+
+    bks = [
+        BackendState("local-0", "local", "weak", prefill_s_per_token=1e-4),
+        BackendState(
+            "frontier",
+            "frontier",
+            "strong",
+            price_in_per_m=2.0,
+            price_cached_in_per_m=0.5,
+            price_out_per_m=8.0,
+        ),
+    ]
+    base = {
+        "kind": "learned",
+        "p_frontier_up": 0.5,
+        "p_frontier_down": 0.2,
+        "min_dwell_steps": dwell,
+        "max_switches": cap,
+    }
+
+    def run(pol):
+        st_, seen, tiers, switches = RunState("r"), 0, [], []
+        for k, p in enumerate(ps):
+            seen += new_sigs[k]
+            snap = Snapshot(
+                run=st_,
+                step_index=k,
+                features={"sig_verifier_failed": float(seen)},
+                predictions=Predictions(p_frontier=p, remaining_tokens_p50=1e5),
+                backends=[BackendState(**{f: getattr(b, f) for f in b.__slots__}) for b in bks],
+                context_tokens=3000,
+                at_tool_boundary=bounds[k],
+            )
+            d = pol.decide(snap)
+            if d.switched:
+                switches.append(k)
+            apply_decision(st_, d, k)
+            tiers.append(d.tier)
+        return tiers, switches, st_
+
+    plain, _, _ = run(build_policy(base))
+    tiers, switches, final = run(build_policy({**base, "trouble_boost": {"verifier_failed": boost}}))
+    first = lambda ts: next((k for k, t in enumerate(ts) if t == "frontier"), len(ts))  # noqa: E731
+    assert first(tiers) <= first(plain)
+    assert final.switches == len(switches) <= cap
+    assert all(b - a >= dwell for a, b in zip(switches, switches[1:], strict=False))
