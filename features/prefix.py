@@ -18,6 +18,15 @@ covers exactly ``steps`` (same count, same last step object); any other change o
 extraction fall back to the full scan (and rebuild the aggregate). Steps already in the list must
 not be replaced or mutated in place while an aggregate is attached. ``aggregate`` takes no part in
 equality or repr.
+
+Run context (contract C2, the same in all three builders): ``domain`` (the run's domain: the
+sidecar resolves it at the run's first step, see ``router.server.domain``; training and replay read
+the run record's ``domain``), ``task_embedding`` (the ``features.embed`` vector of the run's first
+user message, computed once per run; None until known; never part of the feature vector: a
+predictor that wants it reads the prefix) and ``signals`` (the kinds of every signal posted on the
+run so far, oldest first, ``POST /v1/runs/{id}/signal``; the last ``new_signals_n`` of them arrived
+since the run's previous step, which is what the run log's ``Step.signals`` holds, so a logged run
+replays into the same prefixes).
 """
 
 from __future__ import annotations
@@ -28,7 +37,18 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
-__all__ = ["StepView", "RunPrefix", "Aggregate"]
+__all__ = ["StepView", "RunPrefix", "Aggregate", "SIGNAL_KINDS", "signal_kind"]
+
+#: the signal kinds a client or verifier may post on a run (``POST /v1/runs/{id}/signal``); each
+#: has its own features (count so far, count since the previous step); ``other`` is anything else
+#: worth telling (the endpoint refuses kinds outside this list)
+SIGNAL_KINDS: tuple[str, ...] = ("verifier_failed", "user_rejected", "tests_failed", "other")
+_KIND_INDEX = {k: i for i, k in enumerate(SIGNAL_KINDS)}
+
+
+def signal_kind(kind: str) -> int:
+    """Index of ``kind`` in :data:`SIGNAL_KINDS` (a kind outside it counts as ``other``)."""
+    return _KIND_INDEX.get(kind, len(SIGNAL_KINDS) - 1)
 
 
 @dataclass(slots=True)
@@ -79,9 +99,11 @@ class RunPrefix:
     # the run's previous step = tokens newly written into the cache / cache capacity in tokens,
     # clipped to [0, 1]; None (NaN feature) when unknown or at a run's first step
     local_cache_pressure: float | None = None
-    domain: str | None = None  # the run's domain (how it is known: see server)
-    task_embedding: np.ndarray | None = None  # C1 vector of the run's first user message, once per run
+    # run context (contract C2; see the module docstring)
+    domain: str | None = None
+    task_embedding: np.ndarray | None = field(default=None, compare=False, repr=False)
     signals: tuple[str, ...] = ()  # client/verifier signals posted on the run so far
+    new_signals_n: int = 0  # how many of the last ``signals`` arrived since the previous step
     # running feature aggregates over ``steps`` (see the module docstring); never compared or shown
     aggregate: Aggregate | None = field(default=None, compare=False, repr=False)
 

@@ -75,6 +75,13 @@ class Run(_Base):
     # why the run ended: "client" (the client ended it), "idle" (no step for identity.idle_end_s)
     end_reason: str | None = None
     task_embedding: list[float] | None = None
+    # (task_embedding: the features.embed vector, EMBED_DIM floats, of the run's first user message;
+    # never the text.) domain: the run's domain (router logs: resolved at its first step, see
+    # router.server.runcontext; importers: the benchmark's); training and replay give both to RunPrefix
+    domain: str | None = None
+    # every signal posted on the run (POST /v1/runs/{id}/signal), oldest first, incl. those after its
+    # last step (a verifier that failed the finished run); the steps' ``signals`` say when they came
+    signals: list[str] | None = None
 
     @model_validator(mode="after")
     def _check_times(self) -> Run:
@@ -125,6 +132,8 @@ class Step(_Base):
     # the logging policy's probability of the decision taken (1.0 = deterministic) and whether it explored
     propensity: float | None = Field(default=None, ge=0.0, le=1.0)
     explore: bool | None = None
+    # signals (kinds) posted on the run since its previous step: what this step's features saw new
+    signals: list[str] | None = None
     prompt_text: str | None = None
 
     @model_validator(mode="after")
@@ -187,6 +196,8 @@ ARROW_SCHEMA = pa.schema(
         ("n_steps", pa.int64()),
         ("end_reason", pa.string()),
         ("task_embedding", pa.list_(pa.float32())),
+        ("domain", pa.string()),
+        ("signals", pa.list_(pa.string())),
         ("step", pa.int64()),
         ("arrival_s", pa.float64()),
         ("tool_pause_s", pa.float64()),

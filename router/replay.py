@@ -196,6 +196,7 @@ def replay(
     ``backends``: the synthetic backend list (default :func:`default_backends`).
     """
     from features.extract import step_views, steps_columns
+    from features.logged import run_context
 
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
@@ -203,6 +204,7 @@ def replay(
             f"policy names must be unique in one replay (got {names}); set `name` in their configs"
         )
     labels, started, models = _labels(runlog)
+    domains, embeddings = run_context(runlog.runs)
     steps = runlog.steps
     if weak_model is not None and len(steps):
         keep = [rid for rid, m in models.items() if m == weak_model]
@@ -236,6 +238,7 @@ def replay(
             _replay_run(
                 engine, policy, predictor, tallies[i], template, frontier_prices, run_id, start,
                 views, extra, reuse_col[lo:hi], labels.get(run_id),
+                (domains.get(run_id), embeddings.get(run_id)),
             )  # fmt: skip
         lo = hi
     present = set(steps["run_id"].astype(str)) if n else set()
@@ -251,14 +254,18 @@ def replay(
     }
 
 
-def _request_fields(cols: dict[str, list[Any]], i: int) -> tuple[int, int, bool]:
-    """``(prompt tokens the router saw, tools offered, JSON wanted)`` of logged row ``i``."""
+def _request_fields(cols: dict[str, list[Any]], i: int) -> tuple[int, int, bool, tuple[str, ...]]:
+    """``(prompt tokens the router saw, tools offered, JSON wanted, signals new at the step)`` of
+    logged row ``i``."""
     import pandas as pd
+
+    from features.logged import signals_of
 
     est, tools, wants = cols["prompt_tokens_est"][i], cols["n_tools_offered"][i], cols["wants_json"][i]
     prompt = int(cols["prompt_tokens"][i]) if est is None or pd.isna(est) else int(est)
     n_tools = 0 if tools is None or pd.isna(tools) else int(tools)
-    return prompt, n_tools, bool(wants) if wants is not None and not pd.isna(wants) else False
+    wanted = bool(wants) if wants is not None and not pd.isna(wants) else False
+    return prompt, n_tools, wanted, signals_of(cols["signals"][i])
 
 
 def _replay_run(
@@ -271,19 +278,22 @@ def _replay_run(
     run_id: str,
     start: float | None,
     views: list[StepView],
-    extra: list[tuple[int, int, bool]],
+    extra: list[tuple[int, int, bool, tuple[str, ...]]],
     reuse: np.ndarray,
     label: bool | None,
+    context: tuple[str | None, Any] = (None, None),
 ) -> None:
-    """Decide every step of one run with ``policy`` through the engine; add its figures to ``t``."""
+    """Decide every step of one run with ``policy`` through the engine; add its figures to ``t``.
+    ``context``: the run's logged ``(domain, task_embedding)``."""
     st = RunState(run_id=run_id)
     track = RunTrack.new(run_id, start)  # type: ignore[arg-type]
+    track.domain, track.task_embedding = context
     wm: dict[str, int] = {}  # backend -> tokens of this run's context left cached there
     esc_step: int | None = None
     tier_sw = 0
     last_tier: str | None = None
     for k, v in enumerate(views):
-        prompt, n_tools, wants = extra[k]
+        prompt, n_tools, wants, signals = extra[k]
         ru = reuse[k]
         reusable = (prompt if k > 0 else 0) if math.isnan(ru) else min(int(ru), prompt)
         req = StepRequest(
@@ -294,6 +304,7 @@ def _replay_run(
             n_tools_offered=n_tools,
             wants_json=wants,
             label_needs_frontier=label,
+            signals=signals,
         )
         plan = engine.plan(
             st,

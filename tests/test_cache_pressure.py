@@ -302,7 +302,7 @@ def test_sidecar_logs_pressure_from_the_fake_vllm_counters_and_history_features_
     assert np.all((press[1:] >= 0) & (press[1:] <= 1)), press
     assert np.all(press[1::2] > 0), press  # after each noise run (steps 1, 3, 5)
     # the history features (everything computed from earlier steps) equal training's
-    history = [n for n in FEATURE_NAMES if n.startswith("tool_bucket")] + [
+    history = [n for n in FEATURE_NAMES if n.startswith("verb_")] + [
         "step_index",
         "tokens_so_far",
         "tool_pause_mean_s",

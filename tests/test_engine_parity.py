@@ -12,7 +12,8 @@ How the two sides are made to see the same world (what a parity test may fix, no
   arrival time, in the simulation's event order;
 - steps never overlap (short steps, long tool pauses), so no backend is busy at a decision in
   either world, while runs overlap in time, so admission has several active runs to count;
-- the sidecar does not scrape /metrics and the simulation models that (``SimConfig.scrape=False``).
+- the sidecar does not scrape /metrics and the simulation models that (``SimConfig.scrape=False``);
+- the sidecar embeds no task text (``context.embed: off``): the logged runs carry no embedding.
 """
 
 from __future__ import annotations
@@ -185,6 +186,9 @@ def _settings(tmp: Path, upstream: str, policy: dict, bundle: Path, spill: bool)
         fallback={"enabled": False},
         admission={**ADMISSION, "spill": spill, "sweep_s": 0},
         runlog={"dir": str(tmp / "logs")},
+        # the simulation's run log carries no task embeddings, so the sidecar computes none either
+        # (a first step must not depend on whether a background embedding beat its wait)
+        context={"embed": "off"},
     )
 
 

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -15,12 +12,10 @@ from features.extract import (
     FEATURE_NAMES,
     FEATURE_SPEC_VERSION,
     N_FEATURES,
-    N_TOOL_BUCKETS,
     extract,
     extract_dict,
     iter_frame_prefixes,
     iter_prefixes,
-    tool_bucket,
 )
 from features.prefix import RunPrefix, StepView
 from features.runlog import read_runlog, records_to_frame, write_frame
@@ -124,7 +119,7 @@ def _router_prefix(k: int) -> RunPrefix:
 
 
 def test_layout_is_versioned_and_fixed():
-    assert FEATURE_SPEC_VERSION == "fs-1"
+    assert FEATURE_SPEC_VERSION == "fs-2"
     assert len(FEATURE_NAMES) == len(set(FEATURE_NAMES)) == N_FEATURES
     x = extract(_router_prefix(2))
     assert x.dtype == np.float64 and x.shape == (N_FEATURES,)
@@ -154,10 +149,11 @@ def test_feature_semantics_at_step_3():
     assert f["tier_switches"] == 1 and f["frontier_step_share"] == pytest.approx(1 / 3)
     assert f["new_tool_results_n"] == 1 and f["new_tool_result_tokens"] == 40
     assert math.isnan(f["local_cache_pressure"])
-    counts = [f[f"tool_bucket_count_{b}"] for b in range(N_TOOL_BUCKETS)]
-    assert sum(counts) == 3
-    assert f[f"tool_bucket_count_{tool_bucket('get_user')}"] >= 2
-    assert sum(f[f"tool_bucket_share_{b}"] for b in range(N_TOOL_BUCKETS)) == pytest.approx(1.0)
+    # get_user, search, get_user: three read-class calls, none written
+    assert f["verb_read_calls"] == 3 and f["verb_write_calls"] == 0 and f["verb_other_calls"] == 0
+    assert f["verb_read_share"] == pytest.approx(1.0) and f["verb_write_last"] == 0
+    assert f["first_prompt_tokens"] == 1000
+    assert not any(n.startswith("tool_bucket") for n in FEATURE_NAMES)  # fs-2 dropped the hash buckets
 
 
 def test_first_step_and_unknowns_are_defined():
@@ -166,11 +162,16 @@ def test_first_step_and_unknowns_are_defined():
     assert f["step_index"] == 0 and f["ctx_growth_last"] == 0 and f["structured_share"] == 0
     assert math.isnan(f["time_since_start_s"]) and math.isnan(f["tool_pause_s"])
     assert math.isnan(f["cache_hit_ratio"])
-    # unseen tool names still land in a bucket
+    assert f["first_prompt_tokens"] == 500  # the first prompt is the new one
+    assert all(f[n] == 0 for n in FEATURE_NAMES if "sig_" in n)
+    # unseen tool names still land in a verb class ("other" when no verb is known)
     p2 = RunPrefix(
-        run_id="x", steps=[StepView(10, 5, tool_calls=("never-seen-tool-ü",))], new_prompt_tokens=20
+        run_id="x",
+        steps=[StepView(10, 5, tool_calls=("never-seen-tool-ü", "bookFlight"))],
+        new_prompt_tokens=20,
     )
-    assert sum(extract_dict(p2)[f"tool_bucket_count_{b}"] for b in range(N_TOOL_BUCKETS)) == 1
+    f2 = extract_dict(p2)
+    assert f2["verb_other_calls"] == 1 and f2["verb_write_calls"] == 1 and f2["verb_write_last"] == 1
 
 
 def test_extract_fills_a_preallocated_buffer():
@@ -179,17 +180,66 @@ def test_extract_fills_a_preallocated_buffer():
     assert out is buf and not np.any(buf == -7.0)
 
 
-def test_tool_bucket_is_stable_across_processes():
-    code = "from features.extract import tool_bucket; print([tool_bucket(n) for n in ('a','search','get_user','x'*50)])"
-    outs = set()
-    for seed in ("1", "2"):
-        env = {**os.environ, "PYTHONHASHSEED": seed}
-        r = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True
-        )
-        outs.add(r.stdout.strip())
-    assert len(outs) == 1
-    assert outs.pop() == str([tool_bucket(n) for n in ("a", "search", "get_user", "x" * 50)])
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [
+        ("get_user_details", "read"),
+        ("search_direct_flight", "read"),
+        ("findUserIdByEmail", "read"),
+        ("list_all_airports", "read"),
+        ("book_reservation", "write"),
+        ("cancel_pending_order", "write"),
+        ("transfer_to_human_agents", "write"),
+        ("user_update", "write"),  # no verb first: a later write token decides
+        ("order_details_get", "read"),
+        ("think", "other"),
+        ("calculate", "other"),
+        ("settings", "other"),  # "set" + 5 letters is not the verb "set"
+        ("", "other"),
+    ],
+)
+def test_verb_classes_from_tool_names(name, cls):
+    from features.verbs import VERB_CLASSES, verb_class
+
+    assert VERB_CLASSES[verb_class(name)] == cls
+    if "_" in name or not name:  # case-insensitive (camelCase boundaries need the case)
+        assert VERB_CLASSES[verb_class(name.upper())] == cls
+
+
+def test_signal_counts_so_far_and_since_the_previous_step():
+    p = RunPrefix(
+        run_id="x",
+        steps=[StepView(10, 5), StepView(20, 5)],
+        new_prompt_tokens=30,
+        signals=("verifier_failed", "tests_failed", "verifier_failed", "something-else"),
+        new_signals_n=2,
+    )
+    f = extract_dict(p)
+    assert f["sig_verifier_failed"] == 2 and f["sig_tests_failed"] == 1 and f["sig_other"] == 1
+    assert f["sig_user_rejected"] == 0
+    assert f["new_sig_verifier_failed"] == 1 and f["new_sig_other"] == 1 and f["new_sig_tests_failed"] == 0
+
+
+def test_logged_signals_replay_as_the_same_prefix_signals(tmp_path):
+    """Step.signals (new at that step) accumulate into RunPrefix.signals on the training path."""
+    steps = [
+        Step(run_id="r", step=0, prompt_tokens=10, completion_tokens=1),
+        Step(run_id="r", step=1, prompt_tokens=20, completion_tokens=1, signals=["verifier_failed"]),
+        Step(run_id="r", step=2, prompt_tokens=30, completion_tokens=1),
+        Step(run_id="r", step=3, prompt_tokens=40, completion_tokens=1, signals=["other", "tests_failed"]),
+    ]
+    path = write_frame(
+        records_to_frame([Run(run_id="r", source="t", domain="airline"), *steps]), tmp_path / "l.parquet"
+    )
+    got = list(iter_prefixes(read_runlog(path).steps, domain="airline"))
+    assert [p.signals for p in got] == [
+        (),
+        ("verifier_failed",),
+        ("verifier_failed",),
+        ("verifier_failed", "other", "tests_failed"),
+    ]
+    assert [p.new_signals_n for p in got] == [0, 1, 0, 2]
+    assert {p.domain for p in got} == {"airline"}
 
 
 def test_training_path_equals_serving_path(tmp_path):
@@ -220,3 +270,20 @@ def test_iter_prefixes_sorts_and_rejects_mixed_runs():
     with pytest.raises(ValueError, match="one run"):
         list(iter_prefixes(pd.concat([df, df.assign(run_id="other")])))
     assert list(iter_prefixes(df.iloc[:0])) == []
+
+
+def test_domain_stats_z_scores_within_each_domain():
+    from features.domain_norm import NORMALISED, DomainStats, z_names
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 10, size=(200, N_FEATURES))
+    X[:100] *= 100.0  # domain "a" runs at 100x the scale of "b"
+    doms = ["a"] * 100 + ["b"] * 100
+    Z = DomainStats().fit(X, doms).transform(X, doms)
+    assert Z.shape == (200, len(NORMALISED)) == (200, len(z_names()))
+    for rows in (slice(0, 100), slice(100, 200)):  # each domain centred and scaled on its own
+        assert np.allclose(Z[rows].mean(axis=0), 0.0, atol=1e-9)
+        assert np.allclose(Z[rows].std(axis=0), 1.0, atol=1e-6)
+    st = DomainStats().fit(X, doms)
+    assert np.allclose(st.transform(X[0], ["a"]), Z[0])  # one row
+    assert np.isfinite(st.transform(X[:3], ["never-seen"] * 3)).all()  # unknown domain: all rows' stats

@@ -95,6 +95,19 @@ request = st.one_of(
     st.tuples(
         st.just("end"), st.fixed_dictionaries({}, optional={"outcome": json_any, "reward": json_any}), run_id
     ),
+    st.tuples(
+        st.just("signal"),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "kind": st.sampled_from(["verifier_failed", "tests_failed", "other", "nope"]) | json_any,
+                "detail": json_any,
+                "x": json_any,
+            },
+        )
+        | json_any,
+        run_id,
+    ),
     st.tuples(st.just("get"), st.none(), run_id),
 )
 
@@ -108,6 +121,8 @@ async def _send(c: httpx.AsyncClient, kind: str, body, rid: str) -> httpx.Respon
         return await c.post("/v1/chat/completions", content=body, headers=hdr)
     if kind == "end":
         return await c.post(f"/v1/runs/{path_id}/end", content=orjson.dumps(body))
+    if kind == "signal":
+        return await c.post(f"/v1/runs/{path_id}/signal", content=orjson.dumps(body))
     return await c.get(f"/v1/runs/{path_id}")
 
 

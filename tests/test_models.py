@@ -139,12 +139,12 @@ def test_bundle_fast_path_matches_the_estimators(bundle):
 def test_bundle_round_trip(bundle, tmp_path):
     d = bundle.save(tmp_path / "b", metrics={"escalation.auc": 0.7}, training_data_sha256="abc")
     man = json.loads((d / MANIFEST_FILE).read_text())
-    assert man["feature_spec_version"] == "fs-1" and man["feature_names"] == list(FEATURE_NAMES)
+    assert man["feature_spec_version"] == "fs-2" and man["feature_names"] == list(FEATURE_NAMES)
     assert {"lightgbm", "scikit-learn", "numpy"} <= set(man["libraries"])
     assert man["metrics"] == {"escalation.auc": 0.7} and man["training_data_sha256"] == "abc"
     loaded = ModelBundle.load(d)
     assert loaded.thresholds == {"p_frontier_up": 0.6, "p_frontier_down": 0.45}
-    assert loaded.version == bundle.version and loaded.version.startswith("fs-1-")
+    assert loaded.version == bundle.version and loaded.version.startswith("fs-2-")
     for p in _prefixes():
         assert loaded.predict(p) == bundle.predict(p)
     assert isinstance(loaded, Predictor)

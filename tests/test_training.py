@@ -216,7 +216,7 @@ def test_train_job_logs_registers_and_promotes(log_path, tmp_path, monkeypatch):
     assert set(rep["escalation"]["per_step"]) == {"1", "3", "5"}
     assert rep["cache_reuse"]["mae_tokens"] >= 0 and "pinball_p50" in rep["remaining_steps"]
     assert rep["n_runs"] == 40 and rep["n_steps"] == len(res.dataset) + len(res.holdout)
-    assert rep["feature_spec_version"] == "fs-1"
+    assert rep["feature_spec_version"] == "fs-2"
     assert rep["escalation"]["auc"] > 0.7  # the planted signal (errors, repeats) is learnable
     assert ModelBundle.load(tmp_path / "b1").version == rep["bundle_version"]
     mf = rep["mlflow"]
@@ -289,7 +289,7 @@ def test_cli_train_writes_bundle_and_report(log_path, tmp_path):
         "n_steps",
         "feature_spec_version",
     } <= set(data)
-    assert "bundle fs-1-" in r.output and (out / "manifest.json").exists()
+    assert "bundle fs-2-" in r.output and (out / "manifest.json").exists()
     bad = CliRunner().invoke(
         _typer_app,
         ["train", "--runs", str(log_path), "-o", str(out), "--no-mlflow", "--target-frontier-share", "2"],

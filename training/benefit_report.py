@@ -50,11 +50,11 @@ def benefit_markdown(rep: dict[str, Any]) -> str:
         lines += ["", "## Heads at the decision step (CV): AUC / Brier (base-rate Brier) / ECE", ""]
         lines += ["| domain | P(ok local) | P(ok frontier) |", "|---|---|---|"]
         for dom, d in cal:
-            cell = [
+            heads = [
                 f"{_f(h['auc'])} / {_f(h['brier'])} ({_f(h['brier_base_rate'])}) / {_f(h['ece'])}"
                 for h in (d["local"], d["frontier"])
             ]
-            lines.append(f"| {dom} | {cell[0]} | {cell[1]} |")
+            lines.append(f"| {dom} | {heads[0]} | {heads[1]} |")
     if rep.get("leave_one_domain_out"):
         lines += ["", "## Leave one domain out (heads fit on the other domains)", ""]
         lines += ["| held-out domain | runs | AUC | SE | Qini |", "|---|---|---|---|---|"]

@@ -10,7 +10,10 @@ logged about a decision, happens here, synchronously, in this order:
    sizes, error flags), tools offered, JSON wanted, the tool pause (``now`` - the previous step's
    end) and ``local_cache_pressure`` (from the adapter's cache reading of the run's local replica).
 2. **predict**: one feature extraction (``features.extract.extract``), then
-   ``predictor.predict_features(x)`` (:class:`models.predictor.Predictor`).
+   ``predictor.predict_features(x)`` (:class:`models.predictor.Predictor`), or, for a predictor
+   that declares ``reads_run_context = True``, ``predictor.predict_context(x, prefix)``: the prefix
+   carries the run context (``domain``, ``task_embedding``, ``signals``; contract C2) that the
+   vector does not.
 3. **snapshot**: the adapter's backend states with ``warm_prefix_tokens`` set from the router's
    belief (the run's last served context on the backend it is pinned to, capped at the new prompt;
    the same in all adapters, so a what-if decides on what the sidecar would know), then
@@ -66,12 +69,13 @@ from features.prefix import RunPrefix, StepView
 from models.types import Predictions
 from router.core.admission import SPILLED_REASON, AdmissionGate
 from router.core.explore import ExploreBudget, step_price_usd
+from router.core.moves import EngineMoves
 from router.core.record import LazyFeatures, StepRequest, StepResult, step_record
 from router.core.runs import CacheReading, RunTrack
 from router.core.traffic import StepToken, TrafficModel
 from router.policy.admission import AdmissionDecision, LoadSnapshot
 from router.policy.explore import ExplorePolicy
-from router.policy.filters import DEFAULT_WEIGHTS, ScoreWeights, make_decision, other_tier, place
+from router.policy.filters import DEFAULT_WEIGHTS, ScoreWeights, make_decision, place
 from router.policy.snapshot import build_snapshot
 from router.policy.types import BackendState, Decision, Policy, RunState, Snapshot, apply_decision
 
@@ -108,8 +112,8 @@ class StepPlan:
     explore_budget: ExploreBudget | None = None  # the deciding policy's exploration budget
 
 
-class StepEngine:
-    """See the module docstring."""
+class StepEngine(EngineMoves):
+    """See the module docstring (7 and 9 live in :class:`router.core.moves.EngineMoves`)."""
 
     def __init__(
         self,
@@ -151,8 +155,11 @@ class StepEngine:
         return self.cache_reader(replica)
 
     def prefix(self, track: RunTrack, req: StepRequest, now: float | None) -> RunPrefix:
-        """The run's visible prefix for this step (shares the track's steps and aggregate)."""
+        """The run's visible prefix for this step (shares the track's steps and aggregate); the
+        step's new signals (``req.signals``) are added to the track's."""
         base = track.base
+        if req.signals:
+            track.signals = track.signals + tuple(req.signals)
         return RunPrefix(
             run_id=track.run_id,
             steps=base.steps,
@@ -162,7 +169,8 @@ class StepEngine:
             new_tool_results_n=req.tool_results_n,
             new_tool_result_errors=req.tool_result_errors,
             new_tool_result_tokens=req.tool_result_tokens,
-            new_tool_pause_s=(now - track.last_end_s)
+            # an overlapping step (it arrived before the previous one ended) has no pause: 0
+            new_tool_pause_s=max(0.0, now - track.last_end_s)
             if now is not None and track.last_end_s is not None
             else None,
             new_n_tools_offered=req.n_tools_offered,
@@ -172,6 +180,10 @@ class StepEngine:
                 if track.cache_mark is not None
                 else None
             ),
+            domain=track.domain,
+            task_embedding=track.task_embedding,
+            signals=track.signals,
+            new_signals_n=len(req.signals),
             aggregate=base.aggregate,
         )
 
@@ -318,44 +330,6 @@ class StepEngine:
                 plan.predictions,
             )
 
-    # ------------------------------------------------------------------ 7: fallback
-    def fallback(
-        self, plan: StepPlan, run: RunState, failed: str, kind: str, backends: list[BackendState]
-    ) -> Decision | None:
-        """Re-place a step whose backend ``failed`` before its first byte on the other tier.
-
-        ``backends``: fresh states (the failed one is marked unhealthy here). Returns the applied
-        decision (reason ``fallback-<kind>``), or None when the other tier has no candidate."""
-        failed_tier = None
-        for st in backends:
-            if st.name == failed:
-                st.healthy = False
-                failed_tier = st.tier
-        if failed_tier is None:
-            return None
-        target = other_tier(failed_tier)
-        snap = replace(plan.snapshot, run=run, backends=backends)
-        b, _ = place(snap, target, self.fallback_weights)
-        if b is None or b.tier != target:
-            return None
-        d = Decision(tier=b.tier, backend=b.name, model=b.model, reason=f"fallback-{kind}", switched=True)
-        plan.fallback_from = failed
-        plan.decision = d
-        plan.flapped = True
-        apply_decision(run, d, plan.step)
-        if self.traffic is not None and plan.traffic_token is not None:
-            # the failed attempt served nothing: undo its charge; the new backend is charged afresh
-            self.traffic.step_finished(plan.traffic_token, None, 0, 0, 0, False)
-            plan.traffic_token = self.traffic.step_started(
-                b.name if b.tier == "local" else None,
-                run.run_id,
-                plan.request.prompt_tokens,
-                plan.predictions.cache_reuse_tokens,
-                plan.predictions,
-            )
-        plan.cache_start = self._reading(b.name) if b.tier == "local" and self.cache_lags else None
-        return d
-
     # ------------------------------------------------------------------ 8: finish
     def finish(
         self,
@@ -447,57 +421,6 @@ class StepEngine:
             propensity=d.propensity,
             explore=d.explore,
         )
-
-    # ------------------------------------------------------------------ 9: races, unserved starts
-    def adopt(self, plan: StepPlan, run: RunState, winner: RunState) -> bool:
-        """Another router stored this new run's first pin before us (set-if-absent refused ours):
-        take ``winner``'s pin for this step. Returns True when this router's own admission slot
-        must be given back (the winner's router holds the run's slot)."""
-        give_back = run.admitted == "admit-local" and self.admission is not None
-        if give_back:
-            assert self.admission is not None
-            self.admission.released(run.run_id)
-        same = (winner.tier, winner.replica) == (run.tier, run.replica)
-        for f in (
-            "tier",
-            "replica",
-            "pinned_at_step",
-            "switches",
-            "last_switch_step",
-            "admitted",
-            "owner",
-            "explore_post",
-        ):
-            setattr(run, f, getattr(winner, f))
-        run.steps_seen = max(run.steps_seen, winner.steps_seen, plan.step + 1)
-        plan.admission = winner.admitted
-        if same or winner.replica is None:
-            return give_back
-        b = next((x for x in plan.snapshot.backends if x.name == winner.replica), None)
-        if b is None:
-            return give_back
-        plan.decision = Decision(tier=b.tier, backend=b.name, model=b.model, reason="pin-race")
-        if self.traffic is not None and plan.traffic_token is not None:
-            self.traffic.step_finished(plan.traffic_token, None, 0, 0, 0, False)
-            plan.traffic_token = self.traffic.step_started(
-                b.name if b.tier == "local" else None,
-                run.run_id,
-                plan.request.prompt_tokens,
-                plan.predictions.cache_reuse_tokens,
-                plan.predictions,
-            )
-        plan.cache_start = self._reading(b.name) if b.tier == "local" else None
-        return give_back
-
-    def unserved_start(self, plan: StepPlan, run: RunState) -> bool:
-        """A run's first step ended without being served: give its admission back (the next step
-        is a first step again). Returns True when the adapter must release a slot."""
-        if plan.admission is None or run.admitted is None:
-            return False
-        holds = self.run_ended(run)
-        run.admitted = None
-        plan.admission = None
-        return holds
 
     # ------------------------------------------------------------------ run end
     def run_ended(self, run: RunState) -> bool:

@@ -35,6 +35,9 @@ class StepRequest:
     label_needs_frontier: bool | None = None  # evaluation only (the oracle)
     protocol: str = "chat"
     estimated: bool = False  # prompt_tokens is the router's estimate (the upstream will count)
+    # signal kinds posted on the run since its previous step (sidecar: from the run-state store;
+    # simulator / replay: the logged Step.signals); the engine adds them to the run's track
+    signals: tuple[str, ...] = ()
 
     @property
     def spill_ok(self) -> bool:
@@ -148,6 +151,7 @@ def step_record(
         admission=admission,
         propensity=propensity,
         explore=explore,
+        signals=list(req.signals) if req.signals else None,
     )
 
 

@@ -22,6 +22,11 @@ run's next step the pressure is the counter's growth since then over the capacit
 when the epoch changed or the counter went backwards; None (a NaN feature) before
 the run was served locally or when the counter is unknown.
 
+Run context (``domain``, ``task_embedding``, ``signals``; contract C2): set by the adapter (the
+sidecar resolves the domain and computes the embedding at a run's first step; the simulator and
+replay take them from the logged run) and, for signals, grown by the engine from each step's
+:attr:`router.core.record.StepRequest.signals`.
+
 Knobs: ``RunTracker(max_runs, max_steps)``.
 """
 
@@ -30,7 +35,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from features.prefix import RunPrefix, StepView
 from router.core.prefix_cache import turnover
@@ -68,6 +73,11 @@ class RunTrack:
     # signal of router.policy.snapshot.tool_repeated, kept here in O(calls) per step)
     call_keys: dict[str, int] = field(default_factory=dict)
     newest_call_repeated: bool = False
+    # run context (contract C2): the run's domain, its task embedding (once known) and every signal
+    # posted on it so far; the engine copies them into each step's RunPrefix
+    domain: str | None = None
+    task_embedding: Any = None
+    signals: tuple[str, ...] = ()
 
     @classmethod
     def new(cls, run_id: str, started_s: float | None) -> RunTrack:

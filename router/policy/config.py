@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from features.prefix import SIGNAL_KINDS
 from router.policy.baselines import (
     AlwaysFrontierPolicy,
     AlwaysLocalPolicy,
@@ -40,6 +41,7 @@ from router.policy.baselines import (
 from router.policy.explore import ExploreConfig, ExplorePolicy
 from router.policy.filters import ScoreWeights
 from router.policy.learned import LearnedPolicy
+from router.policy.trouble import TroubleTerm
 from router.policy.types import Policy
 
 if TYPE_CHECKING:  # the bundle module imports lightgbm; never needed at import time here
@@ -151,9 +153,17 @@ class LearnedConfig(_Base):
     benefit_down: float = Field(
         default=0.0, ge=-1, le=1, description="with the benefit model: de-escalate at an uplift < this"
     )
+    trouble_boost: dict[str, float] = Field(
+        default_factory=dict,
+        description="per signal kind posted on the run: added to P before the economics "
+        "(router.policy.trouble; empty = off)",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> LearnedConfig:
+        bad = sorted(set(self.trouble_boost) - set(SIGNAL_KINDS))
+        if bad:
+            raise ValueError(f"trouble_boost: unknown signal kind(s) {bad}; kinds are {list(SIGNAL_KINDS)}")
         if self.p_frontier_up is not None and self.p_frontier_down is not None:
             if self.p_frontier_down > self.p_frontier_up:
                 raise ValueError("p_frontier_down must be <= p_frontier_up (hysteresis band)")
@@ -185,6 +195,7 @@ class LearnedConfig(_Base):
             name=self.label(),
             benefit_up=self.benefit_up,
             benefit_down=self.benefit_down,
+            trouble=TroubleTerm(self.trouble_boost) if self.trouble_boost else None,
         )
 
 

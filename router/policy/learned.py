@@ -52,12 +52,15 @@ Knobs (:class:`router.policy.config.LearnedConfig`): ``p_frontier_up`` / ``p_fro
 ``min_dwell_steps``, ``max_switches``, ``off_boundary_ratio``, ``frontier_cache_hit`` (share of
 remaining frontier input tokens served from provider prompt caching), ``output_token_share``
 (share of remaining tokens that are output), ``local_gpu_usd_per_hour``, ``latency_usd_per_s``
-(price of a second of prefill latency; 0 = money only), ``scoring`` (replica weights).
+(price of a second of prefill latency; 0 = money only), ``scoring`` (replica weights),
+``trouble_boost`` (:mod:`router.policy.trouble`: signals posted on the run raise ``p`` before the
+economics; off by default).
 """
 
 from __future__ import annotations
 
 from router.policy.filters import DEFAULT_WEIGHTS, ScoreWeights, make_decision, place, place_requested
+from router.policy.trouble import TroubleTerm
 from router.policy.types import BackendState, Decision, Snapshot, Tier
 
 __all__ = ["LearnedPolicy"]
@@ -81,6 +84,7 @@ class LearnedPolicy:
         "weights",
         "benefit_up",
         "benefit_down",
+        "trouble",
     )
 
     def __init__(
@@ -100,6 +104,7 @@ class LearnedPolicy:
         name: str = "learned",
         benefit_up: float = 0.0,
         benefit_down: float = 0.0,
+        trouble: TroubleTerm | None = None,
     ):
         if not 0.0 <= p_frontier_down <= p_frontier_up <= 1.0:
             raise ValueError(
@@ -124,6 +129,7 @@ class LearnedPolicy:
             )
         self.benefit_up = float(benefit_up)
         self.benefit_down = float(benefit_down)
+        self.trouble = trouble if trouble is not None and trouble.terms else None  # router.policy.trouble
 
     def _sides(self, snap: Snapshot) -> tuple[BackendState | None, BackendState | None]:
         """The local and frontier backends the economics are priced on.
@@ -149,9 +155,13 @@ class LearnedPolicy:
         if pred.benefit is not None:
             p = pred.benefit
             p = -1.0 if p < -1.0 else (1.0 if p > 1.0 else p)
+            lo = -1.0
         else:
             p = pred.p_frontier
             p = 0.0 if p < 0.0 else (1.0 if p > 1.0 else p)
+            lo = 0.0
+        if self.trouble is not None:  # observed trouble (router.policy.trouble)
+            p = self.trouble.adjust(p, snap.features, lo)
         ctx = snap.context_tokens if snap.context_tokens > 0 else 0
         rem = pred.remaining_tokens_p50
         if rem <= 0.0:

@@ -63,6 +63,9 @@ class RunState:
     # exploration (router.policy.explore): P(this run explores | its decisions so far); None: the
     # run started without an exploring policy
     explore_post: float | None = None
+    # signals of the run (POST /v1/runs/{id}/signal) its latest step saw, so the next step on any
+    # router knows which are new (router.server.runcontext)
+    signals_seen: int = 0
 
 
 @dataclass(slots=True)

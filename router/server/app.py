@@ -48,6 +48,7 @@ from router.server.errors import error_response
 from router.server.metrics import RouterMetrics
 from router.server.proxy import Proxy
 from router.server.routes import Parts, register_routes
+from router.server.runcontext import RunContext
 from router.server.runlog_writer import RunLogWriter
 from router.server.scrape import Scraper
 from router.server.settings import RouterSettings
@@ -139,8 +140,11 @@ def create_app(
     admission_budget_hook: Any = None,
     clock: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
+    embed_fn: Any = None,
 ) -> FastAPI:
-    """Build the app; see the module docstring for what is injected and what is built."""
+    """Build the app; see the module docstring for what is injected and what is built
+    (``embed_fn``: the task-embedding function, default ``features.embed.embed_texts`` when
+    ``context.embed`` turns it on; tests inject one)."""
     from router.policy.config import build_policy
 
     s = settings
@@ -200,6 +204,7 @@ def create_app(
         writer=writer,
         metrics=metrics,
         backends=backends,
+        context=RunContext(s.context, embed_fn),
     )
 
     @contextlib.asynccontextmanager
@@ -218,6 +223,7 @@ def create_app(
         if admission is not None:
             admission.start()
         proxy.lifecycle.start()
+        proxy.context.start()
         # the bundle, settings and imported modules live for the whole process: move them out of the
         # collector's generations so a full collection under load does not walk them (tail latency)
         gc.collect()
@@ -231,6 +237,7 @@ def create_app(
             await scraper.stop()
             await holder.stop()
             await up.close()
+            proxy.context.close()
             await asyncio.to_thread(writer.close)
             await st.close()
             if tracing is not None:

@@ -8,6 +8,13 @@
   ``run_ended`` and :meth:`router.server.admission.LiveAdmission.release` (the admission slot goes
   back at once), and an ``ended`` tombstone in the run-state store (kept ``store.ttl_s``, so other
   routers' sweeps know the slot was given back and a later step starts a new run).
+- :meth:`RunLifecycle.signal`: ``POST /v1/runs/{id}/signal``: the kind is appended to the run's
+  signals in the run-state store (shared by router replicas, so the next step sees it whichever
+  router serves it: ``RunPrefix.signals``, the ``sig_*`` features, the step's ``Step.signals``);
+  at most :data:`MAX_SIGNALS` per run (then 409 ``signal_limit_reached``). A signal on a run that
+  already ended (a verifier that judged the finished run) logs a ``run`` record with the run's
+  signals at once; otherwise the ``run`` record written at the run's end carries them (with its
+  ``domain`` and ``task_embedding``). The optional ``detail`` is never stored or logged.
 - the sweep (every ``identity.sweep_s``; 0 = off): every tracked run with no step in flight whose
   last step ended (or arrived, for a step still streaming) more than ``identity.idle_end_s`` ago
   is ended with reason ``idle``. The clock is
@@ -26,7 +33,10 @@ from router.server.background import BackgroundTask
 from router.server.identity import OpeningRuns, clean_id, explicit_id, opening_hash
 from router.server.protocol import ClientRequest
 
-__all__ = ["RunLifecycle"]
+__all__ = ["RunLifecycle", "MAX_SIGNALS"]
+
+#: signals kept per run (a client cannot grow a run's state without bound)
+MAX_SIGNALS = 256
 
 log = logging.getLogger("runroute.lifecycle")
 
@@ -135,6 +145,7 @@ class RunLifecycle(BackgroundTask):
                     started_at=started,
                     ended_at=max(ended, started or ended),
                     n_steps=len(entries),
+                    **await self._context(h),
                 )
             self.writer.submit(rec)
         h.ended = True
@@ -150,12 +161,51 @@ class RunLifecycle(BackgroundTask):
             "end_reason": reason,
         }
 
+    async def _context(self, h: Any) -> dict[str, Any]:
+        """The run record's context fields (contract C2): domain, task embedding, signals."""
+        out: dict[str, Any] = {}
+        if h.domain is not None:
+            out["domain"] = h.domain
+        emb = h.task_embedding
+        if emb is None and h.embed_future is not None:
+            from router.server.runcontext import TaskEmbedder
+
+            emb = TaskEmbedder.result(h.embed_future)
+        if emb is not None:
+            out["task_embedding"] = [float(v) for v in emb]
+        sig = await self.store.signals(h.run_id)
+        if sig:
+            out["signals"] = list(sig)
+        return out
+
+    async def signal(self, run_id: str, kind: str) -> dict[str, Any] | None:
+        """Store one signal on a run (module docstring); None when the run is unknown, a dict with
+        ``signals: -1`` when the run holds :data:`MAX_SIGNALS` already."""
+        h = self.tracker.get(run_id)
+        state = await self.store.get(run_id)
+        if h is None and state is None:
+            return None
+        n = await self.store.add_signal(run_id, kind, MAX_SIGNALS)
+        ended = (h.ended if h is not None else False) or (state is not None and state.admitted == "ended")
+        if n > 0 and ended and self.writer is not None:
+            sig = await self.store.signals(run_id)
+            self.writer.submit(
+                {"record": "run", "run_id": run_id, "source": "runroute", "signals": list(sig)}
+            )
+        return {"run_id": run_id, "kind": kind, "signals": n, "ended": ended}
+
     async def _release(self, state: RunState) -> None:
         holds = self.engine.run_ended(state)
         if self.admission is not None:
             await self.admission.release(state, holds)
         await self.store.put(
-            RunState(run_id=state.run_id, admitted="ended", steps_seen=state.steps_seen, owner=state.owner)
+            RunState(
+                run_id=state.run_id,
+                admitted="ended",
+                steps_seen=state.steps_seen,
+                owner=state.owner,
+                signals_seen=state.signals_seen,
+            )
         )
 
     # ------------------------------------------------------------------ idle sweep

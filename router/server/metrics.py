@@ -202,6 +202,9 @@ class RouterMetrics:
         for dom, d in benefit.domains.items() if benefit is not None else ():
             self.domain_mode.labels(dom, d.mode).set(1)
 
+    def signal_posted(self, kind: str) -> None:
+        self.run_signals.labels(kind).inc()
+
     def bundle_reloaded(self, ok: bool) -> None:
         self.bundle_reloads.labels("ok" if ok else "refused").inc()
 

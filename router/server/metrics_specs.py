@@ -143,6 +143,13 @@ SPECS: tuple[MetricSpec, ...] = (
         "Served steps within (met=yes) or over (no) slo.step_latency_s",
         ("met",),
     ),
+    MetricSpec(
+        "run_signals",
+        "counter",
+        "runroute_run_signals",
+        "Signals posted on runs (POST /v1/runs/{id}/signal) by kind",
+        ("kind",),
+    ),
     # --- bundle, store, run log
     MetricSpec(
         "bundle_info",

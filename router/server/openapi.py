@@ -76,6 +76,18 @@ class RunEndRequest(BaseModel):
     reward: float | None = None
 
 
+class RunSignalRequest(BaseModel):
+    """``POST /v1/runs/{run_id}/signal``: evidence about a run from a client or a verifier; the
+    run's next step sees it (features ``sig_<kind>`` / ``new_sig_<kind>``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["verifier_failed", "user_rejected", "tests_failed", "other"]
+    detail: dict[str, Any] | None = Field(
+        default=None, description="optional, for the client's own bookkeeping: never stored or logged"
+    )
+
+
 def request_body(model: type[BaseModel], required: bool = True) -> dict[str, Any]:
     """``openapi_extra`` declaring ``model`` as the JSON request body."""
     return {

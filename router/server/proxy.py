@@ -17,8 +17,9 @@ details are the adapter's, :mod:`router.server.protocol`; this module does the I
    router replicas; a run owned by another key answers 404 ``run_not_found``), the step the engine
    sees (``adapter.step_request``), fresh backend states (:class:`router.server.backends.BackendPool`:
    the local replicas + the frontier the request's model maps to; scraped health, running, waiting,
-   KV usage + this router's in-flight counts), and for a new run the store's active-run count; then
-   ``engine.plan``. An admission slot claim the plan asks for goes to the store's
+   KV usage + this router's in-flight counts), for a new run the store's active-run count, the run
+   context (:mod:`router.server.runcontext`: domain and task embedding at its first step, the
+   signals posted since its previous step); then ``engine.plan``. An admission slot claim the plan asks for goes to the store's
    atomic counter (:class:`router.server.admission.LiveAdmission`) and back to the engine; a
    rejected new run answers 429 ``run_rejected_overload`` with ``Retry-After`` (the predicted time
    until a slot frees) and nothing is stored; otherwise ``engine.commit``, and the pin is stored (a new run's first pin with
@@ -76,6 +77,7 @@ from router.server.metrics_specs import HANDLERS
 from router.server.protocol import Adapter, ClientRequest
 from router.server.relay import SSERelay
 from router.server.responses import ResponsesAdapter, ResponseStore
+from router.server.runcontext import RunContext, RunContextSettings
 from router.server.stepio import StepContext, StepIO
 from router.server.upstream import UpstreamError
 
@@ -98,6 +100,9 @@ class RunHistory(RunTrack):
     tenant: str | None = None
     protocols: set[str] = field(default_factory=set)
     last_seen_s: float | None = None  # arrival of the latest step (a long stream is not idle)
+    context_done: bool = False  # domain resolved, embedding started (router.server.runcontext)
+    domain_source: str | None = None  # the rule that gave the domain
+    embed_future: Any = None  # the task embedding being computed
 
     @property
     def busy(self) -> bool:
@@ -124,6 +129,7 @@ class Proxy(StepIO):
         engine: StepEngine,
         admission: Any = None,
         tracing: Any = None,
+        context: Any = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
@@ -138,6 +144,7 @@ class Proxy(StepIO):
         self.writer = writer
         self.m = metrics
         self.tracing = tracing  # None = off: every tracing hook is then one `is None` test
+        self.context = context if context is not None else RunContext(RunContextSettings(embed="off"))
         self.clock, self.wall, self.perf = clock, wall, perf
         local = getattr(settings, "local", None)
         self.pool = BackendPool(backends, scraper, getattr(local, "kv_cache_tokens", None))
@@ -298,7 +305,9 @@ class Proxy(StepIO):
         if pin is None:
             run = RunState(run_id=run_id, owner=owner)
         elif pin.admitted == "ended":  # the run id was ended before: a new run
-            run = RunState(run_id=run_id, steps_seen=pin.steps_seen, owner=owner)
+            run = RunState(
+                run_id=run_id, steps_seen=pin.steps_seen, owner=owner, signals_seen=pin.signals_seen
+            )
         else:
             run = pin
         run.steps_seen = max(run.steps_seen, index)  # the store's index: the engine claims it
@@ -311,6 +320,7 @@ class Proxy(StepIO):
             # the estimate builds on the previous step's counts only when this router saw it
             fresh = hist.base.steps and hist.next_step >= run.steps_seen
             sreq = proto.step_request(req, hist.last_tokens if fresh else None, priority=prio, tenant=tenant)
+            sreq.signals = await self.context.step(hist, request.headers, proto, req, tenant, self.store, run)
             adm = self.admission
             active = await adm.active() if adm is not None and run.admitted is None else 0
             candidates = self.pool.for_request(req.requested, req.model_alias, run.replica)

@@ -4,8 +4,12 @@
 ``GET /metrics`` (Prometheus text, or OpenMetrics when the scrape's ``Accept`` asks for it;
 scraped figures and the capacity gauges refreshed on each scrape), ``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for the next 5/15/60
 minutes, the replica count that holds the SLO at that forecast, expected spill and reject shares),
-``GET /v1/runs/{run_id}`` (with ``domain_modes``: each domain of the serving bundle's benefit model,
-its mode and why), ``POST /v1/runs/{run_id}/end`` (:meth:`router.server.lifecycle.RunLifecycle.end`:
+``GET /v1/runs/{run_id}`` (with the run's ``domain``, how it was known, its ``signals``, and
+``domain_mode`` / ``domain_reason`` for that domain and ``domain_modes`` for every domain of the
+serving bundle's benefit model: ``model`` or ``prior`` and why),
+``POST /v1/runs/{run_id}/signal`` (body ``{"kind": one of features.prefix.SIGNAL_KINDS, "detail":
+{...} optional, never stored}``: :meth:`router.server.lifecycle.RunLifecycle.signal`; bad input
+400/413/422 with a code, an unknown run 404, 409 past ``MAX_SIGNALS``), ``POST /v1/runs/{run_id}/end`` (:meth:`router.server.lifecycle.RunLifecycle.end`:
 logs the outcome, gives back the run's admission slot and leaves an ``ended`` tombstone in the store
 for ``store.ttl_s``; a repeated end updates the outcome), ``POST /v1/messages/count_tokens`` (forwarded to the Anthropic frontier when one is
 configured, else the sidecar's estimate; Anthropic's error shape), ``POST /admin/reload``,
@@ -31,14 +35,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from features.prefix import SIGNAL_KINDS
 from router.core.engine import StepEngine
 from router.server.backends import Backend
 from router.server.errors import ProxyError, error_response
 from router.server.identity import clean_id
+from router.server.lifecycle import MAX_SIGNALS
 from router.server.openapi import (
     ChatCompletionRequest,
     ErrorBody,
     RunEndRequest,
+    RunSignalRequest,
     error_responses,
     install_openapi,
     request_body,
@@ -47,6 +54,16 @@ from router.server.proxy import Proxy
 from router.server.upstream import UpstreamError
 
 __all__ = ["Parts", "register_routes", "json_response"]
+
+
+def _run_domain_mode(serving: Any, domain: str | None) -> dict[str, str | None]:
+    """``domain_mode`` / ``domain_reason`` the run's domain is served in (None without a benefit
+    model or a domain: the escalation classifier alone)."""
+    benefit = getattr(serving.predictor, "benefit", None) if serving is not None else None
+    if benefit is None or domain is None:
+        return {"domain_mode": None, "domain_reason": None}
+    mode, reason = benefit.mode(domain)
+    return {"domain_mode": mode, "domain_reason": reason}
 
 
 def _domain_modes(serving: Any) -> dict[str, dict[str, str]]:
@@ -131,7 +148,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
     async def count_tokens(request: Request) -> Response:
         return await count_message_tokens(proxy, up, request)
 
-    install_openapi(app, (ChatCompletionRequest, RunEndRequest, ErrorBody))
+    install_openapi(app, (ChatCompletionRequest, RunEndRequest, RunSignalRequest, ErrorBody))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_exc(request: Request, exc: StarletteHTTPException) -> Response:
@@ -252,6 +269,10 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
                     if state
                     else None
                 ),
+                "domain": h.domain,
+                "domain_source": h.domain_source,
+                **_run_domain_mode(holder.current, h.domain),
+                "signals": list(await st.signals(run_id)),
                 "tiers": sorted({e["tier"] for e in entries if e["tier"]}),
                 "replicas": sorted({e["replica"] for e in entries if e["replica"]}),
                 "steps": entries,
@@ -295,6 +316,36 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             return not_found(run_id)
         return json_response(done)
 
+    @app.post(
+        "/v1/runs/{run_id}/signal",
+        responses=error_responses(400, 401, 404, 409, 413, 422),
+        openapi_extra=request_body(RunSignalRequest),
+    )
+    async def signal_run(run_id: str, request: Request) -> Response:
+        try:
+            caller = proxy.check_auth(request)
+        except ProxyError as e:
+            return error_response(e.status, e.code, e.message)
+        run_id = clean_id(run_id)
+        h = proxy.runs.get(run_id)
+        state = await st.get(run_id)
+        owner = state.owner if state is not None else (h.owner if h is not None else None)
+        if (h is None and state is None) or not access.owns(owner, caller):
+            return not_found(run_id)
+        raw = await request.body()
+        kind, err = parse_signal(raw)
+        if err is not None:
+            return error_response(*err)
+        done = await proxy.lifecycle.signal(run_id, kind)
+        if done is None:
+            return not_found(run_id)
+        if done["signals"] < 0:
+            return error_response(
+                409, "signal_limit_reached", f"run {run_id!r} holds {MAX_SIGNALS} signals already"
+            )
+        metrics.signal_posted(kind)
+        return json_response(done)
+
     @app.post("/admin/reload", responses=error_responses(401, 403, 409))
     async def reload(request: Request) -> Response:
         if (r := check(access.admin, request)) is not None:
@@ -309,6 +360,32 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             old = holder.current.version if holder.current else None
             return error_response(409, "bundle_refused", f"bundle refused, still serving {old}: {e}")
         return json_response({"reloaded": True, "version": serving.version})
+
+
+_SIGNAL_BODY_MAX = 64 * 1024
+
+
+def parse_signal(raw: bytes) -> tuple[str, tuple[int, str, str] | None]:
+    """``(kind, None)`` of a signal body, or ``("", (status, code, message))`` for bad input
+    (the ``detail`` is checked to be an object and then dropped: never stored or logged)."""
+    if len(raw) > _SIGNAL_BODY_MAX:
+        return "", (413, "body_too_large", f"a signal body is at most {_SIGNAL_BODY_MAX} bytes")
+    try:
+        body = orjson.loads(raw) if raw.strip() else None
+    except orjson.JSONDecodeError:
+        return "", (400, "invalid_json", "request body is not valid JSON")
+    if not isinstance(body, dict):
+        return "", (422, "body_not_object", "request body must be a JSON object with a 'kind'")
+    extra = sorted(set(body) - {"kind", "detail"})
+    if extra:
+        return "", (422, "unknown_field", f"unknown field(s) {extra}; a signal has 'kind' and 'detail'")
+    kind = body.get("kind")
+    if not isinstance(kind, str) or kind not in SIGNAL_KINDS:
+        return "", (422, "invalid_signal_kind", f"'kind' must be one of {', '.join(SIGNAL_KINDS)}")
+    detail = body.get("detail")
+    if detail is not None and not isinstance(detail, dict):
+        return "", (422, "invalid_signal_detail", "'detail' must be a JSON object (or absent)")
+    return kind, None
 
 
 async def count_message_tokens(proxy: Proxy, up: Any, request: Request) -> Response:

@@ -8,6 +8,10 @@ several deployments.
 
 Knobs (see ``runroute.example.yaml`` for a documented file):
 
+- ``context`` (:mod:`router.server.runcontext`): how a run's domain is known (``domain_header``,
+  ``tenant_domains``, ``agent_header``, ``agent_domains``; else ``metadata.domain``, else a hash of
+  the system prompt) and its task embedding (``embed``: auto / on / off, ``embed_wait_ms``,
+  ``embed_queue``).
 - ``local``: the local tier: ``urls`` (one vLLM server root per replica, e.g. ``http://10.0.0.5:8000``;
   a trailing ``/v1`` is accepted), ``model`` (the served model name sent upstream), ``names`` (replica
   ids, default ``local-0..``), ``max_context``, ``kv_cache_tokens`` (one replica's KV cache size in
@@ -87,6 +91,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from router.policy.admission import AdmissionConfig
+from router.server.runcontext import RunContextSettings
 from router.server.settings_tiers import (
     FrontierTier,
     IdentitySettings,
@@ -113,6 +118,7 @@ __all__ = [
     "IdentitySettings",
     "TracingSettings",
     "MetricsSettings",
+    "RunContextSettings",
     "RouterSettings",
     "SettingsError",
     "ProtocolName",
@@ -364,6 +370,7 @@ class RouterSettings(BaseSettings):
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    context: RunContextSettings = Field(default_factory=RunContextSettings)
 
     @field_validator("policy", mode="before")
     @classmethod

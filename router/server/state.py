@@ -12,6 +12,10 @@ Interface (all async, so the Redis implementation never blocks the event loop):
 - ``try_admit(key, limit, ttl_s) -> bool``: atomically count one more active admitted run under
   ``key`` unless that would exceed ``limit``; ``release(key)`` gives one back.
 - ``active(key) -> int``.
+- ``add_signal(run_id, kind, limit) -> int``: append a signal kind to the run's list (at most
+  ``limit``: -1 when full, else the list's length); ``signals(run_id) -> tuple[str, ...]``: the
+  run's signals, oldest first (``POST /v1/runs/{id}/signal``; the next step's features see them).
+  They expire with the run (``ttl_s`` after the last signal or step).
 
 ``InProcessStore.states()`` (not part of the protocol) lists every live run state; the Redis
 fallback uses it to give pins back to a Redis that lost its data.
@@ -43,6 +47,8 @@ class RunStateStore(Protocol):
     async def try_admit(self, key: str, limit: int) -> bool: ...
     async def release(self, key: str) -> None: ...
     async def active(self, key: str) -> int: ...
+    async def add_signal(self, run_id: str, kind: str, limit: int) -> int: ...
+    async def signals(self, run_id: str) -> tuple[str, ...]: ...
     async def close(self) -> None: ...
 
 
@@ -55,10 +61,11 @@ class InProcessStore:
         self._runs: OrderedDict[str, tuple[float, RunState]] = OrderedDict()
         self._counters: dict[str, int] = {}
         self._steps: OrderedDict[str, tuple[float, int]] = OrderedDict()  # run -> (touched, next index)
+        self._signals: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()  # run -> (touched, kinds)
 
     def _expire(self) -> None:
         now = self._clock()
-        for d in (self._runs, self._steps):
+        for d in (self._runs, self._steps, self._signals):
             while d:
                 rid, (t, _) = next(iter(d.items()))
                 if now - t < self.ttl_s:
@@ -127,6 +134,26 @@ class InProcessStore:
 
     async def active(self, key: str) -> int:
         return self._counters.get(key, 0)
+
+    async def add_signal(self, run_id: str, kind: str, limit: int) -> int:
+        self._expire()
+        hit = self._signals.pop(run_id, None)
+        kinds = hit[1] if hit else []
+        n = -1
+        if len(kinds) < limit:
+            kinds.append(kind)
+            n = len(kinds)
+        self._signals[run_id] = (self._clock(), kinds)
+        return n
+
+    async def signals(self, run_id: str) -> tuple[str, ...]:
+        self._expire()
+        hit = self._signals.get(run_id)
+        if hit is None:
+            return ()
+        self._signals.move_to_end(run_id)
+        self._signals[run_id] = (self._clock(), hit[1])  # a step keeps them alive like the pin
+        return tuple(hit[1])
 
     async def states(self) -> list[RunState]:
         """Every run state not yet expired, oldest activity first (copies)."""

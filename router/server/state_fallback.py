@@ -438,6 +438,26 @@ class FallbackStore:
         self._local()
         return self._counts.get(key, self._last_count.get(key, 0))
 
+    async def add_signal(self, run_id: str, kind: str, limit: int) -> int:
+        """On Redis; while degraded, on this router only (not resynced: a signal posted during an
+        outage is seen by the next step this router serves)."""
+        if not self._degraded:
+            try:
+                return await self.primary.add_signal(run_id, kind, limit)
+            except StoreUnavailable as e:
+                self._enter_degraded(e)
+        self._local()
+        return await self.local.add_signal(run_id, kind, limit)
+
+    async def signals(self, run_id: str) -> tuple[str, ...]:
+        if not self._degraded:
+            try:
+                return await self.primary.signals(run_id)
+            except StoreUnavailable as e:
+                self._enter_degraded(e)
+        self._local()
+        return await self.local.signals(run_id)
+
     async def close(self) -> None:
         if self._probe_task is not None and not self._probe_task.done():
             self._probe_task.cancel()

@@ -10,7 +10,11 @@ and changes nothing.
 - :data:`ADJUST`: add a delta to a counter, floored at 0 (resync of degraded-mode admissions).
 - :data:`BEGIN`: a step's pin and its index in one round trip: ``n = max(counter, floor,
   pin.steps_seen)`` (``steps_seen`` read with ``cjson``), the counter set to ``n + 1`` (with the
-  pins' TTL), ``n`` returned: an atomic INCR that never goes below what the caller or the pin knows.
+  pins' TTL), ``n`` returned: an atomic INCR that never goes below what the caller or the pin knows;
+  also the run's signal list (``KEYS[4]``, its TTL refreshed), so a step reads its run's signals
+  without another round trip.
+- :data:`ADD_SIGNAL`: append a signal kind to a run's list (RPUSH, the pins' TTL) unless it holds
+  ``ARGV[2]`` already (answers -1); answers the list's length.
 - :data:`ADVANCE`: raise a step counter to at least ``ARGV[1]`` (never lower it).
 - :data:`UNSTEP`: give back the index just allocated (a rejected new run), only if no later one was.
 - :data:`CLAIM`: set-if-absent of a first pin; answers the pin already there, or ``''`` when stored.
@@ -39,6 +43,7 @@ __all__ = [
     "PUT_NEWER",
     "RESYNC",
     "SLOT",
+    "ADD_SIGNAL",
 ]
 
 CHECK = """
@@ -97,7 +102,7 @@ if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
 return n
 """
 
-# KEYS: pin, epoch, step counter; ARGV: epoch, floor, ttl ms
+# KEYS: pin, epoch, step counter, signal list (optional); ARGV: epoch, floor, ttl ms
 BEGIN = (
     CHECK
     + """
@@ -112,7 +117,12 @@ if pin then
   end
 end
 redis.call('SET', KEYS[3], n + 1, 'PX', tonumber(ARGV[3]))
-return {1, pin or '', n}
+local sig = {}
+if KEYS[4] then
+  sig = redis.call('LRANGE', KEYS[4], 0, -1)
+  if #sig > 0 then redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[3])) end
+end
+return {1, pin or '', n, sig}
 """
 )
 
@@ -203,4 +213,13 @@ for _, i in ipairs(order) do
   end
 end
 return -1
+"""
+
+# KEYS: signal list; ARGV: kind, most signals kept, ttl ms
+ADD_SIGNAL = """
+local n = redis.call('LLEN', KEYS[1])
+if n >= tonumber(ARGV[2]) then return -1 end
+n = redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
+return n
 """

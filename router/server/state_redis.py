@@ -12,6 +12,9 @@ Redis is down).
 - First pins: ``claim`` is set-if-absent, so two routers that start one run at once agree on one
   pin (the loser adopts the winner's); ``put_newer`` is the resync rule (more ``steps_seen`` wins,
   a tie goes to the smaller JSON text: the same outcome whatever order routers resync in).
+- Signals (``POST /v1/runs/{id}/signal``): ``{prefix}sig:{run_id}`` is a list of kinds (RPUSH,
+  at most ``MAX_SIGNALS``, the pins' TTL); ``begin_step`` reads it in the same script, so the
+  step's own ``signals`` call costs no round trip (the list read is kept per run until then).
 - Admission counters live at ``{prefix}adm:{key}``. ``try_admit`` runs one Lua script (read, compare
   with the limit, INCR), so concurrent starts from any number of routers never push the count past
   the limit; ``release`` is a Lua DECR floored at 0. ``admit_ttl_s`` (off by default) lets a counter
@@ -150,6 +153,8 @@ class RedisStore:
         self._get, self._epoch, self._begin = reg(lua.GET), reg(lua.EPOCH), reg(lua.BEGIN)
         self._advance, self._claim, self._put_newer = reg(lua.ADVANCE), reg(lua.CLAIM), reg(lua.PUT_NEWER)
         self._slot, self._unstep, self._resync = reg(lua.SLOT), reg(lua.UNSTEP), reg(lua.RESYNC)
+        self._add_signal = reg(lua.ADD_SIGNAL)
+        self._sig_read: dict[str, tuple[str, ...]] = {}  # run -> signals read by begin_step
         self._epoch_key = f"{key_prefix}epoch"
 
     def _run_key(self, run_id: str) -> str:
@@ -160,6 +165,9 @@ class RedisStore:
 
     def _step_key(self, run_id: str) -> str:
         return f"{self.key_prefix}step:{run_id}"
+
+    def _sig_key(self, run_id: str) -> str:
+        return f"{self.key_prefix}sig:{run_id}"
 
     async def _call(self, aw: Any) -> Any:
         try:
@@ -200,11 +208,29 @@ class RedisStore:
         self, run_id: str, floor: int = 0, epoch: str | None = None
     ) -> tuple[RunState | None, int]:
         """The run's pin and its next step index, allocated atomically (module docstring)."""
-        keys = [self._run_key(run_id), self._epoch_key, self._step_key(run_id)]
+        keys = [self._run_key(run_id), self._epoch_key, self._step_key(run_id), self._sig_key(run_id)]
         reply = await self._call(self._begin(keys=keys, args=[epoch or "", int(floor), self._ttl_ms]))
         self._checked(reply[:2])
         raw = reply[1]
+        if len(self._sig_read) > 4096:  # callers that never asked (refused steps): forget them
+            self._sig_read.clear()
+        sig = reply[3] if len(reply) > 3 else []
+        self._sig_read[run_id] = tuple(v.decode() if isinstance(v, bytes) else str(v) for v in sig)
         return (_decode(raw) if raw else None), int(reply[2])
+
+    async def add_signal(self, run_id: str, kind: str, limit: int) -> int:
+        """Append ``kind`` to the run's signals; the list's length, or -1 when it holds ``limit``."""
+        args: list[Any] = [kind, int(limit), self._ttl_ms]
+        return int(await self._call(self._add_signal(keys=[self._sig_key(run_id)], args=args)))
+
+    async def signals(self, run_id: str) -> tuple[str, ...]:
+        """Every signal kind posted on the run, oldest first (the list ``begin_step`` just read,
+        else one LRANGE)."""
+        hit = self._sig_read.pop(run_id, None)
+        if hit is not None:
+            return hit
+        raw = await self._call(self._r.lrange(self._sig_key(run_id), 0, -1))
+        return tuple(v.decode() if isinstance(v, bytes) else str(v) for v in raw)
 
     async def advance(self, run_id: str, next_index: int) -> int:
         """Raise the run's step counter to at least ``next_index``; returns the counter now."""
@@ -216,6 +242,7 @@ class RedisStore:
 
     async def unstep(self, run_id: str, step: int) -> bool:
         """Give back ``step`` (just allocated by ``begin_step``) unless a later index was allocated."""
+        self._sig_read.pop(run_id, None)  # a refused step: its signal read is not used
         return bool(await self._call(self._unstep(keys=[self._step_key(run_id)], args=[int(step)])))
 
     async def next_index(self, run_id: str) -> int:

@@ -70,6 +70,7 @@ class _Run:
         self.spec = spec
         self.state = RunState(run_id=spec.run_id)
         self.track: RunTrack = RunTrack.new(spec.run_id, 0.0)
+        self.track.domain, self.track.task_embedding = spec.domain, spec.task_embedding
         self.k = 0
         self.start_t = 0.0
         self.g0 = g0
@@ -244,6 +245,7 @@ class Simulator:
                 n_tools_offered=s.n_tools,
                 wants_json=s.wants_json,
                 label_needs_frontier=run.spec.needs_frontier,
+                signals=s.signals,
             )
         state, track = run.state, run.track
         plan = eng.plan(

@@ -57,6 +57,7 @@ class StepSpec:
         "structured",
         "n_tools",
         "wants_json",
+        "signals",
         "request",
     )
 
@@ -77,6 +78,7 @@ class StepSpec:
         structured: bool | None = None,
         n_tools: int = 0,
         wants_json: bool = False,
+        signals: tuple[str, ...] = (),
     ):
         self.prompt = prompt
         self.completion = completion
@@ -93,6 +95,7 @@ class StepSpec:
         self.structured = structured
         self.n_tools = n_tools
         self.wants_json = wants_json
+        self.signals = signals  # signal kinds posted on the run since the previous step (Step.signals)
         self.short = completion <= SHORT_STEP_TOKENS or bool(tool_calls) or bool(structured)
         self.request: Any = None  # the simulator's router.core.record.StepRequest, built on first use
 
@@ -103,6 +106,8 @@ class RunSpec:
     steps: list[StepSpec]
     started_s: float = math.nan
     needs_frontier: bool | None = None
+    domain: str | None = None  # the run record's domain (RunPrefix.domain)
+    task_embedding: Any = None  # the run record's task embedding (RunPrefix.task_embedding)
 
 
 def _lead_common(a: Sequence[int], b: Sequence[int], n: int) -> int:
@@ -166,10 +171,13 @@ class Workload:
         arrival = col("arrival_s")
         tcalls, tkeys, trn = col("tool_calls"), col("tool_call_keys"), col("tool_results_n", 0)
         terr, ttok, struct = col("tool_result_errors"), col("tool_result_tokens"), col("structured")
-        ntools, wjson = col("n_tools_offered"), col("wants_json")
+        ntools, wjson, sigs = col("n_tools_offered"), col("wants_json"), col("signals")
 
         starts: dict[str, float] = {}
         labels: dict[str, bool | None] = {}
+        from features.logged import run_context
+
+        domains, embeddings = run_context(runs) if runs is not None else ({}, {})
         if runs is not None and len(runs):
             for r_id, sa, nf in zip(
                 runs["run_id"].tolist(),
@@ -201,7 +209,14 @@ class Workload:
                 st = starts.get(r, math.nan)
                 if math.isnan(st) and not isnull(arrival[i]):
                     st = float(arrival[i])
-                cur = RunSpec(run_id=r, steps=[], started_s=st, needs_frontier=labels.get(r))
+                cur = RunSpec(
+                    run_id=r,
+                    steps=[],
+                    started_s=st,
+                    needs_frontier=labels.get(r),
+                    domain=domains.get(str(r)),
+                    task_embedding=embeddings.get(str(r)),
+                )
                 out.append(cur)
                 chain_prev, seen, prev_total = (), set(), 0
             p = int(prompt[i])
@@ -256,6 +271,7 @@ class Workload:
                     s_val,
                     0 if isnull(ntools[i]) else int(ntools[i]),
                     False if isnull(wjson[i]) else bool(wjson[i]),
+                    tup(sigs[i]),
                 )
             )
             chain_prev = chain

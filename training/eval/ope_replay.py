@@ -222,6 +222,7 @@ def replay_candidate(
     import math
 
     from features.extract import step_views, steps_columns
+    from features.logged import signals_of
     from router.core.engine import StepEngine
     from router.core.record import StepRequest, StepResult
     from router.core.runs import RunTrack
@@ -260,6 +261,7 @@ def replay_candidate(
                 n_tools_offered=int(opt(tools[i]) or 0),
                 wants_json=bool(opt(wants[i]) or False),
                 label_needs_frontier=logged.records[r].needs_frontier,
+                signals=signals_of(cols["signals"][i]),  # the run context (C2): as logged
             )
             plan = engine.plan(
                 run,
