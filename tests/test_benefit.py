@@ -351,11 +351,28 @@ def test_sidecar_shows_each_domains_mode_in_get_run_and_metrics(bundle, tmp_path
         )
         with serve_in_thread(create_app(s)) as url:
             body = {"model": "auto", "messages": [{"role": "user", "content": "change my flight"}]}
-            r = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"X-Run-Id": "r1"}, timeout=30)
+            hdr = {"X-Run-Id": "r1", "x-runroute-domain": "retail"}
+            r = httpx.post(f"{url}/v1/chat/completions", json=body, headers=hdr, timeout=30)
             assert r.status_code == 200, r.text
             run = httpx.get(f"{url}/v1/runs/r1", timeout=30).json()
             want = {k: {"mode": d["mode"], "reason": d["reason"]} for k, d in b.manifest["domains"].items()}
             assert run["domain_modes"] == want
+            # the run's own domain: its mode and why, as the step's predictions saw them
+            assert run["domain"] == "retail" and run["domain_mode"] == want["retail"]["mode"]
+            assert run["domain_reason"] == want["retail"]["reason"]
+            preds = run["steps"][0]["predictions"]
+            # retail's prior policy is its base rates (no CV here): the step routed on that uplift
+            assert preds["benefit"] == pytest.approx(preds["p_success_frontier"] - preds["p_success_local"])
+            assert preds["p_success_local"] == pytest.approx(b.benefit.domains["retail"].p_local)
+            # a domain the bundle never saw runs the prior and says so
+            r = httpx.post(
+                f"{url}/v1/chat/completions",
+                json=body,
+                headers={"X-Run-Id": "r2", "x-runroute-domain": "banking"},
+            )
+            assert r.status_code == 200
+            run2 = httpx.get(f"{url}/v1/runs/r2", timeout=30).json()
+            assert run2["domain_mode"] == "prior" and run2["domain_reason"] == UNSEEN_REASON
             metrics = httpx.get(f"{url}/metrics", timeout=30).text
             for dom, d in want.items():
                 assert f'runroute_domain_mode{{domain="{dom}",mode="{d["mode"]}"}} 1.0' in metrics

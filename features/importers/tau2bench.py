@@ -37,7 +37,7 @@ Run: outcome = success iff reward == 1, reward = ``reward_info.reward``; model =
 without a provider prefix (``openai/gpt-oss-120b`` -> ``gpt-oss-120b``); agent = the submission (the
 file name before ``__``: ``qwen2.5-7b-ollama``, ``gpt-4.1``; the pairing roles name submissions, since
 one model appears in several submissions with different agents);
-task_id = ``<domain>/<task_id>`` (pairing joins on it; the run's domain is the part before ``/``).
+task_id = ``<domain>/<task_id>`` (pairing joins on it); ``domain`` = the benchmark's domain (C2).
 
 Task embedding (``embed=True``): the first user message of each run (the task as the user states it)
 is embedded once with :func:`features.embed.embed_texts` (C1, 384 floats, L2-normalised) and stored in
@@ -221,6 +221,7 @@ def _import_file(
                 "run_id": run_id,
                 "source": "tau2bench",
                 "task_id": f"{domain}/{task}",
+                "domain": domain,
                 "model": model,
                 "agent": agent,
                 "started_at": start,
