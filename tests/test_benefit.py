@@ -393,3 +393,21 @@ def test_prior_policy_is_the_escalation_classifier_only_where_it_measured_better
     assert "prior policy: the escalation classifier" in model.domains["retail"].reason
     # the router then routes on P(needs frontier) alone there (no uplift), and on the uplift elsewhere
     assert not model.uses_uplift("retail") and model.uses_uplift("telecom") and model.uses_uplift("banking")
+
+
+def test_a_domain_model_that_does_not_beat_its_prior_policy_is_demoted():
+    from training.benefit_job import choose_priors
+
+    rows = _rows(40, True, "airline", 0)
+    cfg = BenefitConfig(min_runs=30, n_boot=50)
+    model, _ = fit_benefit(rows, cfg)
+    assert model.domains["airline"].mode == "model"
+    # the escalation classifier knows exactly which runs fail (out of fold): the model cannot beat it
+    got = choose_priors(model, rows, {"run_id": rows.run_id, "model": 1.0 - rows.y_local}, cfg)
+    assert got["airline"]["prior"] == "escalation" and got["airline"]["mode"] == "prior"
+    assert model.domains["airline"].mode == "prior" and "demoted" in model.domains["airline"].reason
+    # an uninformative classifier leaves the model active (it beats random mixing by more than its SE)
+    model2, _ = fit_benefit(rows, cfg)
+    got2 = choose_priors(model2, rows, {"run_id": rows.run_id, "model": np.full(len(rows), 0.5)}, cfg)
+    assert got2["airline"]["prior"] == "base-rates" and model2.domains["airline"].mode == "model"
+    assert got2["airline"]["model_aiq_gain_over_prior"] > got2["airline"]["model_se"]

@@ -75,10 +75,23 @@ def lodo_table(rows: BenefitRows, cfg: BenefitConfig) -> dict[str, Any]:
     return out
 
 
-def _safety_row(ev: dict[str, Any], active: bool) -> dict[str, Any]:
-    a = ev["aiq"]
-    gated = a["learned"] if active else a["random_mix"]
-    base = {k: a[k] for k in ("random_mix", "failure_threshold")}
+def _safety_row(ev: dict[str, Any], active: bool, prior: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``prior``: :func:`training.benefit_job.choose_priors`' row of the domain (the escalation
+    classifier's out-of-fold AIQ gain over random mixing): per-step-threshold joins the baselines
+    and, where it is the domain's prior policy, is what the gated policy runs."""
+    a = dict(ev["aiq"])
+    if prior is not None and "aiq_gain_over_random_mix" in prior:
+        a["per_step_threshold"] = {
+            "aiq": a["random_mix"]["aiq"] + prior["aiq_gain_over_random_mix"],
+            "se": a["random_mix"]["se"],
+        }
+    if active:
+        gated = a["learned"]
+    elif prior is not None and prior.get("prior") == "escalation":
+        gated = a["per_step_threshold"]
+    else:
+        gated = a["random_mix"]
+    base = {k: a[k] for k in ("random_mix", "failure_threshold", "per_step_threshold") if k in a}
     best_name = max(base, key=lambda k: base[k]["aiq"])
     best = base[best_name]
     ok = gated["aiq"] >= best["aiq"] - (best["se"] if np.isfinite(best["se"]) else 0.0)
@@ -98,12 +111,15 @@ def _safety_row(ev: dict[str, Any], active: bool) -> dict[str, Any]:
     return row
 
 
-def safety(in_domain: dict[str, Any], lodo: dict[str, Any]) -> dict[str, Any]:
-    """The Done-when safety figures from the two tables (module docstring)."""
+def safety(
+    in_domain: dict[str, Any], lodo: dict[str, Any], priors: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The Done-when safety figures from the two tables (module docstring); ``priors``: the
+    in-domain prior policies (:func:`training.benefit_job.choose_priors`)."""
     out: dict[str, Any] = {"in_domain": {}, "held_out_domain": {}}
     for dom, ev in in_domain.items():
         if "aiq" in ev:
-            out["in_domain"][dom] = _safety_row(ev, ev["mode"] == "model")
+            out["in_domain"][dom] = _safety_row(ev, ev["mode"] == "model", (priors or {}).get(dom))
     for dom, ev in lodo.items():
         out["held_out_domain"][dom] = _safety_row(ev, False)  # unseen domain: the prior
     rows = list(out["in_domain"].values()) + list(out["held_out_domain"].values())

@@ -155,16 +155,32 @@ def _domain_scores(
     }
 
 
+def _aiq_gain(r: BenefitRows, a: np.ndarray, b: np.ndarray, cfg: BenefitConfig) -> tuple[float, float]:
+    """AIQ(ranking a) - AIQ(ranking b) on ``r`` and its task-bootstrap SE."""
+
+    def gain(i: Any) -> float:
+        return uplift.aiq(a[i], r.y_local[i], r.y_frontier[i]) - uplift.aiq(
+            b[i], r.y_local[i], r.y_frontier[i]
+        )
+
+    return gain(np.arange(len(r))), uplift.bootstrap_se(gain, r.task, cfg.n_boot, cfg.seed)
+
+
 def choose_priors(model: BenefitModel, rows: BenefitRows, oof_esc: Any, cfg: BenefitConfig) -> dict[str, Any]:
-    """Each prior-mode domain's prior policy (:class:`models.benefit.DomainBenefit.prior`).
+    """Each domain's prior policy (:class:`models.benefit.DomainBenefit.prior`), and the last step
+    of the gate: a domain model must also beat its prior policy.
 
     The escalation classifier's *out-of-fold* P(needs frontier) on the training rows (the job's
     grouped CV, ``oof_esc``: ``run_id`` and ``model`` per labelled step) ranks a run by its largest
     P over its steps (what per-step-threshold escalates on); its AIQ on the domain's paired runs is
     compared with random mixing (the base-rates prior, for any value of the cost knob). The
     classifier becomes the prior policy only when it wins by more than the SE of the difference
-    (task bootstrap); the reason gets the figures either way. Without OOF scores (no CV) every
-    domain keeps the base rates."""
+    (task bootstrap). A domain in ``model`` mode stays there only if its own CV ranking (the
+    benefit score, out of fold) beats that prior policy's AIQ by more than the SE of the
+    difference; else it is demoted to ``prior``. The reason gets the figures either way. Without
+    OOF scores (no CV) every domain keeps the base rates and its gate."""
+    from training.benefit import cross_validate
+
     out: dict[str, Any] = {}
     if oof_esc is None:
         return out
@@ -172,29 +188,37 @@ def choose_priors(model: BenefitModel, rows: BenefitRows, oof_esc: Any, cfg: Ben
     for rid, p in zip(np.asarray(oof_esc["run_id"]).astype(str), np.asarray(oof_esc["model"]), strict=True):
         if np.isfinite(p):
             best[rid] = max(best.get(rid, 0.0), float(p))
-    at = rows.subset(rows.step == cfg.eval_step)
     for dom, d in model.domains.items():
-        if d.mode != "prior":
-            continue
-        r = at.subset((at.domain == dom) & np.isin(at.run_id.astype(str), list(best)))
+        d_rows = rows.subset((rows.domain == dom) & np.isin(rows.run_id.astype(str), list(best)))
+        r = d_rows.subset(d_rows.step == cfg.eval_step)
         if len(r) < 2:
             continue
         s = np.array([best[x] for x in r.run_id.astype(str)])
         z = np.zeros(len(r))
-
-        def gain(i: Any, r: BenefitRows = r, s: np.ndarray = s, z: np.ndarray = z) -> float:
-            return uplift.aiq(s[i], r.y_local[i], r.y_frontier[i]) - uplift.aiq(
-                z[i], r.y_local[i], r.y_frontier[i]
-            )
-
-        g = gain(np.arange(len(r)))
-        se = uplift.bootstrap_se(gain, r.task, cfg.n_boot, cfg.seed)
+        g, se = _aiq_gain(r, s, z, cfg)
         if np.isfinite(se) and g > se:
             d.prior = "escalation"
             d.reason += f"; prior policy: the escalation classifier (training AIQ {g:+.3f} over random mixing, SE {se:.3f})"
         else:
             d.reason += f"; prior policy: base rates (the escalation classifier's AIQ {g:+.3f}, SE {se:.3f}, is no better)"
-        out[dom] = {"prior": d.prior, "aiq_gain_over_random_mix": g, "se": se, "n_runs": int(len(r))}
+        row: dict[str, Any] = {
+            "prior": d.prior,
+            "aiq_gain_over_random_mix": g,
+            "se": se,
+            "n_runs": int(len(r)),
+        }
+        if d.mode == "model":
+            pl, pf = cross_validate(d_rows, cfg)
+            at = d_rows.step == cfg.eval_step
+            mg, mse = _aiq_gain(r, (pf - pl)[at], s if d.prior == "escalation" else z, cfg)
+            row.update(model_aiq_gain_over_prior=mg, model_se=mse)
+            if not (np.isfinite(mse) and mg > mse):
+                d.mode = "prior"
+                d.reason += f"; demoted: the domain model's CV AIQ {mg:+.3f} (SE {mse:.3f}) does not beat its prior policy"
+            else:
+                d.reason += f"; the domain model's CV AIQ beats its prior policy by {mg:+.3f} (SE {mse:.3f})"
+            row["mode"] = d.mode
+        out[dom] = row
     return out
 
 
@@ -238,8 +262,7 @@ def _stage(
     model, gate_report = fit_benefit(rows, cfg)
     priors = choose_priors(model, rows, oof_escalation, cfg)
     for dom, d in model.domains.items():
-        gate_report[dom]["reason"] = d.reason
-        gate_report[dom]["prior"] = d.prior
+        gate_report[dom].update(mode=d.mode, reason=d.reason, prior=d.prior)
     report: dict[str, Any] = {
         "config": cfg.model_dump(),
         "n_runs": int((rows.step == cfg.eval_step).sum()),
@@ -264,7 +287,7 @@ def _stage(
         report.update(
             in_domain=ind,
             leave_one_domain_out=lodo,
-            safety=safety(ind, lodo),
+            safety=safety(ind, lodo, priors),
             ablation=ablation(rows, cfg),
             learning_curve=learning_curve(rows, cfg),
             permutation_importance=permutation_importance(rows, cfg),
