@@ -172,8 +172,9 @@ def choose_priors(model: BenefitModel, rows: BenefitRows, oof_esc: Any, cfg: Ben
 
     The escalation classifier's *out-of-fold* P(needs frontier) on the training rows (the job's
     grouped CV, ``oof_esc``: ``run_id`` and ``model`` per labelled step) ranks a run by its largest
-    P over its steps (what per-step-threshold escalates on); its AIQ on the domain's paired runs is
-    compared with random mixing (the base-rates prior, for any value of the cost knob). The
+    P over its steps (what per-step-threshold escalates on; under the stated assumption that a late
+    escalation earns the strong outcome, which favours it: its gain from the decision step's P alone
+    is reported beside); its AIQ on the domain's paired runs is compared with random mixing (the base-rates prior, for any value of the cost knob). The
     classifier becomes the prior policy only when it wins by more than the SE of the difference
     (task bootstrap). A domain in ``model`` mode stays there only if its own CV ranking (the
     benefit score, out of fold) beats that prior policy's AIQ by more than the SE of the
@@ -185,9 +186,15 @@ def choose_priors(model: BenefitModel, rows: BenefitRows, oof_esc: Any, cfg: Ben
     if oof_esc is None:
         return out
     best: dict[str, float] = {}
-    for rid, p in zip(np.asarray(oof_esc["run_id"]).astype(str), np.asarray(oof_esc["model"]), strict=True):
+    first: dict[str, float] = {}
+    steps = np.asarray(oof_esc.get("step", np.zeros(len(oof_esc["run_id"]))))
+    for rid, p, k in zip(
+        np.asarray(oof_esc["run_id"]).astype(str), np.asarray(oof_esc["model"]), steps, strict=True
+    ):
         if np.isfinite(p):
             best[rid] = max(best.get(rid, 0.0), float(p))
+            if k == cfg.eval_step:
+                first[rid] = float(p)
     for dom, d in model.domains.items():
         d_rows = rows.subset((rows.domain == dom) & np.isin(rows.run_id.astype(str), list(best)))
         r = d_rows.subset(d_rows.step == cfg.eval_step)
@@ -207,6 +214,11 @@ def choose_priors(model: BenefitModel, rows: BenefitRows, oof_esc: Any, cfg: Ben
             "se": se,
             "n_runs": int(len(r)),
         }
+        # the same classifier ranking runs at the decision step only (no later-step information):
+        # reported beside, since the max over steps leans on "escalating late = the strong outcome"
+        if all(x in first for x in r.run_id.astype(str)):
+            s0 = np.array([first[x] for x in r.run_id.astype(str)])
+            row["aiq_gain_at_decision_step"], row["se_at_decision_step"] = _aiq_gain(r, s0, z, cfg)
         if d.mode == "model":
             pl, pf = cross_validate(d_rows, cfg)
             at = d_rows.step == cfg.eval_step
