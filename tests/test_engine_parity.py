@@ -93,6 +93,12 @@ def _opening(rid: str) -> list[dict]:
     ]
 
 
+def _live_domain(rid: str) -> str | None:
+    from router.server.runcontext import RunContextSettings, resolve_domain
+
+    return resolve_domain(RunContextSettings(), {}, {}, None, _opening(rid)[0]["content"])[0]
+
+
 def _assistant(rid: str, k: int, s: dict) -> dict:
     return {
         "role": "assistant",
@@ -113,7 +119,9 @@ def _bodies_and_log(convs: dict[str, list[dict]]) -> tuple[dict, list]:
     recs: list = []
     tools_chars = len(orjson.dumps(TOOLS))
     for i, (rid, steps) in enumerate(convs.items()):
-        recs.append(Run(run_id=rid, source="parity", started_at=7.0 * i))
+        # the run record carries the domain the sidecar resolves for it (its system prompt's hash), so
+        # the simulation sees the same run context (and the bundle's benefit model answers alike)
+        recs.append(Run(run_id=rid, source="parity", started_at=7.0 * i, domain=_live_domain(rid)))
         msgs = _opening(rid)
         prev_total = None
         for k, s in enumerate(steps):
