@@ -131,7 +131,10 @@ def _rows(n_tasks: int, signal: bool, domain: str, seed: int) -> BenefitRows:
 
 def _concat(a: BenefitRows, b: BenefitRows) -> BenefitRows:
     return BenefitRows(
-        *(np.concatenate([getattr(a, f), getattr(b, f)]) for f in BenefitRows.__dataclass_fields__)
+        *(
+            None if getattr(a, f) is None else np.concatenate([getattr(a, f), getattr(b, f)])
+            for f in BenefitRows.__dataclass_fields__
+        )
     )
 
 

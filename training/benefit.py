@@ -90,6 +90,8 @@ class BenefitRows:
     task: np.ndarray
     domain: np.ndarray
     step: np.ndarray
+    #: the weak player (``agent/model``) of each row: comparisons across players are stratified by it
+    player: np.ndarray | None = None
 
     def subset(self, m: np.ndarray) -> BenefitRows:
         return BenefitRows(
@@ -101,6 +103,7 @@ class BenefitRows:
             self.task[m],
             self.domain[m],
             self.step[m],
+            None if self.player is None else self.player[m],
         )
 
     def __len__(self) -> int:
@@ -123,18 +126,21 @@ def run_domain(task_id: Any, source: Any, domain: Any = None) -> str:
 
 def benefit_rows(runs: Any, X: np.ndarray, meta: Any, embed_dim: int = 384) -> BenefitRows | None:
     """Paired rows from a run frame and a per-step dataset (``X``, ``meta`` with run_id, step)."""
+    import pandas as pd
+
     r = runs[(runs["record"] == "run")] if "record" in runs.columns else runs
     r = r.drop_duplicates("run_id", keep="last")
     r = r[r["outcome"].isin(["success", "failure"]) & r["strong_outcome"].isin(["success", "failure"])]
     if r.empty:
         return None
-    r = r.assign(domain=r["domain"] if "domain" in r.columns else None)
-    info = {
-        str(row.run_id): row
-        for row in r[["run_id", "task_id", "source", "outcome", "strong_outcome", "domain"]].itertuples(
-            index=False
-        )
-    }
+    r = r.assign(
+        domain=r["domain"] if "domain" in r.columns else None,
+        player=(r["agent"] if "agent" in r.columns else pd.Series("?", index=r.index)).fillna("?").astype(str)
+        + "/"
+        + (r["model"] if "model" in r.columns else pd.Series("?", index=r.index)).fillna("?").astype(str),
+    )
+    cols = ["run_id", "task_id", "source", "outcome", "strong_outcome", "domain", "player"]
+    info = {str(row.run_id): row for row in r[cols].itertuples(index=False)}
     emb: dict[str, Any] = {}
     if "task_embedding" in r.columns:
         for rid, e in zip(r["run_id"].astype(str), r["task_embedding"], strict=True):
@@ -161,6 +167,7 @@ def benefit_rows(runs: Any, X: np.ndarray, meta: Any, embed_dim: int = 384) -> B
         task=np.array([str(o.task_id) for o in rows], dtype=object),
         domain=np.array([run_domain(o.task_id, o.source, o.domain) for o in rows], dtype=object),
         step=meta["step"].to_numpy()[keep],
+        player=np.array([str(o.player) for o in rows], dtype=object),
     )
 
 

@@ -156,12 +156,24 @@ def _domain_scores(
 
 
 def _aiq_gain(r: BenefitRows, a: np.ndarray, b: np.ndarray, cfg: BenefitConfig) -> tuple[float, float]:
-    """AIQ(ranking a) - AIQ(ranking b) on ``r`` and its task-bootstrap SE."""
+    """AIQ(ranking a) - AIQ(ranking b) on ``r`` and its task-bootstrap SE, *within* weak player
+    (the run-weighted mean over players, when the rows pool several): a deployment has one local
+    model, so a ranking that only tells players apart (their base rates differ) must not count."""
+    players = r.player if r.player is not None else np.zeros(len(r), dtype=object)
 
-    def gain(i: Any) -> float:
+    def one(i: Any) -> float:
         return uplift.aiq(a[i], r.y_local[i], r.y_frontier[i]) - uplift.aiq(
             b[i], r.y_local[i], r.y_frontier[i]
         )
+
+    def gain(i: Any) -> float:
+        i = np.asarray(i)
+        tot = n = 0.0
+        for pl in set(players[i].tolist()):
+            j = i[players[i] == pl]
+            tot += len(j) * one(j)
+            n += len(j)
+        return tot / n if n else float("nan")
 
     return gain(np.arange(len(r))), uplift.bootstrap_se(gain, r.task, cfg.n_boot, cfg.seed)
 
@@ -172,7 +184,8 @@ def choose_priors(model: BenefitModel, rows: BenefitRows, oof_esc: Any, cfg: Ben
 
     The escalation classifier's *out-of-fold* P(needs frontier) on the training rows (the job's
     grouped CV, ``oof_esc``: ``run_id`` and ``model`` per labelled step) ranks a run by its largest
-    P over its steps (what per-step-threshold escalates on; under the stated assumption that a late
+    P over its steps (what per-step-threshold escalates on; AIQ differences are taken within weak
+    player, :func:`_aiq_gain`; under the stated assumption that a late
     escalation earns the strong outcome, which favours it: its gain from the decision step's P alone
     is reported beside); its AIQ on the domain's paired runs is compared with random mixing (the base-rates prior, for any value of the cost knob). The
     classifier becomes the prior policy only when it wins by more than the SE of the difference
