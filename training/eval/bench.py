@@ -6,14 +6,17 @@ Algorithm of :func:`bench_runs`: read the run logs (validated; bad rows are coun
 and return the typed :class:`training.eval.scorecard.Scorecard` (``command: runroute bench``).
 
 Knobs: ``prices``, ``sim`` (:class:`training.eval.config.SimSettings`), ``sweep_thresholds``
-(default: 0 to 1 in steps of 0.05), ``variants`` (outcome-model variants, the first is the headline).
+(default: 0 to 1 in steps of 0.05), ``variants`` (outcome-model variants, the first is the headline),
+``map`` (each simulation through it: the builtin, or one Dask task each).
 """
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +37,7 @@ def bench_runs(
     sweep_thresholds: Sequence[float] | None = None,
     variants: Sequence[str] = DEFAULT_VARIANTS,
     progress: Progress | None = None,
+    map: Any = builtins.map,  # noqa: A002 - how the simulations are mapped (compare_policies)
 ) -> Scorecard:
     """Every policy on the run logs ``files`` with the bundle in ``bundle_dir`` (the module docstring)."""
     from features.runlog import read_runlog
@@ -55,6 +59,7 @@ def bench_runs(
         sweep_thresholds=sw,
         variants=variants,
         progress=progress,
+        map=map,
     )
     return Scorecard(
         generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
