@@ -45,7 +45,7 @@ from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES, ex
 from features.runlog import RunLog
 from router.core.prefix_cache import PrefixCache, turnover
 
-__all__ = ["Dataset", "build_dataset", "lru_replay"]
+__all__ = ["Dataset", "build_dataset", "lru_replay", "replay_cache_labels"]
 
 _F = {n: i for i, n in enumerate(FEATURE_NAMES)}
 
@@ -147,8 +147,12 @@ def build_dataset(
     cache_capacity_blocks: int = 8192,
     block_tokens: int = 512,
     outcome_fallback: bool = True,
+    cache_labels: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Dataset:
-    """Rows and labels from a :class:`~features.runlog.RunLog`; see the module docstring."""
+    """Rows and labels from a :class:`~features.runlog.RunLog`; see the module docstring.
+
+    ``cache_labels``: (y_cache, pressure) per step in (run, step) order, when the replay, which
+    spans all runs of a source, ran elsewhere (a Dask task); else :func:`replay_cache_labels`."""
     steps = log.steps
     if steps.empty:
         raise ValueError("the run logs hold no step records: nothing to train on")
@@ -170,33 +174,12 @@ def build_dataset(
     )
     rem_tok = pd.Series(tok[::-1]).groupby(run_ids[::-1], sort=False).cumsum().to_numpy()[::-1]
 
-    # cache labels and pressure
-    y_cache = np.full(n, np.nan)
-    pressure = np.full(n, np.nan)
-    cached = pd.to_numeric(steps["cached_tokens"], errors="coerce").to_numpy(dtype=np.float64)
-    has_cached = ~np.isnan(cached)
-    y_cache[has_cached] = cached[has_cached]
-    hl = steps["hash_ids"] if "hash_ids" in steps.columns else pd.Series([None] * n)
-    has_hash = hl.notna().to_numpy() & ~has_cached
-    if has_hash.any():
-        src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
-        arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
-        prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
-        completion = np.nan_to_num(steps["completion_tokens"].to_numpy(dtype=np.float64), nan=0.0)
-        hash_vals = hl.tolist()
-        for s in sorted(set(src[has_hash])):
-            idx = np.flatnonzero(has_hash & (src == s))
-            order = idx[np.lexsort((pos[idx], np.nan_to_num(arrival[idx], nan=np.inf)))]
-            hits, pr = lru_replay(
-                [hash_vals[i] for i in order],
-                [run_ids[i] for i in order],
-                prompt[order],
-                cache_capacity_blocks,
-                block_tokens,
-                completion[order],
-            )
-            y_cache[order] = hits
-            pressure[order] = pr
+    # cache labels and pressure (given: computed elsewhere over all runs, e.g. training.dask_train)
+    y_cache, pressure = (
+        cache_labels
+        if cache_labels is not None
+        else replay_cache_labels(steps, run_src, cache_capacity_blocks, block_tokens)
+    )
 
     # request-only fields from router-logged feature vectors of this spec
     logged = np.zeros(n, dtype=bool)
@@ -237,3 +220,41 @@ def build_dataset(
         }
     )
     return Dataset(X=X, meta=meta)
+
+
+def replay_cache_labels(
+    steps: pd.DataFrame, run_src: dict[str, str], cache_capacity_blocks: int, block_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(y_cache, local_cache_pressure)`` per row of ``steps`` (sorted by run, then step): the
+    logged ``cached_tokens`` where present, else the per-source LRU replay (the module docstring)."""
+    n = len(steps)
+    run_ids = steps["run_id"].astype(str).to_numpy()
+    pos = steps.groupby("run_id", sort=False).cumcount().to_numpy()
+    y_cache = np.full(n, np.nan)
+    pressure = np.full(n, np.nan)
+    cached = pd.to_numeric(steps["cached_tokens"], errors="coerce").to_numpy(dtype=np.float64)
+    has_cached = ~np.isnan(cached)
+    y_cache[has_cached] = cached[has_cached]
+    hl = steps["hash_ids"] if "hash_ids" in steps.columns else pd.Series([None] * n)
+    has_hash = hl.notna().to_numpy() & ~has_cached
+    if has_hash.any():
+        src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
+        arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
+        prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
+        completion = np.nan_to_num(steps["completion_tokens"].to_numpy(dtype=np.float64), nan=0.0)
+        hash_vals = hl.tolist()
+        for s in sorted(set(src[has_hash])):
+            idx = np.flatnonzero(has_hash & (src == s))
+            order = idx[np.lexsort((pos[idx], np.nan_to_num(arrival[idx], nan=np.inf)))]
+            hits, pr = lru_replay(
+                [hash_vals[i] for i in order],
+                [run_ids[i] for i in order],
+                prompt[order],
+                cache_capacity_blocks,
+                block_tokens,
+                completion[order],
+            )
+            y_cache[order] = hits
+            pressure[order] = pr
+
+    return y_cache, pressure
