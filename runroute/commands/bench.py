@@ -115,7 +115,7 @@ def register(app: typer.Typer) -> None:
                     addr = parse_dask(dask)
                 except ValueError as e:
                     raise CliError(str(e)) from None
-                client = stack.enter_context(dask_client(addr or "local", workers, echo=con.print))
+                client = stack.enter_context(dask_client(addr or "local", workers, echo=lambda m: con.print(m, soft_wrap=True)))
                 bar = stack.enter_context(progress_bar(con, "simulating"))
                 sim_map = DaskMap(client, on_done=bar.done, on_submit=bar.submitted)
             try:

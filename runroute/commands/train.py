@@ -179,7 +179,8 @@ def _train_dask(
     from runroute.dask_support import dask_client, parse_dask
     from training.dask_train import train_on_dask
 
-    with dask_client(parse_dask(dask) or "local", workers, echo=say) as client:
+    echo = lambda m: prog.console.print(m, soft_wrap=True)  # noqa: E731 - one line, not wrapped
+    with dask_client(parse_dask(dask) or "local", workers, echo=echo) as client:
 
         def on_task(k: int, n: int) -> None:
             prog.update(task, completed=k, total=n, description=f"features: partition {k}/{n}")

@@ -266,7 +266,7 @@ def register(app: typer.Typer) -> None:
                     except ValueError as e:
                         raise CliError(str(e)) from None
                     client = pool.enter_context(
-                        dask_client(addr or "local", workers, echo=lambda m: prog.console.print(m))
+                        dask_client(addr or "local", workers, echo=lambda m: prog.console.print(m, soft_wrap=True))
                     )
                     point_map = DaskMap(client, on_done=lambda _i: prog.update(task, advance=1))
 
