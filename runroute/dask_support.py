@@ -9,9 +9,10 @@ without ``--dask`` never loads Dask (tests/test_dask_cli.py checks ``sys.modules
   is a scheduler address (``tcp://HOST:PORT``), and ``workers`` then means "wait until that many
   workers have joined" (``wait_s`` at most).
 - :class:`DaskMap`: a drop-in for the builtin ``map`` over pure functions (what-if points, bench
-  simulations): the function is scattered to every worker once, each item is one task
-  (``retries`` = how often a task whose worker died or that raised is tried again: a worker killed
-  mid-task loses nothing, the scheduler runs the task again elsewhere), results come back in the
+  simulations): the function is one task (shipped once; recomputed if its worker dies), each item
+  is one task (a worker killed mid-task loses nothing: the scheduler runs the task again elsewhere,
+  up to ``distributed.scheduler.allowed-failures`` worker deaths; ``retries`` = how often a task
+  that raised is tried again), results come back in the
   order of the items (so the output is the serial run's) while ``on_done`` is called as each task
   finishes on the cluster (the progress bar follows the scheduler, not the result order).
 """
@@ -96,6 +97,10 @@ def progress_bar(console: Any, what: str) -> Iterator[TaskBar]:
         yield TaskBar(prog, prog.add_task(what, total=None))
 
 
+def _identity(x: Any) -> Any:
+    return x
+
+
 def _apply(item: Any, fn: Callable[[Any], Any]) -> Any:
     return fn(item)
 
@@ -123,7 +128,9 @@ class DaskMap:
         if not todo:
             return
         client = self.client
-        [fn_f] = client.scatter([fn], broadcast=True, hash=False)
+        # the function as a task (not scattered data): if the worker holding it dies, the scheduler
+        # recomputes it from its recipe instead of losing every task that needs it
+        fn_f = client.submit(_identity, fn, pure=False)
         futs = client.map(_apply, todo, fn=fn_f, pure=False, retries=self.retries)
         if self.on_submit is not None:
             self.on_submit(len(futs))

@@ -130,6 +130,10 @@ def _replay(
     return out
 
 
+def _identity(x: Any) -> Any:
+    return x
+
+
 def _pick(xs: list[Any], i: int) -> Any:
     return xs[i]
 
@@ -279,7 +283,7 @@ def train_on_dask(
     t = lap("read_s", t0)
 
     say(f"building features on the workers ({len(runs)} runs; cache replay as one task)")
-    [runs_f] = client.scatter([runs], broadcast=True, hash=False)
+    runs_f = client.submit(_identity, runs, pure=False)  # a task: recomputed if its worker dies
     steps = [dask.delayed(_steps_of)(c) for c in cleaned]
     replay = dask.delayed(_replay)(steps, run_src, cfg.cache_capacity_blocks, cfg.block_tokens)
     parts = [
