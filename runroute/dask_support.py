@@ -35,7 +35,9 @@ def parse_dask(value: str | None) -> str | None:
         return v
     if "://" not in v:
         if ":" not in v:
-            raise ValueError(f"--dask: expected 'local' or a scheduler address (tcp://HOST:PORT), got {value!r}")
+            raise ValueError(
+                f"--dask: expected 'local' or a scheduler address (tcp://HOST:PORT), got {value!r}"
+            )
         v = f"tcp://{v}"
     return v
 
@@ -54,14 +56,17 @@ def dask_client(
 
     if address == "local":
         n = workers or 2
-        with LocalCluster(
-            n_workers=n,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-            memory_limit=memory_limit or "auto",
-        ) as cluster, Client(cluster) as client:
+        with (
+            LocalCluster(
+                n_workers=n,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address="127.0.0.1:0",
+                memory_limit=memory_limit or "auto",
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             echo(f"dask: LocalCluster with {n} workers x 1 thread; dashboard {cluster.dashboard_link}")
             yield client
         return

@@ -44,9 +44,19 @@ class DaskDeployment:
         log = (self.tmp / "scheduler.log").open("wb")
         self.procs.append(
             subprocess.Popen(
-                _dask_cmd("scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                          "--scheduler-file", str(self.file)),
-                stdout=log, stderr=subprocess.STDOUT, env=env,
+                _dask_cmd(
+                    "scheduler",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--no-dashboard",
+                    "--scheduler-file",
+                    str(self.file),
+                ),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
             )
         )
         deadline = time.monotonic() + 60
@@ -58,9 +68,22 @@ class DaskDeployment:
             wlog = (self.tmp / f"worker{i}.log").open("wb")
             self.procs.append(
                 subprocess.Popen(
-                    _dask_cmd("worker", self.address, "--host", "127.0.0.1", "--nthreads", "1",
-                              "--nworkers", "1", "--no-dashboard", "--memory-limit", "4GB"),
-                    stdout=wlog, stderr=subprocess.STDOUT, env=env,
+                    _dask_cmd(
+                        "worker",
+                        self.address,
+                        "--host",
+                        "127.0.0.1",
+                        "--nthreads",
+                        "1",
+                        "--nworkers",
+                        "1",
+                        "--no-dashboard",
+                        "--memory-limit",
+                        "4GB",
+                    ),
+                    stdout=wlog,
+                    stderr=subprocess.STDOUT,
+                    env=env,
                 )
             )
 
@@ -104,8 +127,22 @@ def slow_workload(tmp_path_factory) -> Path:
 
 
 def _grid(runs: Path, out: Path) -> list[str]:
-    return ["whatif", "--runs", str(runs), "--replicas", "1,2", "--kv-cache-gb", "8",
-            "--policy", "always-local,session-sticky", "--no-kv-double", "--seed", "1", "--json", str(out)]
+    return [
+        "whatif",
+        "--runs",
+        str(runs),
+        "--replicas",
+        "1,2",
+        "--kv-cache-gb",
+        "8",
+        "--policy",
+        "always-local,session-sticky",
+        "--no-kv-double",
+        "--seed",
+        "1",
+        "--json",
+        str(out),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +170,10 @@ def test_worker_killed_mid_job_loses_nothing(deployment, slow_workload, serial_r
         out = tmp_path / "dask.json"
         cli = subprocess.Popen(
             [PY, "-m", "runroute", *_grid(slow_workload, out), "--dask", deployment.address],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         victim, outstanding = None, 0
         deadline = time.monotonic() + 120

@@ -90,7 +90,7 @@ def test_bench_sweep_on_a_local_cluster_matches_the_serial_run(workload: Path, t
     assert "dashboard http://127.0.0.1:" in r2.stdout + r2.stderr
     a = json.loads((tmp_path / "s.json").read_text())
     b = json.loads((tmp_path / "d.json").read_text())
-    (name, sa), (_, sb) = next(iter(a["sets"].items())), next(iter(b["sets"].items()))
+    name, sa = next(iter(a["sets"].items()))
     assert {p["policy"] for p in sa["policies"]} >= {"learned", "per-step-threshold", "oracle"}
     assert [len(v) for v in sa["sweeps"].values()] == [3, 3]
     assert json.dumps(strip_timings(a)) == json.dumps(strip_timings(b)), name

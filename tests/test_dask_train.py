@@ -24,9 +24,12 @@ from training.config import TrainConfig
 def client() -> Iterator[Any]:
     from distributed import Client, LocalCluster
 
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-    ) as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         yield c
 
 
@@ -66,7 +69,15 @@ def trained(runlog: Path, client: Any, tmp_path_factory) -> dict[str, Any]:
 
 def test_dask_dataset_has_the_serial_rows_runs_and_labels(trained):
     s, d = trained["serial"].report, trained["dask"].report
-    for k in ("n_runs", "n_steps", "n_train_steps", "n_holdout_steps", "n_escalation_runs", "n_groups", "sources"):
+    for k in (
+        "n_runs",
+        "n_steps",
+        "n_train_steps",
+        "n_holdout_steps",
+        "n_escalation_runs",
+        "n_groups",
+        "sources",
+    ):
         assert s[k] == d[k], k
     assert d["dask"]["npartitions"] == 6 and d["dask"]["workers"] == 2 and d["dask"]["bad_rows"] == 0
     # the held-out rows (features and labels through the one feature code path) are the serial ones

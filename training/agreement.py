@@ -36,7 +36,6 @@ def heldout_agreement(
     preds: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, Any]] = {}
     lab = m["y_frontier"].notna().to_numpy()
     if lab.any():
-        y = m["y_frontier"].to_numpy()[lab].astype(np.int64)
         pa, pb = (x.escalation.predict_proba(X[lab])[:, 1] for x in (a, b))
         preds["escalation_auc"] = (lab, pa, pb, lambda yy, p: _auc(yy, p))
         preds["escalation_brier"] = (lab, pa, pb, lambda yy, p: float(np.mean((p - yy) ** 2)))

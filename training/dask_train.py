@@ -52,7 +52,15 @@ __all__ = ["train_on_dask", "read_partitioned", "PartitionedDataset"]
 
 META_COLS = ("run_id", "group", "source", "step", "y_frontier", "y_cache", "y_rem_steps", "y_rem_tokens")
 RUN_COLS = ("run_id", "source", "task_id", "needs_frontier", "outcome")
-REPLAY_COLS = ("run_id", "step", "arrival_s", "prompt_tokens", "completion_tokens", "hash_ids", "cached_tokens")
+REPLAY_COLS = (
+    "run_id",
+    "step",
+    "arrival_s",
+    "prompt_tokens",
+    "completion_tokens",
+    "hash_ids",
+    "cached_tokens",
+)
 
 
 @dataclass
@@ -206,9 +214,7 @@ def _with_fold(part: pd.DataFrame, folds: pd.Series) -> pd.DataFrame:
     return out
 
 
-def _dask_fit(
-    client: Any, est: Any, X: Any, y: Any, objective: str, weight: Any = None, **extra: Any
-) -> Any:
+def _dask_fit(client: Any, est: Any, X: Any, y: Any, objective: str, weight: Any = None, **extra: Any) -> Any:
     """One LightGBM Dask fit with ``est``'s hyper-parameters (``models.escalation.lgb_params``);
     returns the trained ``lightgbm.Booster``."""
     from lightgbm.dask import DaskLGBMClassifier, DaskLGBMRegressor
@@ -286,9 +292,7 @@ def train_on_dask(
     runs_f = client.submit(_identity, runs, pure=False)  # a task: recomputed if its worker dies
     steps = [dask.delayed(_steps_of)(c) for c in cleaned]
     replay = dask.delayed(_replay)(steps, run_src, cfg.cache_capacity_blocks, cfg.block_tokens)
-    parts = [
-        dask.delayed(_rows)(s, runs_f, dask.delayed(_pick)(replay, i), cfg) for i, s in enumerate(steps)
-    ]
+    parts = [dask.delayed(_rows)(s, runs_f, dask.delayed(_pick)(replay, i), cfg) for i, s in enumerate(steps)]
     rows = dd.from_delayed(parts, meta=_empty_rows(), verify_meta=False).persist()
     futs = futures_of(rows)
     for k, _ in enumerate(as_completed(futs), 1):

@@ -50,11 +50,15 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option("--seed", help="seed of arrivals and latency draws")] = 0,
         dask: Annotated[
             str | None,
-            typer.Option("--dask", help="each simulation (policy, sweep point) a Dask task: 'local' or an address"),
+            typer.Option(
+                "--dask", help="each simulation (policy, sweep point) a Dask task: 'local' or an address"
+            ),
         ] = None,
         workers: Annotated[
             int | None,
-            typer.Option("--workers", min=1, help="--dask local: worker processes (default 2); an address: wait for N"),
+            typer.Option(
+                "--workers", min=1, help="--dask local: worker processes (default 2); an address: wait for N"
+            ),
         ] = None,
     ) -> None:
         """Compare always-local, always-frontier, per-step-threshold, session-sticky, stall-escalation,
@@ -115,7 +119,9 @@ def register(app: typer.Typer) -> None:
                     addr = parse_dask(dask)
                 except ValueError as e:
                     raise CliError(str(e)) from None
-                client = stack.enter_context(dask_client(addr or "local", workers, echo=lambda m: con.print(m, soft_wrap=True)))
+                client = stack.enter_context(
+                    dask_client(addr or "local", workers, echo=lambda m: con.print(m, soft_wrap=True))
+                )
                 bar = stack.enter_context(progress_bar(con, "simulating"))
                 sim_map = DaskMap(client, on_done=bar.done, on_submit=bar.submitted)
             try:

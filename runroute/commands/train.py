@@ -65,7 +65,10 @@ def register(app: typer.Typer) -> None:
             None, "--dask", help="train on Dask (LightGBM's Dask estimators): 'local' or a scheduler address"
         ),
         workers: int | None = typer.Option(
-            None, "--workers", min=1, help="--dask local: worker processes (default 2); an address: wait for N"
+            None,
+            "--workers",
+            min=1,
+            help="--dask local: worker processes (default 2); an address: wait for N",
         ),
         partitions: int | None = typer.Option(
             None, "--partitions", min=1, help="--dask: partitions of the run logs (default: 4 per worker)"

@@ -112,10 +112,15 @@ def register(app: typer.Typer) -> None:
         ),
         kv_link_gbps: float = typer.Option(50.0, "--kv-link-gbps", help="disaggregation: KV link GB/s"),
         dask: str | None = typer.Option(
-            None, "--dask", help="run each point as a Dask task: 'local' (a LocalCluster) or a scheduler address"
+            None,
+            "--dask",
+            help="run each point as a Dask task: 'local' (a LocalCluster) or a scheduler address",
         ),
         workers: int | None = typer.Option(
-            None, "--workers", min=1, help="--dask local: worker processes (default 2); an address: wait for N"
+            None,
+            "--workers",
+            min=1,
+            help="--dask local: worker processes (default 2); an address: wait for N",
         ),
     ) -> None:
         """Replay logged runs through the router's policies against simulated local replicas and a
@@ -266,7 +271,9 @@ def register(app: typer.Typer) -> None:
                     except ValueError as e:
                         raise CliError(str(e)) from None
                     client = pool.enter_context(
-                        dask_client(addr or "local", workers, echo=lambda m: prog.console.print(m, soft_wrap=True))
+                        dask_client(
+                            addr or "local", workers, echo=lambda m: prog.console.print(m, soft_wrap=True)
+                        )
                     )
                     point_map = DaskMap(client, on_done=lambda _i: prog.update(task, advance=1))
 

@@ -221,7 +221,9 @@ def compare_policies(
             0.0, float(bundle.thresholds["p_frontier_up"]) - float(bundle.thresholds["p_frontier_down"])
         )
 
-    def simulate(job: tuple[str, dict[str, Any]]) -> tuple[dict[str, Any], dict[str, np.ndarray], set[str], int, float]:
+    def simulate(
+        job: tuple[str, dict[str, Any]],
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray], set[str], int, float]:
         label, cfg = job
         policy = build_policy(cfg, bundle)
         hook = None
