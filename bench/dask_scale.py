@@ -14,7 +14,8 @@ Run:  python bench/dask_scale.py --steps 1000000 --out runroute-report/dask-scal
       python bench/dask_scale.py --steps 1000000,5000000,10000000 --skip-whatif
 
 Knobs: ``--steps``, ``--workers``, ``--whatif-runs`` (runs replayed by the what-if grid),
-``--skip-whatif`` / ``--skip-train`` / ``--no-agreement``, ``--sample-s``, ``--out``.
+``--skip-whatif`` / ``--skip-train`` / ``--no-agreement``, ``--modes`` (``dask`` alone for the
+largest size), ``--sample-s``, ``--out``.
 """
 
 from __future__ import annotations
@@ -98,20 +99,36 @@ def generate(steps: int, data: Path) -> Path:
     out = data / f"steps-{steps}.parquet"
     if not out.exists():
         runs = max(1, int(round(steps / STEPS_PER_RUN)))
-        r = subprocess.run(cli("generate", "-o", str(out), "--runs", str(runs), "--seed", "0"), cwd=ROOT,
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            cli("generate", "-o", str(out), "--runs", str(runs), "--seed", "0"),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         if r.returncode:
             raise SystemExit(r.stderr)
     return out
 
 
-def train_case(log: Path, out: Path, workers: int, sample_s: float, agreement: bool) -> dict[str, Any]:
+def train_case(
+    log: Path, out: Path, workers: int, sample_s: float, agreement: bool, modes: tuple[str, ...]
+) -> dict[str, Any]:
     res: dict[str, Any] = {}
-    for mode in ("serial", "dask"):
+    for mode in modes:
         extra = ["--dask", "local", "--workers", str(workers)] if mode == "dask" else []
         rep = out / f"{log.stem}-{mode}.json"
-        cmd = cli("train", "--runs", str(log), "-o", str(out / f"{log.stem}-{mode}"), "--no-mlflow",
-                  "--no-eval", "--report-json", str(rep), *extra)
+        cmd = cli(
+            "train",
+            "--runs",
+            str(log),
+            "-o",
+            str(out / f"{log.stem}-{mode}"),
+            "--no-mlflow",
+            "--no-eval",
+            "--report-json",
+            str(rep),
+            *extra,
+        )
         r = run_sampled(cmd, sample_s, out / f"{log.stem}-{mode}.log")
         if r["rc"] == 0:
             report = json.loads(rep.read_text())
@@ -119,7 +136,7 @@ def train_case(log: Path, out: Path, workers: int, sample_s: float, agreement: b
             r["holdout"] = report.get("holdout", {})
             r["timings"] = report.get("timings", {})
         res[mode] = r
-    if agreement and res["serial"]["rc"] == 0 and res["dask"]["rc"] == 0:
+    if agreement and all(res.get(m, {}).get("rc") == 0 for m in ("serial", "dask")):
         from models.bundle import ModelBundle
         from training.agreement import heldout_agreement
         from training.dataset import build_dataset
@@ -133,9 +150,22 @@ def train_case(log: Path, out: Path, workers: int, sample_s: float, agreement: b
 
 
 def whatif_case(log: Path, out: Path, runs: int, workers: int, sample_s: float) -> dict[str, Any]:
-    grid = ["whatif", "--runs", str(log), "--limit-runs", str(runs), "--replicas", "1,2,4,8",
-            "--kv-cache-gb", "8,16", "--no-kv-double", "--policy", "always-local,session-sticky",
-            "--seed", "0"]
+    grid = [
+        "whatif",
+        "--runs",
+        str(log),
+        "--limit-runs",
+        str(runs),
+        "--replicas",
+        "1,2,4,8",
+        "--kv-cache-gb",
+        "8,16",
+        "--no-kv-double",
+        "--policy",
+        "always-local,session-sticky",
+        "--seed",
+        "0",
+    ]
     res: dict[str, Any] = {}
     for mode in ("serial", "dask"):
         extra = ["--dask", "local", "--workers", str(workers)] if mode == "dask" else []
@@ -166,18 +196,33 @@ def render(doc: dict[str, Any], png: Path) -> None:
             for k, v in ag.items()
         )
         for mode in ("serial", "dask"):
+            if mode not in res:
+                t.add_row(f"train {size}", mode, "not run", "", "", "")
+                continue
             r = res[mode]
             wk = ", ".join(f"{x:.0f}" for x in r["worker_peak_rss_mb"]) or "-"
-            t.add_row(f"train {size}", mode, f"{r['wall_s']:.1f}" + ("" if r["rc"] == 0 else " FAILED"),
-                      f"{r['client_peak_rss_mb']:.0f}", wk, note if mode == "dask" else "")
+            t.add_row(
+                f"train {size}",
+                mode,
+                f"{r['wall_s']:.1f}" + ("" if r["rc"] == 0 else " FAILED"),
+                f"{r['client_peak_rss_mb']:.0f}",
+                wk,
+                note if mode == "dask" else "",
+            )
     if "whatif" in doc:
         w = doc["whatif"]
         for mode in ("serial", "dask"):
             r = w[mode]
             wk = ", ".join(f"{x:.0f}" for x in r["worker_peak_rss_mb"]) or "-"
             extra = f"speedup {w['speedup']}x; scorecards identical: {w['scorecards_identical']}"
-            t.add_row(f"what-if {r.get('points', '?')} points", mode, f"{r['wall_s']:.1f}",
-                      f"{r['client_peak_rss_mb']:.0f}", wk, extra if mode == "dask" else "")
+            t.add_row(
+                f"what-if {r.get('points', '?')} points",
+                mode,
+                f"{r['wall_s']:.1f}",
+                f"{r['client_peak_rss_mb']:.0f}",
+                wk,
+                extra if mode == "dask" else "",
+            )
     Console(width=200).print(t)
     _plot(doc, png)
 
@@ -194,8 +239,12 @@ def _plot(doc: dict[str, Any], png: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     xs = range(len(cases))
     for k, (mode, off) in enumerate((("serial", -0.2), ("dask", 0.2))):
-        ax1.bar([x + off for x in xs], [c[mode]["wall_s"] for _, c in cases], 0.4, label=mode, color=f"C{k}")
-        mem = [max([c[mode]["client_peak_rss_mb"], *c[mode]["worker_peak_rss_mb"]]) / 1024 for _, c in cases]
+        wall = [c[mode]["wall_s"] if mode in c else 0.0 for _, c in cases]
+        ax1.bar([x + off for x in xs], wall, 0.4, label=mode, color=f"C{k}")
+        mem = [
+            max([c[mode]["client_peak_rss_mb"], *c[mode]["worker_peak_rss_mb"]]) / 1024 if mode in c else 0.0
+            for _, c in cases
+        ]
         ax2.bar([x + off for x in xs], mem, 0.4, label=mode, color=f"C{k}")
     for ax, lab in ((ax1, "wall time (s)"), (ax2, "peak RSS of one process (GB)")):
         ax.set_xticks(list(xs), [n for n, _ in cases])
@@ -215,6 +264,7 @@ def main() -> None:
     ap.add_argument("--skip-whatif", action="store_true")
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--no-agreement", action="store_true")
+    ap.add_argument("--modes", default="serial,dask", help="training modes to run (e.g. dask alone at 10M)")
     ap.add_argument("--sample-s", type=float, default=0.5)
     ap.add_argument("--data", type=Path, default=Path("/tmp/runroute-dask-scale"))
     ap.add_argument("--out", type=Path, default=ROOT / "runroute-report" / "dask-scale")
@@ -235,7 +285,9 @@ def main() -> None:
     if not a.skip_train:
         for n in sizes:
             log = generate(n, a.data)
-            doc["train"][f"{n / 1e6:g}M"] = train_case(log, a.out, a.workers, a.sample_s, not a.no_agreement)
+            doc["train"][f"{n / 1e6:g}M"] = train_case(
+                log, a.out, a.workers, a.sample_s, not a.no_agreement, tuple(a.modes.split(","))
+            )
             old.write_text(json.dumps(doc, indent=2) + "\n")
     old.write_text(json.dumps(doc, indent=2) + "\n")
     render(doc, a.out / "dask_scale.png")

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES
+from features.extract import _STEP_COLUMNS, FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES
 from training.config import TrainConfig, TrainResult
 from training.dataset import Dataset
 
@@ -52,6 +52,22 @@ __all__ = ["train_on_dask", "read_partitioned", "PartitionedDataset"]
 
 META_COLS = ("run_id", "group", "source", "step", "y_frontier", "y_cache", "y_rem_steps", "y_rem_tokens")
 RUN_COLS = ("run_id", "source", "task_id", "needs_frontier", "outcome")
+# the step columns build_dataset reads (the prefix builders' columns, the labels', the logged features)
+_KEEP = frozenset(
+    (
+        *_STEP_COLUMNS,
+        "record",
+        "run_id",
+        "step",
+        "arrival_s",
+        "prompt_tokens",
+        "completion_tokens",
+        "hash_ids",
+        "cached_tokens",
+        "features",
+        "feature_spec_version",
+    )
+)
 REPLAY_COLS = (
     "run_id",
     "step",
@@ -109,6 +125,7 @@ def _clean(part: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     for c in ("step", "prompt_tokens", "completion_tokens", "tool_results_n"):
         good[c] = pd.to_numeric(good[c]).astype("Int64")
     steps = good[good["record"] == "step"]
+    steps = steps[[c for c in steps.columns if c in _KEEP]]  # only what features and labels read
     steps = steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
     runs = good[good["record"] == "run"].reset_index(drop=True)
     return steps, runs, [reasons[i] for i in sorted(reasons)]
@@ -298,7 +315,7 @@ def train_on_dask(
     for k, _ in enumerate(as_completed(futs), 1):
         if on_task is not None:
             on_task(k, len(futs))
-    del runs_f
+    del runs_f, cleaned, steps, replay, parts  # the validated log leaves the workers: rows stay
     n = int(len(rows))
     if n == 0:
         raise ValueError("the run logs hold no step records: nothing to train on")
