@@ -20,6 +20,7 @@ without ``--dask`` never loads Dask (tests/test_dask_cli.py checks ``sys.modules
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -106,8 +107,41 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def _apply(item: Any, fn: Callable[[Any], Any]) -> Any:
-    return fn(item)
+def _apply(cls: type | None, item: Any, fn: Callable[[Any], Any]) -> Any:
+    """Run ``fn`` on one item (rebuilt from its fields, whose shared futures Dask resolved)."""
+    return fn(item if cls is None else cls(**item))
+
+
+_SMALL = (int, float, str, bool, bytes, type(None))
+
+
+def _share(client: Any, items: list[Any]) -> tuple[list[type | None], list[Any]]:
+    """Dataclass items whose field values (by identity) recur across items: each such value becomes
+    one recipe task and the item goes as (its class, its fields with those futures); other items go
+    as they are (class None)."""
+    plain: list[type | None] = [None] * len(items)
+    if len(items) < 2 or not all(dataclasses.is_dataclass(x) and not isinstance(x, type) for x in items):
+        return plain, items
+    names = [f.name for f in dataclasses.fields(items[0]) if f.init]
+    count: dict[int, int] = {}
+    for x in items:
+        for n in names:
+            v = getattr(x, n)
+            if not isinstance(v, _SMALL):
+                count[id(v)] = count.get(id(v), 0) + 1
+    futs: dict[int, Any] = {}
+    out = []
+    for x in items:
+        fields = {}
+        for n in names:
+            v = getattr(x, n)
+            if count.get(id(v), 0) >= 2:
+                if id(v) not in futs:
+                    futs[id(v)] = client.submit(_identity, v, pure=False)
+                v = futs[id(v)]
+            fields[n] = v
+        out.append(fields)
+    return [type(x) for x in items], out
 
 
 class DaskMap:
@@ -133,10 +167,13 @@ class DaskMap:
         if not todo:
             return
         client = self.client
-        # the function as a task (not scattered data): if the worker holding it dies, the scheduler
-        # recomputes it from its recipe instead of losing every task that needs it
+        # the function, and every part that several items share (the workload and run starts of
+        # what-if points), each as ONE task (not scattered data): shipped once, fetched from worker
+        # to worker, recomputed from its recipe if its worker dies. Embedding a multi-MB workload
+        # in every task made the grid slower on 2 workers than serially.
         fn_f = client.submit(_identity, fn, pure=False)
-        futs = client.map(_apply, todo, fn=fn_f, pure=False, retries=self.retries)
+        classes, shipped = _share(client, todo)
+        futs = client.map(_apply, classes, shipped, fn=fn_f, pure=False, retries=self.retries)
         if self.on_submit is not None:
             self.on_submit(len(futs))
         where = {f.key: i for i, f in enumerate(futs)}
