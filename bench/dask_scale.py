@@ -111,9 +111,18 @@ def generate(steps: int, data: Path) -> Path:
 
 
 def train_case(
-    log: Path, out: Path, workers: int, sample_s: float, agreement: bool, modes: tuple[str, ...]
+    log: Path,
+    out: Path,
+    workers: int,
+    sample_s: float,
+    agreement: bool,
+    modes: tuple[str, ...],
+    prev: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    res: dict[str, Any] = {}
+    # a mode not run now keeps an earlier invocation's figures (and bundle) for this size
+    res: dict[str, Any] = {
+        m: v for m, v in (prev or {}).items() if m in ("serial", "dask") and m not in modes
+    }
     for mode in modes:
         extra = ["--dask", "local", "--workers", str(workers)] if mode == "dask" else []
         rep = out / f"{log.stem}-{mode}.json"
@@ -285,8 +294,15 @@ def main() -> None:
     if not a.skip_train:
         for n in sizes:
             log = generate(n, a.data)
-            doc["train"][f"{n / 1e6:g}M"] = train_case(
-                log, a.out, a.workers, a.sample_s, not a.no_agreement, tuple(a.modes.split(","))
+            key = f"{n / 1e6:g}M"
+            doc["train"][key] = train_case(
+                log,
+                a.out,
+                a.workers,
+                a.sample_s,
+                not a.no_agreement,
+                tuple(a.modes.split(",")),
+                doc["train"].get(key),
             )
             old.write_text(json.dumps(doc, indent=2) + "\n")
     old.write_text(json.dumps(doc, indent=2) + "\n")
