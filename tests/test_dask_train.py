@@ -3,7 +3,7 @@
 The same generated run log trains serially (:func:`training.train.run_training`) and on Dask
 (:func:`training.dask_train.train_on_dask`, LightGBM's Dask estimators): the datasets have the same
 rows, runs and labels, the bundles are the same format (saved, verified on load, logged to MLflow)
-and their held-out metrics agree within the metrics' SE (run-clustered bootstrap).
+and their held-out metrics agree within 2 SE of the metrics (run-clustered bootstrap).
 """
 
 from __future__ import annotations
@@ -105,7 +105,9 @@ def test_dask_bundle_is_the_same_format_and_agrees_within_se(trained):
     assert set(b.thresholds) == {"p_frontier_up", "p_frontier_down"}
     man = json.loads((tmp / "dask" / "manifest.json").read_text())
     assert man["training_data_sha256"] == trained["dask"].report["data_sha256"]
-    agree = heldout_agreement(a, b, trained["serial"].holdout, n_boot=100)
+    # within 2 SE (about a 95% band): distributed LightGBM renews L1/quantile leaf values from the
+    # workers' local percentiles, so the cache-reuse model is close to, not equal to, the serial one
+    agree = heldout_agreement(a, b, trained["serial"].holdout, n_boot=100, z=2.0)
     assert set(agree) == {"escalation_auc", "escalation_brier", "cache_mae_tokens", "remaining_pinball_p50"}
     off = {k: v for k, v in agree.items() if not v["agree"]}
     assert not off, off
