@@ -43,6 +43,7 @@ def run_sampled(cmd: list[str], sample_s: float, log: Path) -> dict[str, Any]:
     with log.open("w") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
     peaks: dict[int, tuple[str, float]] = {}
+    cpu: dict[int, tuple[str, float]] = {}  # last seen user+system CPU seconds per process
     done = threading.Event()
 
     def sample() -> None:
@@ -55,12 +56,14 @@ def run_sampled(cmd: list[str], sample_s: float, log: Path) -> dict[str, Any]:
             for p in procs:
                 try:
                     rss = p.memory_info().rss / 2**20
+                    ct = p.cpu_times()
                     cmdline = " ".join(p.cmdline())
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
                 role = "client" if p.pid == proc.pid else _role(cmdline)
                 if rss > peaks.get(p.pid, ("", 0.0))[1]:
                     peaks[p.pid] = (role, rss)
+                cpu[p.pid] = (role, ct.user + ct.system)
             done.wait(sample_s)
 
     th = threading.Thread(target=sample, daemon=True)
@@ -78,6 +81,10 @@ def run_sampled(cmd: list[str], sample_s: float, log: Path) -> dict[str, Any]:
         "client_peak_rss_mb": round(max((r for ro, r in peaks.values() if ro == "client"), default=0), 1),
         "worker_peak_rss_mb": [round(r, 1) for r in workers],
         "other_peak_rss_mb": [round(r, 1) for r in others[:4]],
+        "cpu_s_by_role": {
+            role: round(sum(c for ro, c in cpu.values() if ro == role), 1)
+            for role in {r for r, _ in cpu.values()}
+        },
         "load_avg_1m_end": round(os.getloadavg()[0], 2),
     }
 
