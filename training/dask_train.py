@@ -46,6 +46,7 @@ import pandas as pd
 
 from features.extract import _STEP_COLUMNS, FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES
 from training.config import TrainConfig, TrainResult
+from training.dask_replay import pack_replay_input, replay_packed
 from training.dataset import Dataset
 
 __all__ = ["train_on_dask", "read_partitioned", "PartitionedDataset"]
@@ -67,15 +68,6 @@ _KEEP = frozenset(
         "features",
         "feature_spec_version",
     )
-)
-REPLAY_COLS = (
-    "run_id",
-    "step",
-    "arrival_s",
-    "prompt_tokens",
-    "completion_tokens",
-    "hash_ids",
-    "cached_tokens",
 )
 
 
@@ -137,22 +129,6 @@ def _steps_of(cleaned: tuple[pd.DataFrame, pd.DataFrame, list[str]]) -> pd.DataF
 
 def _runs_of(cleaned: tuple[pd.DataFrame, pd.DataFrame, list[str]]) -> tuple[pd.DataFrame, list[str]]:
     return cleaned[1], cleaned[2]
-
-
-def _replay(
-    parts: list[pd.DataFrame], run_src: dict[str, str], capacity: int, block: int
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The cache replay over all partitions' steps at once (step 3); returns each partition's slice."""
-    from training.dataset import replay_cache_labels
-
-    sizes = [len(p) for p in parts]
-    allsteps = pd.concat([p[list(REPLAY_COLS)] for p in parts], ignore_index=True)
-    y, pr = replay_cache_labels(allsteps, run_src, capacity, block)
-    out, lo = [], 0
-    for n in sizes:
-        out.append((y[lo : lo + n], pr[lo : lo + n]))
-        lo += n
-    return out
 
 
 def _identity(x: Any) -> Any:
@@ -308,14 +284,15 @@ def train_on_dask(
     say(f"building features on the workers ({len(runs)} runs; cache replay as one task)")
     runs_f = client.submit(_identity, runs, pure=False)  # a task: recomputed if its worker dies
     steps = [dask.delayed(_steps_of)(c) for c in cleaned]
-    replay = dask.delayed(_replay)(steps, run_src, cfg.cache_capacity_blocks, cfg.block_tokens)
+    packs = [dask.delayed(pack_replay_input)(s) for s in steps]  # packed where the steps are
+    replay = dask.delayed(replay_packed)(packs, run_src, cfg.cache_capacity_blocks, cfg.block_tokens)
     parts = [dask.delayed(_rows)(s, runs_f, dask.delayed(_pick)(replay, i), cfg) for i, s in enumerate(steps)]
     rows = dd.from_delayed(parts, meta=_empty_rows(), verify_meta=False).persist()
     futs = futures_of(rows)
     for k, _ in enumerate(as_completed(futs), 1):
         if on_task is not None:
             on_task(k, len(futs))
-    del runs_f, cleaned, steps, replay, parts  # the validated log leaves the workers: rows stay
+    del runs_f, cleaned, steps, packs, replay, parts  # the validated log leaves the workers: rows stay
     n = int(len(rows))
     if n == 0:
         raise ValueError("the run logs hold no step records: nothing to train on")

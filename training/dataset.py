@@ -223,10 +223,17 @@ def build_dataset(
 
 
 def replay_cache_labels(
-    steps: pd.DataFrame, run_src: dict[str, str], cache_capacity_blocks: int, block_tokens: int
+    steps: pd.DataFrame,
+    run_src: dict[str, str],
+    cache_capacity_blocks: int,
+    block_tokens: int,
+    hash_chains: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(y_cache, local_cache_pressure)`` per row of ``steps`` (sorted by run, then step): the
-    logged ``cached_tokens`` where present, else the per-source LRU replay (the module docstring)."""
+    logged ``cached_tokens`` where present, else the per-source LRU replay (the module docstring).
+
+    ``hash_chains``: the rows' block hashes in a compact form instead of ``steps["hash_ids"]`` (a
+    sequence of arrays with a boolean ``present`` mask; ``training.dask_train`` packs millions)."""
     n = len(steps)
     run_ids = steps["run_id"].astype(str).to_numpy()
     pos = steps.groupby("run_id", sort=False).cumcount().to_numpy()
@@ -235,14 +242,18 @@ def replay_cache_labels(
     cached = pd.to_numeric(steps["cached_tokens"], errors="coerce").to_numpy(dtype=np.float64)
     has_cached = ~np.isnan(cached)
     y_cache[has_cached] = cached[has_cached]
-    hl = steps["hash_ids"] if "hash_ids" in steps.columns else pd.Series([None] * n)
-    has_hash = hl.notna().to_numpy() & ~has_cached
+    if hash_chains is None:
+        hl = steps["hash_ids"] if "hash_ids" in steps.columns else pd.Series([None] * n)
+        present = hl.notna().to_numpy()
+    else:
+        present = np.asarray(hash_chains.present, dtype=bool)
+    has_hash = present & ~has_cached
     if has_hash.any():
         src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
         arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
         prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
         completion = np.nan_to_num(steps["completion_tokens"].to_numpy(dtype=np.float64), nan=0.0)
-        hash_vals = hl.tolist()
+        hash_vals = hl.tolist() if hash_chains is None else hash_chains
         for s in sorted(set(src[has_hash])):
             idx = np.flatnonzero(has_hash & (src == s))
             order = idx[np.lexsort((pos[idx], np.nan_to_num(arrival[idx], nan=np.inf)))]
