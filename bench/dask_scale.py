@@ -43,6 +43,7 @@ def run_sampled(cmd: list[str], sample_s: float, log: Path) -> dict[str, Any]:
     with log.open("w") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
     peaks: dict[int, tuple[str, float]] = {}
+    peak_at: dict[int, str] = {}  # wall-clock time of each process's peak (to match the log's phases)
     cpu: dict[int, tuple[str, float]] = {}  # last seen user+system CPU seconds per process
     done = threading.Event()
 
@@ -63,6 +64,7 @@ def run_sampled(cmd: list[str], sample_s: float, log: Path) -> dict[str, Any]:
                 role = "client" if p.pid == proc.pid else _role(cmdline)
                 if rss > peaks.get(p.pid, ("", 0.0))[1]:
                     peaks[p.pid] = (role, rss)
+                    peak_at[p.pid] = time.strftime("%H:%M:%S")
                 cpu[p.pid] = (role, ct.user + ct.system)
             done.wait(sample_s)
 
@@ -81,6 +83,9 @@ def run_sampled(cmd: list[str], sample_s: float, log: Path) -> dict[str, Any]:
         "client_peak_rss_mb": round(max((r for ro, r in peaks.values() if ro == "client"), default=0), 1),
         "worker_peak_rss_mb": [round(r, 1) for r in workers],
         "other_peak_rss_mb": [round(r, 1) for r in others[:4]],
+        "peak_at": {
+            f"{peaks[k][0]}-{k}": [round(peaks[k][1]), peak_at[k]] for k in peaks if peaks[k][1] > 500
+        },
         "cpu_s_by_role": {
             role: round(sum(c for ro, c in cpu.values() if ro == role), 1)
             for role in {r for r, _ in cpu.values()}
