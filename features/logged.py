@@ -22,7 +22,15 @@ from features.prefix import RunPrefix, StepView
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["iter_prefixes", "iter_frame_prefixes", "step_views", "steps_columns", "run_context", "signals_of"]
+__all__ = [
+    "STEP_COLUMNS",
+    "iter_prefixes",
+    "iter_frame_prefixes",
+    "step_views",
+    "steps_columns",
+    "run_context",
+    "signals_of",
+]
 
 
 def _opt(v: Any) -> Any:
@@ -61,7 +69,7 @@ def _tup(v: Any, conv: type = str) -> tuple[Any, ...]:
     return tuple(conv(e) for e in v)
 
 
-_STEP_COLUMNS = (
+STEP_COLUMNS = (
     "run_id",
     "step",
     "prompt_tokens",
@@ -87,7 +95,7 @@ _STEP_COLUMNS = (
 def steps_columns(steps: pd.DataFrame) -> dict[str, list[Any]]:
     """The step columns the prefix builders read, as Python lists (missing columns: None)."""
     n = len(steps)
-    return {c: (steps[c].tolist() if c in steps.columns else [None] * n) for c in _STEP_COLUMNS}
+    return {c: (steps[c].tolist() if c in steps.columns else [None] * n) for c in STEP_COLUMNS}
 
 
 def step_views(cols: dict[str, list[Any]], i: int) -> StepView:

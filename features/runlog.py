@@ -45,6 +45,7 @@ __all__ = [
     "write_frame",
     "records_to_frame",
     "conform",
+    "validate_rows",
     "merge_runs",
     "LABEL_PREFIX",
     "list_runlog_files",
@@ -257,7 +258,7 @@ def _num(s: pd.Series) -> pd.Series:
     return pd.to_numeric(s, errors="coerce")
 
 
-def _validate(df: pd.DataFrame) -> dict[int, str]:
+def validate_rows(df: pd.DataFrame) -> dict[int, str]:
     """Vectorised row checks mirroring the pydantic models; returns {row position: reason}."""
     reasons: dict[int, str] = {}
 
@@ -382,7 +383,7 @@ def read_records(
         flag_old = (ver < 1).fillna(False)
         if flag_old.any():
             raise SchemaVersionError(f"{p}: unknown run-log schema version {int(ver[flag_old].iloc[0])}")
-    reasons = _validate(df)
+    reasons = validate_rows(df)
     rownum = (lambda i: lines[i]) if lines else (lambda i: i + 1)
     for i, reason in sorted(reasons.items()):
         bad.append(BadRow(str(p), rownum(i), reason, _raw_row(df, i)))

@@ -31,7 +31,14 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-__all__ = ["EscalationClassifier", "lgb_params", "lgb_dataset", "train_booster"]
+__all__ = [
+    "EscalationClassifier",
+    "fit_calibration_map",
+    "group_folds",
+    "lgb_params",
+    "lgb_dataset",
+    "train_booster",
+]
 
 _CALIBRATIONS = ("isotonic", "sigmoid", "none")
 
@@ -73,7 +80,7 @@ def train_booster(est: Any, data: Any, objective: str, **extra: Any) -> Any:
     return lgb.train(lgb_params(est, objective, **extra), data, num_boost_round=est.n_estimators)
 
 
-def _group_folds(y: np.ndarray, groups: np.ndarray, k: int, seed: int | None) -> np.ndarray:
+def group_folds(y: np.ndarray, groups: np.ndarray, k: int, seed: int | None) -> np.ndarray:
     """Fold per row: groups are shuffled, ordered by their mean label and dealt round-robin, so each
     fold gets about the same share of positive groups. O(n log n) (StratifiedGroupKFold took seconds
     on 300k rows)."""
@@ -95,7 +102,7 @@ def _splits(y: np.ndarray, groups: np.ndarray | None, cv: int, seed: int | None)
         n = min(cv, len(np.unique(groups)), minority)
         if n < 2:
             return []
-        fold = _group_folds(y, groups, n, seed)
+        fold = group_folds(y, groups, n, seed)
         idx = np.arange(len(y))
         return [(idx[fold != f], idx[fold == f]) for f in range(n)]
     n = min(cv, minority)
@@ -186,7 +193,7 @@ class EscalationClassifier(ClassifierMixin, BaseEstimator):
             method = "none"
         self.calibration_used_ = method
         self.oof_raw_ = oof
-        self.calib_x_, self.calib_y_ = _fit_map(method, oof[ok], yb[ok])
+        self.calib_x_, self.calib_y_ = fit_calibration_map(method, oof[ok], yb[ok])
         self.booster_ = train_booster(self, full, "binary")
         return self
 
@@ -210,7 +217,7 @@ class EscalationClassifier(ClassifierMixin, BaseEstimator):
         return float(np.interp(raw[0], self.calib_x_, self.calib_y_))
 
 
-def _fit_map(method: str, raw: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def fit_calibration_map(method: str, raw: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Calibration map as (x, y) knots for ``np.interp``."""
     if method == "none":
         return np.array([0.0, 1.0]), np.array([0.0, 1.0])

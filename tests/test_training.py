@@ -155,13 +155,13 @@ def test_grouped_splits_and_holdout_are_by_group():
 def test_training_folds_are_the_escalation_models_folds():
     # training.evaluate.group_folds is a copy of the classifier's (private) fold rule: a drift guard
     # until models.escalation makes it public
-    from models.escalation import _group_folds
+    from models.escalation import group_folds
 
     rng = np.random.default_rng(7)
     groups = rng.integers(0, 40, 500).astype(str).astype(object)
     y = rng.integers(0, 2, 500).astype(float)
     for k, seed in ((2, 0), (5, 1), (7, 3)):
-        np.testing.assert_array_equal(group_folds(y, groups, k, seed), _group_folds(y, groups, k, seed))
+        np.testing.assert_array_equal(group_folds(y, groups, k, seed), group_folds(y, groups, k, seed))
 
 
 def test_calibration_metrics_and_thresholds():

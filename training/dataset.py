@@ -86,6 +86,8 @@ __all__ = [
     "lru_replay",
     "node_cache_blocks",
     "missingness_masked",
+    "masked_features",
+    "MISSING_MIN_ROWS",
     "replay_cache_labels",
     "source_missing_shares",
     "SYNTHETIC_SOURCES",
@@ -209,15 +211,24 @@ def source_missing_shares(X: np.ndarray, source: np.ndarray, min_rows: int = 1) 
     return pd.DataFrame(data, index=list(FEATURE_NAMES)).T
 
 
+MISSING_TOL = 0.05  # build_dataset's missing_rate_tol default
+MISSING_MIN_ROWS = 50  # build_dataset's min_source_rows default
+
+
+def masked_features(shares: pd.DataFrame, tol: float = MISSING_TOL) -> tuple[str, ...]:
+    """Features (columns of ``shares``: missing share per source and feature) whose missing share
+    differs between sources by more than ``tol``."""
+    if len(shares) < 2:
+        return ()
+    spread = shares.max(axis=0) - shares.min(axis=0)
+    return tuple(n for n in FEATURE_NAMES if spread[n] > tol)
+
+
 def missingness_masked(
-    X: np.ndarray, source: np.ndarray, tol: float = 0.05, min_rows: int = 50
+    X: np.ndarray, source: np.ndarray, tol: float = MISSING_TOL, min_rows: int = MISSING_MIN_ROWS
 ) -> tuple[str, ...]:
     """Features whose missing share differs between sources by more than ``tol``."""
-    sh = source_missing_shares(X, source, min_rows)
-    if len(sh) < 2:
-        return ()
-    spread = sh.max(axis=0) - sh.min(axis=0)
-    return tuple(n for n in FEATURE_NAMES if spread[n] > tol)
+    return masked_features(source_missing_shares(X, source, min_rows), tol)
 
 
 def _cap_synthetic_labels(
@@ -271,8 +282,8 @@ def build_dataset(
     kv_cache_gb: float = 16.0,
     synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
     synthetic_cache_share: float = 1.0,
-    missing_rate_tol: float = 0.05,
-    min_source_rows: int = 50,
+    missing_rate_tol: float = MISSING_TOL,
+    min_source_rows: int = MISSING_MIN_ROWS,
     cache_labels: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Dataset:
     """Rows and labels from a :class:`~features.runlog.RunLog`; see the module docstring.
@@ -375,10 +386,14 @@ def replay_cache_labels(
     kv_cache_gb: float = 16.0,
     synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
     synthetic_cache_share: float = 1.0,
+    hash_chains: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(y_cache, local_cache_pressure)`` per row of ``steps`` (sorted by run, then step): the
     logged ``cached_tokens`` where present, else the per-source, per-replica LRU replay through the
-    deployment's cache; synthetic labels capped (the module docstring)."""
+    deployment's cache; synthetic labels capped (the module docstring).
+
+    ``hash_chains``: the rows' block hashes in a compact form instead of ``steps["hash_ids"]`` (a
+    sequence of arrays with a boolean ``present`` mask; ``training.dask_train`` packs millions)."""
     n = len(steps)
     run_ids = steps["run_id"].astype(str).to_numpy()
     pos = steps.groupby("run_id", sort=False).cumcount().to_numpy()
@@ -387,8 +402,12 @@ def replay_cache_labels(
     cached = pd.to_numeric(steps["cached_tokens"], errors="coerce").to_numpy(dtype=np.float64)
     has_cached = ~np.isnan(cached)
     y_cache[has_cached] = cached[has_cached]
-    hl = steps["hash_ids"] if "hash_ids" in steps.columns else pd.Series([None] * n)
-    has_hash = hl.notna().to_numpy() & ~has_cached
+    if hash_chains is None:
+        hl = steps["hash_ids"] if "hash_ids" in steps.columns else pd.Series([None] * n)
+        present = hl.notna().to_numpy()
+    else:
+        present = np.asarray(hash_chains.present, dtype=bool)
+    has_hash = present & ~has_cached
     src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
     if has_hash.any():
         if cache_capacity_blocks is None:
@@ -397,7 +416,7 @@ def replay_cache_labels(
         arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
         prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
         completion = np.nan_to_num(steps["completion_tokens"].to_numpy(dtype=np.float64), nan=0.0)
-        hash_vals = hl.tolist()
+        hash_vals = hl.tolist() if hash_chains is None else hash_chains
         for s, r in sorted({(str(a), int(b)) for a, b in zip(src[has_hash], replica[has_hash], strict=True)}):
             idx = np.flatnonzero(has_hash & (src == s) & (replica == r))
             order = idx[np.lexsort((pos[idx], np.nan_to_num(arrival[idx], nan=np.inf)))]

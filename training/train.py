@@ -27,6 +27,7 @@ import json
 import time
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,9 @@ __all__ = [
     "load_runs",
     "holdout_mask",
     "bundle_scores",
+    "sized_config",
+    "Fitted",
+    "finish_training",
 ]
 
 Progress = Callable[[str], None]
@@ -80,6 +84,21 @@ def holdout_mask(groups: np.ndarray, share: float) -> np.ndarray:
     cut = int(share * 10_000)
     per = {g: zlib.crc32(str(g).encode()) % 10_000 < cut for g in set(groups.tolist())}
     return np.array([per[g] for g in groups.tolist()], dtype=bool)
+
+
+def sized_config(cfg: TrainConfig, n_rows: int) -> TrainConfig:
+    """``cfg`` with the large-data settings (TrainConfig.large_data_*) at or above large_data_rows rows."""
+    if n_rows < cfg.large_data_rows:
+        return cfg
+    return cfg.model_copy(
+        update={
+            "max_bin": min(cfg.max_bin, 63),
+            "calibration_cv": min(cfg.calibration_cv, 3),
+            "subsample": min(cfg.subsample, cfg.large_data_subsample),
+            "n_estimators": min(cfg.n_estimators, cfg.large_data_n_estimators),
+            "learning_rate": max(cfg.learning_rate, cfg.large_data_learning_rate),
+        }
+    )
 
 
 def _noop(_: str) -> None:
@@ -150,16 +169,7 @@ def train_on_log(
     )
     t = lap("features_s", t)
     large = len(ds) >= cfg.large_data_rows
-    if large:
-        cfg = cfg.model_copy(
-            update={
-                "max_bin": min(cfg.max_bin, 63),
-                "calibration_cv": min(cfg.calibration_cv, 3),
-                "subsample": min(cfg.subsample, cfg.large_data_subsample),
-                "n_estimators": min(cfg.n_estimators, cfg.large_data_n_estimators),
-                "learning_rate": max(cfg.learning_rate, cfg.large_data_learning_rate),
-            }
-        )
+    cfg = sized_config(cfg, len(ds))
     hold = holdout_mask(ds.meta["group"].to_numpy(dtype=object), cfg.holdout_share)
     train, held = ds.subset(~hold), ds.subset(hold)
     m = train.meta
@@ -263,16 +273,79 @@ def train_on_log(
         fitted.get("cache"),
     )
 
+    return finish_training(
+        cfg,
+        report,
+        timings,
+        t0,
+        t,
+        Fitted(esc, cache, rem_s, rem_t),
+        m["run_id"].to_numpy()[esc_rows],
+        m["step"].to_numpy()[esc_rows],
+        lambda: esc.predict_proba(X_esc[esc_rows])[:, 1],
+        train,
+        held,
+        oof,
+        say,
+        log.runs,
+    )
+
+
+@dataclass
+class Fitted:
+    """The final estimators of a training job (the bundle's predictors)."""
+
+    escalation: Any
+    cache: Any
+    remaining_steps: Any
+    remaining_tokens: Any
+
+
+def finish_training(
+    cfg: TrainConfig,
+    report: dict[str, Any],
+    timings: dict[str, float],
+    t0: float,
+    t: float,
+    fitted: Fitted,
+    oof_run_ids: np.ndarray,
+    oof_steps: np.ndarray,
+    fallback_p: Callable[[], np.ndarray],
+    train: Any,
+    held: Any,
+    oof: dict[str, Any],
+    say: Progress,
+    runs: Any,
+    benefit_train: Any = None,
+) -> TrainResult:
+    """After the final fits (serial or Dask: :mod:`training.dask_train`): thresholds from the
+    escalation model's out-of-fold calibrated probabilities (``oof_run_ids``/``oof_steps`` align with
+    its ``oof_raw_``; ``fallback_p`` when it has none), the per-domain benefit model (from ``runs``,
+    the run records, and ``benefit_train``: the training rows of the paired runs, ``train`` when
+    None), held-out scores, the bundle saved with its manifest, the report, MLflow."""
+
+    def lap(name: str, since: float) -> float:
+        now = time.perf_counter()
+        timings[name] = round(now - since, 3)
+        return now
+
+    esc, cache, rem_s, rem_t = (
+        fitted.escalation,
+        fitted.cache,
+        fitted.remaining_steps,
+        fitted.remaining_tokens,
+    )
+
     # thresholds from the final model's own out-of-fold calibrated probabilities
     raw = esc.oof_raw_
     ok = ~np.isnan(raw)
-    p_oof = esc.calibrate(raw[ok]) if ok.any() else esc.predict_proba(X_esc[esc_rows])[:, 1]
+    p_oof = esc.calibrate(raw[ok]) if ok.any() else fallback_p()
     sel = ok if ok.any() else np.ones(len(raw), dtype=bool)
     from training.calibration import choose_thresholds
 
     th = choose_thresholds(
-        m["run_id"].to_numpy()[esc_rows][sel],
-        m["step"].to_numpy()[esc_rows][sel],
+        oof_run_ids[sel],
+        oof_steps[sel],
         p_oof,
         target_frontier_share=cfg.target_frontier_share,
         band=cfg.threshold_band,
@@ -289,8 +362,8 @@ def train_on_log(
     from training.benefit_job import benefit_stage
 
     bundle.benefit, report["benefit"] = benefit_stage(
-        log.runs,
-        train,
+        runs,
+        train if benefit_train is None else benefit_train,
         held,
         cfg.benefit,
         tables=cfg.evaluate,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -47,6 +48,18 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--sweep", help="p_frontier thresholds to sweep, e.g. 0,0.1,...,1")
         ] = None,
         seed: Annotated[int, typer.Option("--seed", help="seed of arrivals and latency draws")] = 0,
+        dask: Annotated[
+            str | None,
+            typer.Option(
+                "--dask", help="each simulation (policy, sweep point) a Dask task: 'local' or an address"
+            ),
+        ] = None,
+        workers: Annotated[
+            int | None,
+            typer.Option(
+                "--workers", min=1, help="--dask local: worker processes (default 2); an address: wait for N"
+            ),
+        ] = None,
     ) -> None:
         """Compare always-local, always-frontier, per-step-threshold, session-sticky, stall-escalation,
         learned and oracle on the given logs (what-if simulator + the outcome model), write the scorecard."""
@@ -97,17 +110,32 @@ def register(app: typer.Typer) -> None:
         if sw is not None and any(not 0 <= x <= 1 for x in sw):
             raise CliError("--sweep: thresholds must be in [0, 1]")
         con = Console(width=None if Console().is_terminal else 160)
-        try:
-            card = bench_runs(
-                files,
-                bundle,
-                prices=prices,
-                sim=sim,
-                sweep_thresholds=sw,
-                progress=lambda m: con.print(f"  [dim]{m}[/dim]"),
-            )
-        except BundleError as e:
-            raise CliError(f"bundle refused: {e}") from None
+        with contextlib.ExitStack() as stack:
+            sim_map: Any = map
+            if dask is not None:
+                from runroute.dask_support import DaskMap, dask_client, parse_dask, progress_bar
+
+                try:
+                    addr = parse_dask(dask)
+                except ValueError as e:
+                    raise CliError(str(e)) from None
+                client = stack.enter_context(
+                    dask_client(addr or "local", workers, echo=lambda m: con.print(m, soft_wrap=True))
+                )
+                bar = stack.enter_context(progress_bar(con, "simulating"))
+                sim_map = DaskMap(client, on_done=bar.done, on_submit=bar.submitted)
+            try:
+                card = bench_runs(
+                    files,
+                    bundle,
+                    prices=prices,
+                    sim=sim,
+                    sweep_thresholds=sw,
+                    progress=lambda m: con.print(f"  [dim]{m}[/dim]"),
+                    map=sim_map,
+                )
+            except BundleError as e:
+                raise CliError(f"bundle refused: {e}") from None
         import json
 
         doc = card.to_json_dict()

@@ -9,6 +9,7 @@ off-policy evaluation against the champion (``--bundle``'s learned policy).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -68,6 +69,18 @@ def register(app: typer.Typer) -> None:
         value_of_success: float = typer.Option(
             1.0, "--value-of-success", help="router logs: USD of a success (net value)"
         ),
+        dask: str | None = typer.Option(
+            None, "--dask", help="train on Dask (LightGBM's Dask estimators): 'local' or a scheduler address"
+        ),
+        workers: int | None = typer.Option(
+            None,
+            "--workers",
+            min=1,
+            help="--dask local: worker processes (default 2); an address: wait for N",
+        ),
+        partitions: int | None = typer.Option(
+            None, "--partitions", min=1, help="--dask: partitions of the run logs (default: 4 per worker)"
+        ),
     ) -> None:
         """Per-step datasets from whole runs, grouped CV against baselines, calibrated thresholds,
         a verified bundle (joblib + manifest) and MLflow tracking with a 'champion' alias."""
@@ -78,7 +91,10 @@ def register(app: typer.Typer) -> None:
         from training.retrain import LogTrainConfig, logs_have_propensities, train_from_logs
         from training.train import TrainConfig, run_training
 
-        if logs_have_propensities(runs):
+        # with --dask the check reads two columns, not the whole log into this process
+        if _light_propensity_check(runs) if dask is not None else logs_have_propensities(runs):
+            if dask is not None:
+                raise CliError("--dask trains on run logs; router logs with propensities train serially")
             lcfg = LogTrainConfig(
                 runs=runs,
                 out=out,
@@ -139,7 +155,10 @@ def register(app: typer.Typer) -> None:
                 console.log(msg)
 
             try:
-                res = run_training(cfg, progress=say)
+                if dask is not None:
+                    res = _train_dask(cfg, dask, workers, partitions, prog, task, say)
+                else:
+                    res = run_training(cfg, progress=say)
             except ValueError as e:
                 raise CliError(str(e)) from None
         r = res.report
@@ -168,3 +187,46 @@ def register(app: typer.Typer) -> None:
             mf = r["mlflow"]
             lines.append(f"mlflow {mf['model_uri']}  champion v{mf['champion']} ({mf['promotion_reason']})")
         typer.echo("\n".join(lines))
+
+
+def _train_dask(
+    cfg: Any, dask: str, workers: int | None, partitions: int | None, prog: Any, task: Any, say: Any
+) -> Any:
+    """``--dask``: open the client, train with :func:`training.dask_train.train_on_dask`; the bar
+    follows the feature partitions as the scheduler finishes them."""
+    from runroute.dask_support import dask_client, parse_dask
+    from training.dask_train import train_on_dask
+
+    echo = lambda m: prog.console.print(m, soft_wrap=True)  # noqa: E731 - one line, not wrapped
+    with dask_client(parse_dask(dask) or "local", workers, echo=echo) as client:
+
+        def on_task(k: int, n: int) -> None:
+            prog.update(task, completed=k, total=n, description=f"features: partition {k}/{n}")
+
+        return train_on_dask(cfg, client, npartitions=partitions, progress=say, on_task=on_task)
+
+
+def _light_propensity_check(runs: list[Path]) -> bool:
+    """``training.retrain.logs_have_propensities`` on Parquet logs from the ``record`` and
+    ``propensity`` columns alone (a multi-GB log is not read into the client)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from features.runmerge import list_runlog_files
+
+    n = 0
+    for f in list_runlog_files([str(p) for p in runs]):
+        if f.suffix != ".parquet":
+            from training.retrain import logs_have_propensities
+
+            return logs_have_propensities(runs)
+        names = pq.ParquetFile(f).schema_arrow.names
+        if "record" not in names:
+            continue
+        t = pq.read_table(f, columns=[c for c in ("record", "propensity") if c in names])
+        is_step = pc.equal(t["record"], "step")
+        k = int(pc.sum(is_step).as_py() or 0)
+        if k and ("propensity" not in names or t.filter(is_step)["propensity"].null_count):
+            return False
+        n += k
+    return n > 0

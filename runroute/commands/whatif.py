@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,17 @@ def register(app: typer.Typer) -> None:
             help="of each replica count, this many prefill-only replicas (0 = co-located)",
         ),
         kv_link_gbps: float = typer.Option(50.0, "--kv-link-gbps", help="disaggregation: KV link GB/s"),
+        dask: str | None = typer.Option(
+            None,
+            "--dask",
+            help="run each point as a Dask task: 'local' (a LocalCluster) or a scheduler address",
+        ),
+        workers: int | None = typer.Option(
+            None,
+            "--workers",
+            min=1,
+            help="--dask local: worker processes (default 2); an address: wait for N",
+        ),
     ) -> None:
         """Replay logged runs through the router's policies against simulated local replicas and a
         frontier API; print the scorecard per (policy x replicas x KV size) and the built-in answers,
@@ -246,15 +258,30 @@ def register(app: typer.Typer) -> None:
 
         total = None if find_ else len(factories) * len(reps) * len(kvs) * (2 if scale_to_zero else 1)
         cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        pool = contextlib.ExitStack()
+        point_map: Any = map
         try:
-            with Progress(*cols, transient=True) as prog:
+            with pool, Progress(*cols, transient=True) as prog:
                 task = prog.add_task("simulating", total=total)
+                if dask is not None:  # one task per point; the bar advances as the scheduler finishes them
+                    from runroute.dask_support import DaskMap, dask_client, parse_dask
+
+                    try:
+                        addr = parse_dask(dask)
+                    except ValueError as e:
+                        raise CliError(str(e)) from None
+                    client = pool.enter_context(
+                        dask_client(
+                            addr or "local", workers, echo=lambda m: prog.console.print(m, soft_wrap=True)
+                        )
+                    )
+                    point_map = DaskMap(client, on_done=lambda _i: prog.update(task, advance=1))
 
                 def tick(r: Any) -> None:
                     c = r.scorecard
                     prog.update(
                         task,
-                        advance=1,
+                        advance=0 if dask is not None else 1,
                         description=f"{r.label} x{c['replicas']} @{c['kv_cache_gb']:g}GB: {r.wall_s:.1f}s",
                     )
 
@@ -273,6 +300,7 @@ def register(app: typer.Typer) -> None:
                         predictor=model,
                         admission_factory=hook_factory,
                         progress=tick,
+                        map=point_map,
                     )
                 else:
                     result = run_grid(
@@ -286,6 +314,7 @@ def register(app: typer.Typer) -> None:
                         admission_factory=hook_factory,
                         compare_always_on=scale_to_zero,
                         progress=lambda m: prog.console.print(m, highlight=False),
+                        map=point_map,
                     )
         except SimError as e:
             raise CliError(str(e), 1) from None

@@ -8,14 +8,17 @@ with the bundle's predictors scored on that log (``model_scores``:
 :class:`training.eval.scorecard.Scorecard` (``command: runroute bench``).
 
 Knobs: ``prices``, ``sim`` (:class:`training.eval.config.SimSettings`), ``sweep_thresholds``
-(default: 0 to 1 in steps of 0.05), ``variants`` (outcome-model variants, the first is the headline).
+(default: 0 to 1 in steps of 0.05), ``variants`` (outcome-model variants, the first is the headline),
+``map`` (each simulation through it: the builtin, or one Dask task each).
 """
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +39,7 @@ def bench_runs(
     sweep_thresholds: Sequence[float] | None = None,
     variants: Sequence[str] = DEFAULT_VARIANTS,
     progress: Progress | None = None,
+    map: Any = builtins.map,  # noqa: A002 - how the simulations are mapped (compare_policies)
 ) -> Scorecard:
     """Every policy on the run logs ``files`` with the bundle in ``bundle_dir`` (the module docstring)."""
     from features.runlog import read_runlog
@@ -57,6 +61,7 @@ def bench_runs(
         sweep_thresholds=sw,
         variants=variants,
         progress=progress,
+        map=map,
     )
     res = res.model_copy(update={"model_scores": model_scores(bundle, log)})
     return Scorecard(

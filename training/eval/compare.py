@@ -21,12 +21,14 @@ bundle on a held-out set (:func:`model_scores`), give the bounds of paired runs 
 (:func:`run_level_pairs`) and the training quantiles added to the sweep (:func:`train_quantiles`).
 
 Knobs: :class:`SimSettings` (the deployment), ``prices`` (:class:`training.eval.outcome.Prices`),
-``policies``, ``sweep_thresholds``, ``variants`` (outcome-model variants; the first is the headline).
+``policies``, ``sweep_thresholds``, ``variants`` (outcome-model variants; the first is the headline),
+``map`` (how the simulations are mapped: the builtin, or one Dask task each).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import builtins
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -173,8 +175,12 @@ def compare_policies(
     sweep_thresholds: Sequence[float] = (),
     variants: Sequence[str] = DEFAULT_VARIANTS,
     progress: Progress | None = None,
+    map: Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]] = builtins.map,  # noqa: A002
 ) -> SetResult:
-    """Every policy on one workload (the module docstring); ``bundle=None`` skips the model policies."""
+    """Every policy on one workload (the module docstring); ``bundle=None`` skips the model policies.
+
+    Every simulation (each policy, each sweep threshold) is one call of a pure function through
+    ``map``: the builtin, or a Dask map (``runroute bench --dask``) that runs them as tasks."""
     from router.policy.admission import AdmissionController
     from router.policy.config import build_policy
     from router.sim.arrivals import run_starts
@@ -215,7 +221,10 @@ def compare_policies(
             0.0, float(bundle.thresholds["p_frontier_up"]) - float(bundle.thresholds["p_frontier_down"])
         )
 
-    def simulate(label: str, cfg: dict[str, Any]) -> tuple[Any, dict[str, np.ndarray], set[str]]:
+    def simulate(
+        job: tuple[str, dict[str, Any]],
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray], set[str], int, float]:
+        label, cfg = job
         policy = build_policy(cfg, bundle)
         hook = None
         if sim.admission:
@@ -223,17 +232,27 @@ def compare_policies(
             hook = admission_from_controller(AdmissionController(acfg))
         res = Simulator(workload, policy, base, starts, predictor=bundle, admission=hook).run()
         res.policy = label
-        return (res, *_per_run(res, workload))
+        return (sim_figures(res), *_per_run(res, workload), len(res.outcome), res.wall_s)
 
-    rows: list[dict[str, Any]] = []
-    sweeps: dict[str, list[dict[str, Any]]] = {}
+    # every simulation (each policy, each sweep threshold) is one job of one ``map``
+    labels = []
+    jobs: list[tuple[str, dict[str, Any]]] = []
     for label, pcfg in pols.items():
         if pcfg["kind"] in ("learned", "per-step-threshold") and bundle is None:
             say(f"{label}: skipped (needs a model bundle)")
             continue
-        res, tiers, spilled = simulate(label, _policy_cfg(label, pcfg, None, band))
+        labels.append(label)
+        jobs.append((label, _policy_cfg(label, pcfg, None, band)))
+        if label in SWEPT and sweep_thresholds:
+            jobs += [(label, _policy_cfg(label, pcfg, float(th), band)) for th in sweep_thresholds]
+    out_iter = iter(map(simulate, jobs))
+    rows: list[dict[str, Any]] = []
+    sweeps: dict[str, list[dict[str, Any]]] = {}
+    for label in labels:
+        pcfg = pols[label]
+        figs, tiers, spilled, n_out, wall_s = next(out_iter)
         out = policy_outcomes(records, tiers, prices, variants, spilled)
-        row = {"policy": label, "kind": pcfg["kind"], **sim_figures(res), **out}
+        row = {"policy": label, "kind": pcfg["kind"], **figs, **out}
         if pcfg["kind"] == "learned":
             row["thresholds"] = {
                 "p_frontier_up": float(bundle.thresholds["p_frontier_up"]),
@@ -242,11 +261,11 @@ def compare_policies(
         elif pcfg["kind"] == "per-step-threshold":
             row["thresholds"] = {"threshold": float(bundle.thresholds["p_frontier_up"])}
         rows.append(row)
-        say(f"{label}: {len(res.outcome)} steps simulated in {res.wall_s:.1f}s")
+        say(f"{label}: {n_out} steps simulated in {wall_s:.1f}s")
         if label in SWEPT and sweep_thresholds:
             pts = []
             for th in sweep_thresholds:
-                r2, t2, sp2 = simulate(label, _policy_cfg(label, pcfg, float(th), band))
+                f2, t2, sp2, _, _ = next(out_iter)
                 o2 = policy_outcomes(records, t2, prices, variants, sp2)
                 pts.append(
                     {
@@ -255,7 +274,7 @@ def compare_policies(
                         "success_by_variant": o2["success_by_variant"],
                         "cost_usd": o2["cost_usd"],
                         "escalation_rate": o2["escalation_rate"],
-                        "flaps_per_run": sim_figures(r2)["flaps_per_run"],
+                        "flaps_per_run": f2["flaps_per_run"],
                     }
                 )
             sweeps[label] = pts

@@ -1,0 +1,498 @@
+"""The training job on a Dask cluster: partitioned run logs -> per-partition features -> LightGBM's
+Dask estimators -> the same bundle, thresholds, report and MLflow logging as :mod:`training.train`.
+
+Algorithm (:func:`train_on_dask`):
+
+1. Read the Parquet run logs as a ``dask.dataframe`` and shuffle it on ``run_id`` into
+   ``npartitions`` partitions: every record of a run (its run record and all its steps) lands in one
+   partition, so a partition never splits a run and prefixes are built where the steps are. Each
+   partition is validated like a file (:func:`features.runlog` rules; bad rows are counted and
+   reported, never used) and its run records merged.
+2. The run records (small: one per run) come to the client, where the ``WEAK=STRONG`` pairings apply
+   (they pair runs across tasks, so they need all runs) and go back to every worker once.
+3. The prefix-cache replay behind the cache-reuse labels and the ``local_cache_pressure`` feature
+   spans all runs of a source in arrival order (one cache), so it is ONE task
+   (:func:`training.dataset.replay_cache_labels`, the serial code) over the few columns it reads;
+   it returns each partition's slice.
+4. Per partition, :func:`training.dataset.build_dataset` (the one feature code path:
+   ``features.extract.iter_frame_prefixes`` + ``extract``) with those cache labels, plus the held-out
+   flag (:func:`training.train.holdout_mask`, a stable hash of the group): the rows stay on the workers.
+5. LightGBM's Dask estimators (``lightgbm.dask.DaskLGBMClassifier`` / ``DaskLGBMRegressor``, the
+   hyper-parameters of :class:`training.config.TrainConfig`, large-data settings included) fit
+   the escalation model (final + the out-of-fold calibration folds on the same groups
+   ``models.escalation`` would pick), the cache-reuse model (share of the prompt, weighted by it) and
+   the remaining-steps/tokens quantile models; each booster is put into the bundle's estimator.
+6. :func:`training.train.finish_training` (the serial code): thresholds, held-out scores (the held-out
+   rows come to the client), bundle, report, MLflow.
+
+Not on Dask: the grouped cross-validated evaluation against baselines (``evaluate``; the report's
+headline comes from the held-out split, as with ``--no-eval``). The held-out rows and the calibration
+rows (at most ``calibration_max_rows``) are gathered to the client.
+
+Knobs: ``npartitions`` (default: 4 per worker, at least one per 250k rows); everything else is
+:class:`training.config.TrainConfig`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES
+from features.logged import STEP_COLUMNS
+from training.config import TrainConfig, TrainResult
+from training.dask_replay import pack_replay_input, replay_packed
+from training.dataset import Dataset
+
+__all__ = ["train_on_dask", "read_partitioned", "PartitionedDataset"]
+
+META_COLS = ("run_id", "group", "source", "step", "y_frontier", "y_cache", "y_rem_steps", "y_rem_tokens")
+RUN_COLS = ("run_id", "source", "task_id", "needs_frontier", "outcome")
+# the step columns build_dataset reads (the prefix builders' columns, the labels', the logged features)
+_KEEP = frozenset(
+    (
+        *STEP_COLUMNS,
+        "record",
+        "run_id",
+        "step",
+        "arrival_s",
+        "prompt_tokens",
+        "completion_tokens",
+        "hash_ids",
+        "cached_tokens",
+        "features",
+        "feature_spec_version",
+    )
+)
+
+
+@dataclass
+class PartitionedDataset(Dataset):
+    """The training rows as they live on the workers: a few rows here (``X``/``meta``, for the MLflow
+    input example), the row and run counts and a digest of all rows (:func:`_digest`)."""
+
+    n_rows: int = 0
+    runs: int = 0
+    digest: str = ""
+
+    def __len__(self) -> int:
+        return self.n_rows
+
+    @property
+    def n_runs(self) -> int:
+        return self.runs
+
+    def sha256(self) -> str:
+        return self.digest
+
+
+def read_partitioned(files: list[Any], npartitions: int, shuffle_method: str = "p2p") -> Any:
+    """The run logs as a dask DataFrame whose partitions each hold whole runs (shuffled on run_id)."""
+    import dask
+    import dask.dataframe as dd
+
+    # strings as the serial reader has them (pandas' default str dtype, NaN for missing), not
+    # string[pyarrow] with pd.NA, so validation and features see the same values
+    with dask.config.set({"dataframe.convert-string": False}):
+        ddf = dd.read_parquet([str(f) for f in files])
+        return ddf.shuffle(on="run_id", npartitions=npartitions, shuffle_method=shuffle_method)
+
+
+def _clean(part: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """One partition validated like a file: (steps sorted by run and step, run records, bad reasons)."""
+    from features.runlog import conform, validate_rows
+    from features.runmerge import merge_runs
+
+    df = conform(part.reset_index(drop=True), exact=False)
+    if "predictions" in df:
+        df["predictions"] = [None if v is None else dict(v) for v in df["predictions"]]
+    reasons = validate_rows(df)
+    good = df.drop(index=df.index[list(reasons)]) if reasons else df
+    good = merge_runs(good.reset_index(drop=True))
+    for c in ("step", "prompt_tokens", "completion_tokens", "tool_results_n"):
+        good[c] = pd.to_numeric(good[c]).astype("Int64")
+    steps = good[good["record"] == "step"]
+    steps = steps[[c for c in steps.columns if c in _KEEP]]  # only what features and labels read
+    steps = steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    runs = good[good["record"] == "run"].reset_index(drop=True)
+    return steps, runs, [reasons[i] for i in sorted(reasons)]
+
+
+def _steps_of(cleaned: tuple[pd.DataFrame, pd.DataFrame, list[str]]) -> pd.DataFrame:
+    return cleaned[0]
+
+
+def _runs_of(cleaned: tuple[pd.DataFrame, pd.DataFrame, list[str]]) -> tuple[pd.DataFrame, list[str]]:
+    return cleaned[1], cleaned[2]
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _pick(xs: list[Any], i: int) -> Any:
+    return xs[i]
+
+
+def _rows(
+    steps: pd.DataFrame, runs: pd.DataFrame, cache: tuple[np.ndarray, np.ndarray], cfg: TrainConfig
+) -> pd.DataFrame:
+    """Feature rows + labels + held-out flag of one partition (step 4)."""
+    from features.runlog import RunLog
+    from training.dataset import build_dataset
+    from training.train import holdout_mask
+
+    if steps.empty:
+        return _empty_rows()
+    empty = steps.iloc[:0]
+    log = RunLog(runs=runs, steps=steps, arrivals=empty, rates=empty)
+    ds = build_dataset(
+        log,
+        cache_capacity_blocks=cfg.cache_capacity_blocks,
+        block_tokens=cfg.block_tokens,
+        cache_labels=cache,
+    )
+    out = pd.DataFrame(ds.X, columns=list(FEATURE_NAMES))
+    for c in META_COLS:
+        out[c] = ds.meta[c].to_numpy()
+    out["holdout"] = holdout_mask(ds.meta["group"].to_numpy(dtype=object), cfg.holdout_share)
+    return out
+
+
+def _empty_rows() -> pd.DataFrame:
+    out = pd.DataFrame({n: pd.Series([], dtype=np.float64) for n in FEATURE_NAMES})
+    for c in META_COLS:
+        kind = object if c in ("run_id", "group", "source") else np.float64
+        out[c] = pd.Series([], dtype=kind if c != "step" else np.int64)
+    out["holdout"] = pd.Series([], dtype=bool)
+    return out
+
+
+def _digest(part: pd.DataFrame) -> pd.DataFrame:
+    """sha256 of a partition's training rows (as :meth:`training.dataset.Dataset.sha256` hashes)."""
+    tr = part[~part["holdout"].to_numpy(dtype=bool)]
+    h = hashlib.sha256()
+    h.update(FEATURE_SPEC_VERSION.encode())
+    h.update(np.ascontiguousarray(tr[list(FEATURE_NAMES)].to_numpy(dtype=np.float64)).tobytes())
+    for c in ("y_frontier", "y_cache", "y_rem_steps", "y_rem_tokens"):
+        h.update(tr[c].to_numpy(dtype=np.float64).tobytes())
+    h.update("\0".join(tr["group"].astype(str)).encode())
+    first = str(tr["run_id"].iloc[0]) if len(tr) else ""
+    return pd.DataFrame({"first": [first], "sha": [h.hexdigest()], "n": [len(tr)]})
+
+
+def _with_target(part: pd.DataFrame, kind: str, prompt_col: int, log_target: bool) -> pd.DataFrame:
+    """Training target ``_z`` (and weight ``_w``) of the Dask fits, as the serial estimators derive it."""
+    out = part.copy()
+    if kind == "cache":
+        denom = np.maximum(np.nan_to_num(part.iloc[:, prompt_col].to_numpy(dtype=np.float64)), 1.0)
+        out["_z"] = np.clip(part["y_cache"].to_numpy(dtype=np.float64) / denom, 0.0, 1.0)
+        out["_w"] = denom
+    elif kind == "escalation":
+        out["_z"] = part["y_frontier"].to_numpy(dtype=np.float64).astype(np.int64)
+    else:
+        y = part[kind].to_numpy(dtype=np.float64)
+        out["_z"] = np.log1p(y) if log_target else y
+    return out
+
+
+def _with_fold(part: pd.DataFrame, folds: pd.Series) -> pd.DataFrame:
+    out = part.copy()
+    out["_fold"] = part["group"].map(folds).fillna(-1).astype(np.int64).to_numpy()
+    return out
+
+
+def _dask_fit(client: Any, est: Any, X: Any, y: Any, objective: str, weight: Any = None, **extra: Any) -> Any:
+    """One LightGBM Dask fit with ``est``'s hyper-parameters (``models.escalation.lgb_params``);
+    returns the trained ``lightgbm.Booster``."""
+    from lightgbm.dask import DaskLGBMClassifier, DaskLGBMRegressor
+
+    from models.escalation import lgb_params
+
+    p = lgb_params(est, objective, **extra)
+    kw: dict[str, Any] = dict(
+        objective=objective,
+        n_estimators=est.n_estimators,
+        learning_rate=p["learning_rate"],
+        num_leaves=p["num_leaves"],
+        min_child_samples=p["min_data_in_leaf"],
+        max_bin=p["max_bin"],
+        subsample=p["bagging_fraction"],
+        subsample_freq=p["bagging_freq"],
+        colsample_bytree=p["feature_fraction"],
+        random_state=p.get("seed"),
+        verbose=-1,
+        client=client,
+        **extra,
+    )
+    cls = DaskLGBMClassifier if objective == "binary" else DaskLGBMRegressor
+    model = cls(**kw)
+    model.fit(X, y, sample_weight=weight)
+    return model.to_local().booster_
+
+
+def train_on_dask(
+    cfg: TrainConfig,
+    client: Any,
+    *,
+    npartitions: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    on_task: Callable[[int, int], None] | None = None,
+) -> TrainResult:
+    """Run the job described in the module docstring on ``client``'s cluster."""
+    import dask
+    import dask.dataframe as dd
+    from distributed import as_completed, futures_of
+
+    from features.runmerge import list_runlog_files
+    from training.train import Fitted, finish_training, sized_config
+
+    say = progress or (lambda _m: None)
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(name: str, since: float) -> float:
+        now = time.perf_counter()
+        timings[name] = round(now - since, 3)
+        return now
+
+    files = list_runlog_files([str(p) for p in cfg.runs])
+    if any(f.suffix != ".parquet" for f in files):
+        raise ValueError("--dask reads Parquet run logs only (convert .jsonl with runroute import)")
+    n_workers = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
+    rows_guess = sum(_parquet_rows(f) for f in files)
+    P = npartitions or max(4 * n_workers, -(-rows_guess // 250_000))
+    say(f"reading {len(files)} run-log file(s), ~{rows_guess} records, into {P} partitions by run")
+    cleaned = client.persist([dask.delayed(_clean)(d) for d in read_partitioned(files, P).to_delayed()])
+    runs_parts = dask.compute(*[dask.delayed(_runs_of)(c) for c in cleaned])
+    runs = pd.concat([r for r, _ in runs_parts if len(r)], ignore_index=True)
+    bad = [b for _, bs in runs_parts for b in bs]
+    for pair in cfg.pairs:
+        from features.importers.pairing import label_weak_runs
+
+        weak, strong = pair.split("=")
+        runs = label_weak_runs(runs, weak, strong)
+    all_runs = runs  # every run field: the benefit stage reads outcomes, pairs, domains, embeddings
+    runs = runs.drop_duplicates("run_id")[list(RUN_COLS)].reset_index(drop=True)
+    run_src = dict(zip(runs["run_id"].astype(str), runs["source"].astype(str), strict=True))
+    t = lap("read_s", t0)
+
+    say(f"building features on the workers ({len(runs)} runs; cache replay as one task)")
+    runs_f = client.submit(_identity, runs, pure=False)  # a task: recomputed if its worker dies
+    steps = [dask.delayed(_steps_of)(c) for c in cleaned]
+    packs = [dask.delayed(pack_replay_input)(s) for s in steps]  # packed where the steps are
+    replay = dask.delayed(replay_packed)(
+        packs,
+        run_src,
+        cfg.cache_capacity_blocks,
+        cfg.block_tokens,
+        replicas=cfg.cache_replicas,
+        node_gpu=cfg.node_gpu,
+        kv_cache_gb=cfg.kv_cache_gb,
+    )
+    parts = [dask.delayed(_rows)(s, runs_f, dask.delayed(_pick)(replay, i), cfg) for i, s in enumerate(steps)]
+    rows = dd.from_delayed(parts, meta=_empty_rows(), verify_meta=False).persist()
+    futs = futures_of(rows)
+    for k, _ in enumerate(as_completed(futs), 1):
+        if on_task is not None:
+            on_task(k, len(futs))
+    del runs_f, cleaned, steps, packs, replay, parts  # the validated log leaves the workers: rows stay
+    n = int(len(rows))
+    if n == 0:
+        raise ValueError("the run logs hold no step records: nothing to train on")
+    cfg = sized_config(cfg, n)
+    t = lap("features_s", t)
+
+    train = rows[~rows["holdout"]]
+    esc_rows = train[train["y_frontier"].notnull()].map_partitions(
+        _with_target, "escalation", 0, False, meta=_target_meta("escalation")
+    )
+    masked = _source_masked(rows)  # the serial escalation_X rule, on shares gathered per source
+    if masked:
+        esc_rows = esc_rows.assign(**{c: np.nan for c in masked})
+    stats = dask.compute(
+        esc_rows["_z"].sum(),
+        esc_rows["_z"].count(),
+        rows["run_id"].nunique(),
+        train["run_id"].nunique(),
+        rows.loc[rows["y_frontier"].notnull(), "run_id"].nunique(),
+        rows["group"].nunique(),
+        rows["source"].value_counts(),
+        rows["holdout"].sum(),
+        train.map_partitions(_digest, meta={"first": object, "sha": object, "n": np.int64}),
+    )
+    n_pos, n_esc, n_runs, n_train_runs, n_esc_runs, n_groups, sources, n_held, digests = stats
+    if n_esc == 0 or n_pos in (0, n_esc):
+        raise ValueError(
+            "no run carries a needs-frontier label with both outcomes (need Run.needs_frontier, a "
+            "pairing via --pairs WEAK=STRONG, or run outcomes)"
+        )
+    dg = digests.sort_values("first", kind="stable")
+    digest = hashlib.sha256("".join(dg["sha"]).encode()).hexdigest()
+    report: dict[str, Any] = {
+        "feature_spec_version": FEATURE_SPEC_VERSION,
+        "n_runs": int(n_runs),
+        "n_steps": n,
+        "n_train_steps": n - int(n_held),
+        "n_holdout_steps": int(n_held),
+        "n_escalation_runs": int(n_esc_runs),
+        "n_groups": int(n_groups),
+        "sources": {str(k): int(v) for k, v in sources.items()},
+        "data_sha256": digest,
+        "config": cfg.model_dump(mode="json"),
+        "dask": {"workers": n_workers, "npartitions": P, "bad_rows": len(bad), "cv": "not run on Dask"},
+        "escalation_masked_features": list(masked),
+    }
+    if bad:
+        say(f"{len(bad)} bad row(s) left out, e.g. {bad[0]}")
+
+    say("fitting the escalation model (calibration folds, then final) with DaskLGBMClassifier")
+    esc, cal = _fit_escalation(client, cfg, esc_rows, int(n_esc))
+    t = lap("fit_escalation_s", t)
+    say("fitting the cache-reuse and remaining-work models with DaskLGBMRegressor")
+    cache_est = cfg.make_cache()
+    c_rows = train[train["y_cache"].notnull()].map_partitions(
+        _with_target, "cache", cache_est.prompt_col, False, meta=_target_meta("cache")
+    )
+    cache = None
+    if int(c_rows["_z"].count().compute()) >= 2:
+        cache_est.booster_ = _dask_fit(
+            client, cache_est, c_rows[list(FEATURE_NAMES)], c_rows["_z"], cache_est.objective, c_rows["_w"]
+        )
+        cache_est.n_features_in_ = N_FEATURES
+        cache = cache_est
+    t = lap("fit_cache_s", t)
+    rem = []
+    for col in ("y_rem_steps", "y_rem_tokens"):
+        est = cfg.make_remaining()
+        z = train.map_partitions(_with_target, col, 0, est.log_target, meta=_target_meta(col))
+        qs = tuple(float(q) for q in est.quantiles)
+        est.boosters_ = [
+            _dask_fit(client, est, z[list(FEATURE_NAMES)], z["_z"], "quantile", alpha=q) for q in qs
+        ]
+        est.quantiles_, est.n_features_in_ = qs, N_FEATURES
+        rem.append(est)
+    t = lap("fit_remaining_s", t)
+
+    say("gathering the held-out rows")
+    held_df = rows[rows["holdout"]].compute().reset_index(drop=True)
+    held = Dataset(held_df[list(FEATURE_NAMES)].to_numpy(dtype=np.float64), held_df[list(META_COLS)])
+    head = train.head(100, npartitions=-1)
+    summary = PartitionedDataset(
+        X=head[list(FEATURE_NAMES)].to_numpy(dtype=np.float64),
+        meta=head[list(META_COLS)].reset_index(drop=True),
+        n_rows=n - int(n_held),
+        runs=int(n_train_runs),
+        digest=digest,
+    )
+    paired = _paired_run_ids(all_runs)  # the benefit stage's rows: steps of runs with both outcomes
+    bt = train[train["run_id"].isin(paired)].compute().reset_index(drop=True) if paired else head.iloc[:0]
+    benefit_train = Dataset(bt[list(FEATURE_NAMES)].to_numpy(dtype=np.float64), bt[list(META_COLS)])
+    t = lap("gather_s", t)
+    return finish_training(
+        cfg,
+        report,
+        timings,
+        t0,
+        t,
+        Fitted(esc, cache, rem[0], rem[1]),
+        cal["run_id"].to_numpy(),
+        cal["step"].to_numpy(),
+        lambda: esc.predict_proba(cal[list(FEATURE_NAMES)].to_numpy(dtype=np.float64))[:, 1],
+        summary,
+        held,
+        {},
+        say,
+        all_runs,
+        benefit_train,
+    )
+
+
+def _source_masked(rows: Any) -> tuple[str, ...]:
+    """:func:`training.dataset.masked_features` over the per-source missing shares of the labelled
+    rows (sources with enough rows), computed on the workers."""
+    import dask
+
+    from training.dataset import MISSING_MIN_ROWS, masked_features
+
+    lab = rows[rows["y_frontier"].notnull()]
+    miss = lab[list(FEATURE_NAMES)].isnull().astype(np.float64)
+    miss["source"] = lab["source"]
+    shares, counts = dask.compute(miss.groupby("source").mean(), lab.groupby("source").size())
+    keep = counts[counts >= MISSING_MIN_ROWS].index
+    return masked_features(shares.loc[shares.index.isin(keep), list(FEATURE_NAMES)])
+
+
+def _paired_run_ids(runs: pd.DataFrame) -> list[str]:
+    """Run ids with their own outcome and a strong outcome of the same task (the benefit rows)."""
+    if "strong_outcome" not in runs.columns:
+        return []
+    ok = runs["outcome"].isin(["success", "failure"]) & runs["strong_outcome"].isin(["success", "failure"])
+    return sorted(set(runs.loc[ok, "run_id"].astype(str)))
+
+
+def _target_meta(kind: str) -> pd.DataFrame:
+    m = _empty_rows()
+    m["_z"] = pd.Series([], dtype=np.int64 if kind == "escalation" else np.float64)
+    if kind == "cache":
+        m["_w"] = pd.Series([], dtype=np.float64)
+    return m
+
+
+def _parquet_rows(path: Any) -> int:
+    import pyarrow.parquet as pq
+
+    return int(pq.ParquetFile(path).metadata.num_rows)
+
+
+def _fit_escalation(client: Any, cfg: TrainConfig, esc_rows: Any, n_esc: int) -> tuple[Any, pd.DataFrame]:
+    """The escalation estimator with Dask-trained boosters: out-of-fold calibration on the groups and
+    folds :class:`models.escalation.EscalationClassifier` picks (a random subset of groups holding
+    about ``calibration_max_rows`` rows; groups dealt to folds by mean label), then the final fit on
+    all labelled training rows. Returns (estimator, calibration rows with their raw OOF scores)."""
+    from models.escalation import fit_calibration_map, group_folds
+
+    est = cfg.make_escalation()
+    by_group = esc_rows.groupby("group")["_z"].agg(["sum", "count"]).compute()
+    ug = np.unique(by_group.index.to_numpy(dtype=object))
+    by_group = by_group.loc[ug]
+    cal_groups = ug
+    cap = est.calibration_max_rows
+    if cap is not None and n_esc > cap:
+        rng = np.random.default_rng(est.random_state)
+        keep = rng.permutation(len(ug))[: max(2, int(len(ug) * cap / n_esc))]
+        cal_groups = np.sort(ug[keep])
+    cg = by_group.loc[cal_groups]
+    pos, cnt = int(cg["sum"].sum()), int(cg["count"].sum())
+    k = min(est.cv, len(cal_groups), pos, cnt - pos) if est.calibration != "none" else 0
+    folds = pd.Series(np.full(len(cal_groups), -1, dtype=np.int64), index=cal_groups)
+    if k >= 2:
+        mean = (cg["sum"] / cg["count"]).to_numpy(dtype=np.float64)
+        folds[:] = group_folds(mean, cal_groups, k, est.random_state)
+    fx = esc_rows.map_partitions(_with_fold, folds, meta=_with_fold(esc_rows._meta, folds.iloc[:0]))
+    cal = fx[fx["_fold"] >= 0].compute().sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    oof = np.full(len(cal), np.nan)
+    Xc = cal[list(FEATURE_NAMES)].to_numpy(dtype=np.float64)
+    for f in range(k if k >= 2 else 0):
+        tr = fx[(fx["_fold"] >= 0) & (fx["_fold"] != f)]
+        te = (cal["_fold"] == f).to_numpy()
+        if cal.loc[~te, "_z"].nunique() < 2:
+            continue
+        booster = _dask_fit(client, est, tr[list(FEATURE_NAMES)], tr["_z"], "binary")
+        oof[te] = booster.predict(Xc[te])
+    ok = ~np.isnan(oof)
+    yc = cal["_z"].to_numpy(dtype=np.int64)
+    method = est.calibration
+    if method == "none" or ok.sum() < 2 or len(np.unique(yc[ok])) < 2:
+        method = "none"
+    est.calibration_used_, est.oof_raw_ = method, oof
+    est.calib_x_, est.calib_y_ = fit_calibration_map(method, oof[ok], yc[ok])
+    est.booster_ = _dask_fit(client, est, esc_rows[list(FEATURE_NAMES)], esc_rows["_z"], "binary")
+    est.classes_, est.n_features_in_ = np.array([0, 1]), N_FEATURES
+    return est, cal
