@@ -12,7 +12,7 @@ from features.runlog import RunLog, read_runlog, records_to_frame, write_frame
 from features.schema import Run, Step
 from training.calibration import choose_thresholds, expected_calibration_error, reliability_curve
 from training.dataset import build_dataset, lru_replay
-from training.evaluate import assign_folds, binary_metrics, group_folds
+from training.evaluate import assign_folds, binary_metrics
 from training.train import TrainConfig, holdout_mask, run_training
 
 
@@ -150,18 +150,6 @@ def test_grouped_splits_and_holdout_are_by_group():
     assert not holdout_mask(groups, 0.0).any()
     with pytest.raises(ValueError, match=">= 2 groups"):
         assign_folds(np.array(["a", "a"], dtype=object), np.array([0, 1]), 5, 0)
-
-
-def test_training_folds_are_the_escalation_models_folds():
-    # training.evaluate.group_folds is a copy of the classifier's (private) fold rule: a drift guard
-    # until models.escalation makes it public
-    from models.escalation import group_folds
-
-    rng = np.random.default_rng(7)
-    groups = rng.integers(0, 40, 500).astype(str).astype(object)
-    y = rng.integers(0, 2, 500).astype(float)
-    for k, seed in ((2, 0), (5, 1), (7, 3)):
-        np.testing.assert_array_equal(group_folds(y, groups, k, seed), group_folds(y, groups, k, seed))
 
 
 def test_calibration_metrics_and_thresholds():

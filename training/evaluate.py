@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from features.extract import FEATURE_NAMES
+from models.escalation import group_folds
 from models.remaining import pinball_loss
 from training.calibration import expected_calibration_error
 
@@ -42,23 +43,6 @@ __all__ = [
 
 _F = {n: i for i, n in enumerate(FEATURE_NAMES)}
 ESCALATION_BASELINES = ("constant", "logreg_steps", "stall")
-
-
-def group_folds(y: np.ndarray, groups: np.ndarray, k: int, seed: int | None) -> np.ndarray:
-    """Fold per row: groups are shuffled, ordered by their mean label and dealt round-robin, so each
-    fold gets about the same share of positive groups. O(n log n).
-
-    The same algorithm as the escalation classifier's calibration folds
-    (``models.escalation``, private there); a test checks that both assign the same folds.
-    """
-    uniq, inv = np.unique(groups, return_inverse=True)
-    mean = np.bincount(inv, weights=y, minlength=len(uniq)) / np.bincount(inv, minlength=len(uniq))
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(uniq))
-    order = perm[np.argsort(mean[perm], kind="stable")]
-    fold_of_group = np.empty(len(uniq), dtype=np.int64)
-    fold_of_group[order] = np.arange(len(uniq)) % k
-    return fold_of_group[inv]
 
 
 def assign_folds(groups: np.ndarray, strat: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
