@@ -307,13 +307,23 @@ def start_load_pinned_run(c: Cluster, tag: str) -> tuple[str, str]:
     (busy_run,) = run_ids(f"{tag}-busy", 1, hash_to=target)
     (rid,) = run_ids(f"{tag}-load", 1, hash_to=target)
     fake = fake_for(c, target)
+    # loads equal first (an earlier test's last requests may still show as running in a scrape),
+    # so the busy run goes to its hash replica
+    wait_for(
+        lambda: all(
+            (gauge(c.metrics(w), f'runroute_backend_running{{backend="{r}"}}') or 0) == 0
+            for w in "ab"
+            for r in REPLICAS
+        ),
+        "the scrapes never saw the replicas idle",
+    )
     fake.update(base_ms=2000.0)
     try:
         with ThreadPoolExecutor(1) as ex:
             slow = ex.submit(c.step, "a", busy_run)
             deadline = time.monotonic() + 5
             while fake.server.running < 1:
-                assert time.monotonic() < deadline, "the slow request never reached its replica"
+                assert time.monotonic() < deadline, ("the slow request never reached its replica", slow)
                 time.sleep(0.01)
             wait_for(  # both routers' scrapes see it running, too
                 lambda: all(
