@@ -14,14 +14,17 @@ so serving is a few dot products in numpy (no scikit-learn at request time). :cl
 holds
 
 - a **prior**: per-domain base rates (``p_local``, ``p_frontier``) of the training runs, and the
-  pooled rates for a domain the bundle never saw; the benefit it gives is one constant per domain, so
+  pooled rates; the benefit it gives is one constant per domain, so
   the prior policy is the best simple baseline for the cost/quality knob ``value_of_success_usd``
   (all-local below the break-even value, all-frontier above);
 - a :class:`DomainBenefit` per domain with at least ``min_runs`` labelled runs; its ``mode`` is
   ``"model"`` only when its task-grouped CV evidence beat the prior by more than its confidence
   interval (``training.benefit``), else ``"prior"``; ``reason`` says why, in one line. A domain in
   prior mode runs its ``prior`` policy: the base rates above, or the escalation classifier where
-  that measured better on the training runs (:func:`training.benefit_job.choose_priors`).
+  that measured better on the training runs (:func:`training.benefit_job.choose_priors`). A domain
+  the bundle never saw (or a run without one) runs the global prior: the escalation classifier with
+  the thresholds calibrated to the target frontier share, so a new deployment's traffic (its domain
+  is a system-prompt hash) is not sent wholesale to one tier by pooled base rates.
 
 :meth:`BenefitModel.predict` answers for one step: ``(p_local, p_frontier, mode, reason)``.
 """
@@ -35,7 +38,7 @@ import numpy as np
 
 __all__ = ["LogitHead", "DomainBenefit", "BenefitModel", "UNSEEN_REASON"]
 
-UNSEEN_REASON = "domain not in the training data: the prior (pooled base rates)"
+UNSEEN_REASON = "domain not in the training data: the global prior (the escalation classifier)"
 
 
 @dataclass
@@ -129,7 +132,9 @@ class BenefitModel:
         """False when the domain's prior policy is the escalation classifier (the router then
         routes on ``p_frontier`` alone)."""
         d = self.domains.get(domain) if domain is not None else None
-        return d is None or d.mode == "model" or d.prior != "escalation"
+        if d is None:  # no domain, or one never trained on: the classifier and its calibrated share
+            return False
+        return d.mode == "model" or d.prior != "escalation"
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """``{domain: {mode, reason, n_runs, p_local, p_frontier}}`` (manifest, ``GET /v1/runs``)."""

@@ -155,7 +155,7 @@ def test_a_domain_without_evidence_runs_the_prior():
     up_hard = np.subtract(*model.predict(x, hard, "airline")[1::-1])
     up_easy = np.subtract(*model.predict(x, easy, "airline")[1::-1])
     assert up_hard > up_easy
-    # a domain the bundle never saw: the pooled prior
+    # a domain the bundle never saw: the prior
     assert model.predict(x, hard, "banking")[2:] == ("prior", UNSEEN_REASON)
 
 
@@ -395,7 +395,9 @@ def test_prior_policy_is_the_escalation_classifier_only_where_it_measured_better
     assert got["telecom"]["prior"] == "base-rates"
     assert "prior policy: the escalation classifier" in model.domains["retail"].reason
     # the router then routes on P(needs frontier) alone there (no uplift), and on the uplift elsewhere
-    assert not model.uses_uplift("retail") and model.uses_uplift("telecom") and model.uses_uplift("banking")
+    assert not model.uses_uplift("retail") and model.uses_uplift("telecom")
+    # a domain never trained on runs the global prior: the escalation classifier, like a run without one
+    assert not model.uses_uplift("banking") and not model.uses_uplift(None)
 
 
 def test_a_domain_model_that_does_not_beat_its_prior_policy_is_demoted():

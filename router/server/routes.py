@@ -280,24 +280,30 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             }
         )
 
+    async def owned_run(run_id: str, request: Request) -> tuple[str, Response | None]:
+        """``(clean run id, None)`` when the caller may act on a run this router or the store
+        knows; else the response to send (the auth error, or 404 for an unknown or foreign run)."""
+        try:
+            caller = proxy.check_auth(request)
+        except ProxyError as e:
+            return run_id, error_response(e.status, e.code, e.message)
+        run_id = clean_id(run_id)
+        h = proxy.runs.get(run_id)
+        state = await st.get(run_id)
+        owner = state.owner if state is not None else (h.owner if h is not None else None)
+        if (h is None and state is None) or not access.owns(owner, caller):
+            return run_id, not_found(run_id)
+        return run_id, None
+
     @app.post(
         "/v1/runs/{run_id}/end",
         responses=error_responses(400, 401, 404, 422),
         openapi_extra=request_body(RunEndRequest, required=False),
     )
     async def end_run(run_id: str, request: Request) -> Response:
-        try:
-            caller = proxy.check_auth(request)
-        except ProxyError as e:
-            return error_response(e.status, e.code, e.message)
-        run_id = clean_id(run_id)
-        h = proxy.runs.get(run_id)
-        state = await st.get(run_id)
-        owner = state.owner if state is not None else (h.owner if h is not None else None)
-        if not access.owns(owner, caller):
-            return not_found(run_id)
-        if h is None and state is None:
-            return not_found(run_id)
+        run_id, refused = await owned_run(run_id, request)
+        if refused is not None:
+            return refused
         raw = await request.body()
         try:
             body = orjson.loads(raw) if raw.strip() else {}
@@ -322,16 +328,9 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         openapi_extra=request_body(RunSignalRequest),
     )
     async def signal_run(run_id: str, request: Request) -> Response:
-        try:
-            caller = proxy.check_auth(request)
-        except ProxyError as e:
-            return error_response(e.status, e.code, e.message)
-        run_id = clean_id(run_id)
-        h = proxy.runs.get(run_id)
-        state = await st.get(run_id)
-        owner = state.owner if state is not None else (h.owner if h is not None else None)
-        if (h is None and state is None) or not access.owns(owner, caller):
-            return not_found(run_id)
+        run_id, refused = await owned_run(run_id, request)
+        if refused is not None:
+            return refused
         raw = await request.body()
         kind, err = parse_signal(raw)
         if err is not None:
