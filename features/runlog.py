@@ -180,11 +180,6 @@ def _frame_to_jsonl_bytes(df: pd.DataFrame) -> bytes:
     return bytes(out)
 
 
-# Parquet row groups of at most this many rows: a partitioned reader (``runroute train --dask``)
-# cannot split a row group, so a 1M-row group became one task's ~1M pandas rows on one worker
-ROW_GROUP_ROWS = 131_072
-
-
 def write_frame(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
     """Write a run-log frame to Parquet (``.parquet``) or JSONL (``.jsonl``), atomically."""
     p = Path(path)
@@ -193,9 +188,7 @@ def write_frame(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
         _atomic_write(p, lambda tmp: Path(tmp).write_bytes(data))
     elif p.suffix == ".parquet":
         table = _to_table(df)
-        _atomic_write(
-            p, lambda tmp: pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_ROWS)
-        )
+        _atomic_write(p, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
     else:
         raise RunLogError(f"{p}: unknown run-log format (use .parquet or .jsonl)")
     return p
