@@ -82,9 +82,7 @@ class DemoConfig(BaseModel):
     live: LiveSettings = Field(default_factory=LiveSettings, description="the live sidecar segment")
     loop: LoopStage = Field(default_factory=lambda: LoopStage(), description="the learning-loop stage")
     limit_tau2_tasks: int | None = Field(default=None, description="tests: use only this many tau2 tasks")
-    limit_taubench_runs: int | None = Field(
-        default=None, description="tests: use only this many tau-bench runs"
-    )
+    limit_taubench_runs: int | None = Field(default=None, description="tests: cap the tau-bench runs")
 
 
 def _train(cfg: DemoConfig, out: Path, data: Path, say: Any) -> Any:
@@ -153,8 +151,7 @@ def run_demo(cfg: DemoConfig, console: Any = None) -> dict[str, Any]:
     from training.eval.scorecard import PriceTable, Scorecard, Skipped
     from training.eval.split import split_by_task
 
-    # 160 columns when not a terminal (pipes, CI logs): rich's default 80 wraps every table cell
-    con = console or Console(width=None if Console().is_terminal else 160)
+    con = console or Console(width=None if Console().is_terminal else 160)  # 80 wraps table cells
     t0, out, timings = time.perf_counter(), cfg.out.resolve(), dict[str, float]()
     out.mkdir(parents=True, exist_ok=True)
     names = [
