@@ -60,8 +60,14 @@ class EngineMoves:
         plan.decision = d
         plan.flapped = True
         apply_decision(run, d, plan.step)
+        self._recharge(plan, run, b)
+        plan.cache_start = self._reading(b.name) if b.tier == "local" and self.cache_lags else None
+        return d
+
+    def _recharge(self, plan: StepPlan, run: RunState, b: Any) -> None:
+        """The step moved to ``b``: the first attempt's traffic charge is undone (it served nothing)
+        and ``b`` is charged afresh."""
         if self.traffic is not None and plan.traffic_token is not None:
-            # the failed attempt served nothing: undo its charge; the new backend is charged afresh
             self.traffic.step_finished(plan.traffic_token, None, 0, 0, 0, False)
             plan.traffic_token = self.traffic.step_started(
                 b.name if b.tier == "local" else None,
@@ -70,8 +76,6 @@ class EngineMoves:
                 plan.predictions.cache_reuse_tokens,
                 plan.predictions,
             )
-        plan.cache_start = self._reading(b.name) if b.tier == "local" and self.cache_lags else None
-        return d
 
     # ------------------------------------------------------------------ 9: races, unserved starts
     def adopt(self, plan: StepPlan, run: RunState, winner: RunState) -> bool:
@@ -102,15 +106,7 @@ class EngineMoves:
         if b is None:
             return give_back
         plan.decision = Decision(tier=b.tier, backend=b.name, model=b.model, reason="pin-race")
-        if self.traffic is not None and plan.traffic_token is not None:
-            self.traffic.step_finished(plan.traffic_token, None, 0, 0, 0, False)
-            plan.traffic_token = self.traffic.step_started(
-                b.name if b.tier == "local" else None,
-                run.run_id,
-                plan.request.prompt_tokens,
-                plan.predictions.cache_reuse_tokens,
-                plan.predictions,
-            )
+        self._recharge(plan, run, b)
         plan.cache_start = self._reading(b.name) if b.tier == "local" else None
         return give_back
 
