@@ -115,17 +115,8 @@ class LiveAdmission(BackgroundTask):
                 self.load.touch(run_id)
         return n
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.sweep_s)
-            try:
-                await self.sweep_once()
-            except Exception:  # noqa: BLE001 - a store hiccup must not kill the sweeper
-                log.exception("admission sweep failed")
-
     def start(self) -> None:
-        if self.sweep_s > 0:
-            self._start_task(self._loop)
+        self._start_periodic(self.sweep_s, self.sweep_once, log, "admission sweep")
 
     # ------------------------------------------------------------------ capacity
     async def capacity(self, scraped: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -226,14 +225,5 @@ class RunLifecycle(BackgroundTask):
         self.ended_idle += n
         return n
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.sweep_s)
-            try:
-                await self.sweep_once()
-            except Exception:  # noqa: BLE001 - a store hiccup must not kill the sweeper
-                log.exception("idle-run sweep failed")
-
     def start(self) -> None:
-        if self.sweep_s > 0:
-            self._start_task(self._loop)
+        self._start_periodic(self.sweep_s, self.sweep_once, log, "idle-run sweep")
