@@ -8,22 +8,18 @@ Module-scoped: each module that asks for one gets its own private redis-server /
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
-import yaml
 from multi_router_support import (
     FAKE_BASE_MS,
     REDIS_BIN,
     Cluster,
     RedisProc,
-    RouterProc,
     free_port,
-    router_config,
+    running_cluster,
 )
 from protocol_support import running_sidecar, sidecar_settings
 
@@ -71,21 +67,8 @@ def bundle_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, redis_proc, fakes, bundle_dir) -> Iterator[Cluster]:
-    tmp = tmp_path_factory.mktemp("routers")
-    cfg_path = tmp / "runroute.yaml"
-    cfg_path.write_text(yaml.safe_dump(router_config(tmp, fakes, bundle_dir, redis_proc.url)))
-    a = RouterProc("a", cfg_path, free_port(), tmp / "router-a.log")
-    b = RouterProc("b", cfg_path, free_port(), tmp / "router-b.log")
-    client = httpx.Client(timeout=10.0)
-    try:
-        with ThreadPoolExecutor(2) as ex:  # start both at once: start-up is mostly imports
-            for f in [ex.submit(a.start), ex.submit(b.start)]:
-                f.result()
-        yield Cluster(a, b, redis_proc, fakes, client)
-    finally:
-        client.close()
-        a.stop()
-        b.stop()
+    with running_cluster(tmp_path_factory.mktemp("routers"), redis_proc, fakes, bundle_dir) as c:
+        yield c
 
 
 @pytest.fixture
