@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_dask_sweeps import ROOT, _cli, strip_timings
+from test_dask_sweeps import ROOT, _cli, strip_timings, whatif_args
 
 PY = sys.executable
 DASK = Path(PY).parent / "dask"
@@ -127,22 +127,7 @@ def slow_workload(tmp_path_factory) -> Path:
 
 
 def _grid(runs: Path, out: Path) -> list[str]:
-    return [
-        "whatif",
-        "--runs",
-        str(runs),
-        "--replicas",
-        "1,2",
-        "--kv-cache-gb",
-        "8",
-        "--policy",
-        "always-local,session-sticky",
-        "--no-kv-double",
-        "--seed",
-        "1",
-        "--json",
-        str(out),
-    ]
+    return whatif_args(runs, out, "8", "1", "--no-kv-double")
 
 
 @pytest.fixture(scope="module")

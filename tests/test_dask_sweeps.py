@@ -44,29 +44,17 @@ def workload(tmp_path_factory) -> Path:
     return out
 
 
-def _whatif_args(runs: Path, out: Path) -> list[str]:
-    return [
-        "whatif",
-        "--runs",
-        str(runs),
-        "--replicas",
-        "1,2",
-        "--kv-cache-gb",
-        "4",
-        "--policy",
-        "always-local,session-sticky",
-        "--seed",
-        "5",
-        "--json",
-        str(out),
-    ]
+def whatif_args(runs: Path, out: Path, kv_gb: str = "4", seed: str = "5", *extra: str) -> list[str]:
+    """A small what-if grid (2 policies x replicas 1, 2 at ``kv_gb``) written to ``out``."""
+    grid = ["--replicas", "1,2", "--kv-cache-gb", kv_gb, "--policy", "always-local,session-sticky"]
+    return ["whatif", "--runs", str(runs), *grid, *extra, "--seed", seed, "--json", str(out)]
 
 
 def test_whatif_on_a_local_cluster_matches_the_serial_run(workload: Path, tmp_path: Path) -> None:
     serial, dask = tmp_path / "serial.json", tmp_path / "dask.json"
-    r1 = _cli(*_whatif_args(workload, serial))
+    r1 = _cli(*whatif_args(workload, serial))
     assert r1.returncode == 0, r1.stderr
-    r2 = _cli(*_whatif_args(workload, dask), "--dask", "local", "--workers", "2")
+    r2 = _cli(*whatif_args(workload, dask), "--dask", "local", "--workers", "2")
     assert r2.returncode == 0, r2.stderr
     said = r2.stdout + r2.stderr
     assert "LocalCluster with 2 workers" in said and "dashboard http://127.0.0.1:" in said
@@ -102,7 +90,7 @@ def test_without_dask_the_cli_never_imports_dask(workload: Path, tmp_path: Path)
 import sys
 from typer.testing import CliRunner
 from runroute.cli import _typer_app
-r = CliRunner().invoke(_typer_app, {_whatif_args(workload, tmp_path / "w.json")!r})
+r = CliRunner().invoke(_typer_app, {whatif_args(workload, tmp_path / "w.json")!r})
 assert r.exit_code == 0, r.output
 r = CliRunner().invoke(_typer_app, ["train", "--runs", {str(workload)!r}, "-o", {str(tmp_path / "b")!r},
                                     "--no-mlflow", "--no-eval"])
@@ -116,7 +104,7 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("dask", "distributed"
 
 
 def test_bad_dask_address_is_one_line(workload: Path, tmp_path: Path) -> None:
-    r = _cli(*_whatif_args(workload, tmp_path / "x.json"), "--dask", "nonsense")
+    r = _cli(*whatif_args(workload, tmp_path / "x.json"), "--dask", "nonsense")
     assert r.returncode == 2
     assert "--dask: expected 'local' or a scheduler address" in r.stderr
     assert "Traceback" not in r.stderr
