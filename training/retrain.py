@@ -68,11 +68,38 @@ class LogTrainConfig(BaseModel):
 
 
 def logs_have_propensities(paths: list[Path]) -> bool:
-    """True when every step record of the logs carries a propensity (router logs with exploration)."""
-    from features.runlog import read_runlog
+    """True when every step record of the logs carries a propensity (router logs with exploration).
+    Parquet logs are read for their ``record`` and ``propensity`` columns alone (a multi-GB log is
+    not read into this process before training reads it); a JSONL log is read whole."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
-    steps = read_runlog([str(p) for p in paths], quarantine=False).steps
-    return bool(len(steps)) and "propensity" in steps and bool(steps["propensity"].notna().all())
+    from features.runlog import read_runlog
+    from features.runmerge import list_runlog_files
+
+    def full_read() -> bool:  # JSONL, or a file pyarrow cannot open (the reader says why)
+        steps = read_runlog([str(p) for p in paths], quarantine=False).steps
+        return bool(len(steps)) and "propensity" in steps and bool(steps["propensity"].notna().all())
+
+    files = list_runlog_files([str(p) for p in paths])
+    if any(f.suffix != ".parquet" for f in files):
+        return full_read()
+    n = 0
+    for f in files:
+        try:
+            names = pq.ParquetFile(f).schema_arrow.names
+            cols = [c for c in ("record", "propensity") if c in names]
+            t = pq.read_table(f, columns=cols) if "record" in names else None
+        except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
+            return full_read()
+        if t is None:
+            continue
+        is_step = pc.equal(t["record"], "step")
+        k = int(pc.sum(is_step).as_py() or 0)
+        if k and ("propensity" not in names or t.filter(is_step)["propensity"].null_count):
+            return False
+        n += k
+    return n > 0
 
 
 def train_from_logs(cfg: LogTrainConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:

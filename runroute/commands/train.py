@@ -91,8 +91,7 @@ def register(app: typer.Typer) -> None:
         from training.retrain import LogTrainConfig, logs_have_propensities, train_from_logs
         from training.train import TrainConfig, run_training
 
-        # with --dask the check reads two columns, not the whole log into this process
-        if _light_propensity_check(runs) if dask is not None else logs_have_propensities(runs):
+        if logs_have_propensities(runs):  # reads two columns of a Parquet log, not the whole log
             if dask is not None:
                 raise CliError("--dask trains on run logs; router logs with propensities train serially")
             lcfg = LogTrainConfig(
@@ -204,29 +203,3 @@ def _train_dask(
             prog.update(task, completed=k, total=n, description=f"features: partition {k}/{n}")
 
         return train_on_dask(cfg, client, npartitions=partitions, progress=say, on_task=on_task)
-
-
-def _light_propensity_check(runs: list[Path]) -> bool:
-    """``training.retrain.logs_have_propensities`` on Parquet logs from the ``record`` and
-    ``propensity`` columns alone (a multi-GB log is not read into the client)."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from features.runmerge import list_runlog_files
-
-    n = 0
-    for f in list_runlog_files([str(p) for p in runs]):
-        if f.suffix != ".parquet":
-            from training.retrain import logs_have_propensities
-
-            return logs_have_propensities(runs)
-        names = pq.ParquetFile(f).schema_arrow.names
-        if "record" not in names:
-            continue
-        t = pq.read_table(f, columns=[c for c in ("record", "propensity") if c in names])
-        is_step = pc.equal(t["record"], "step")
-        k = int(pc.sum(is_step).as_py() or 0)
-        if k and ("propensity" not in names or t.filter(is_step)["propensity"].null_count):
-            return False
-        n += k
-    return n > 0
