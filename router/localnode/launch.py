@@ -62,8 +62,8 @@ class LocalNodeError(RuntimeError):
 
 
 def project_root() -> Path:
-    """The checkout this package lives in (the folder holding ``router/``)."""
-    return Path(__file__).resolve().parents[1]
+    """The checkout this package lives in (the folder holding ``router/`` and ``pyproject.toml``)."""
+    return Path(__file__).resolve().parents[2]
 
 
 def _has_vllm(python: str) -> bool:

@@ -35,6 +35,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from router.localnode.launch import project_root
+
 __all__ = ["TestModelSpec", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "default_corpus_files", "build_test_model"]
 
 MANIFEST_NAME = "runroute-testmodel.json"
@@ -107,13 +109,9 @@ class TestModelSpec:
             raise ValueError("dtype must be float32 or bfloat16")
 
 
-def _project_root() -> Path:
-    return Path(__file__).resolve().parents[1]
-
-
 def default_corpus_files(root: Path | None = None) -> list[Path]:
     """The project's Markdown files and its packages' Python sources, sorted."""
-    root = root or _project_root()
+    root = root or project_root()
     files = sorted(p for p in root.glob("*.md") if p.is_file())
     for pkg in ("runroute", "features", "models", "router", "training", "bench", "docs"):
         d = root / pkg
