@@ -74,7 +74,7 @@ def read_request(
         raise ProxyError(400, "invalid_json", f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise ProxyError(422, "body_not_object", "request body must be a JSON object")
-    check_depth(raw, body, max_depth)
+    check_depth(body, max_depth)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
         raise ProxyError(422, "invalid_messages", "'messages' must be a non-empty list of message objects")

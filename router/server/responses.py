@@ -176,7 +176,7 @@ class ResponsesAdapter:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise ProxyError(400, "invalid_json", f"request body is not valid JSON: {e}") from None
-        check_depth(raw, body, max_depth)
+        check_depth(body, max_depth)
         validate(body)
         requested, alias = resolve_model(body.get("model"), models, aliases)
         return ClientRequest("responses", raw, body, requested, body.get("stream", False), model_alias=alias)

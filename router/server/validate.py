@@ -9,8 +9,8 @@ router does not read pass through untouched (the upstream validates them).
 Checks (each raises ``ProxyError(422, code, message)``; ``param`` names the field):
 
 - :func:`check_depth` (``body_too_deep``): no list/object nested deeper than ``max_depth``.
-  Cost: one C-speed count of ``[`` and ``{`` in the raw bytes; only a body with more brackets than
-  ``max_depth`` is walked (iteratively, containers only).
+  Cost: one level-by-level walk over the containers (0.05 ms for a 200 KB agent body; counting
+  brackets in the raw bytes first, to skip the walk, cost twice the walk on such bodies).
 - :func:`check_stream_options` (``invalid_stream_options``): absent/null or an object whose
   ``include_usage`` is absent/null or a boolean.
 - :func:`check_messages` (``invalid_messages``): each message's ``role`` is one of
@@ -53,6 +53,7 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 METADATA_KEY_MAX = 64
 METADATA_VALUE_MAX = 512
 DEFAULT_MAX_DEPTH = 64
+_CONTAINERS = (dict, list)
 
 
 def _bad(code: str, message: str) -> ProxyError:
@@ -63,24 +64,21 @@ def json_depth(obj: Any, limit: int) -> int:
     """Nesting depth of lists/objects in ``obj`` (a scalar is 0), counted up to ``limit + 1``."""
     if not isinstance(obj, (dict, list)):
         return 0
-    deepest = 1
-    stack: list[tuple[Any, int]] = [(obj, 1)]
-    while stack:
-        node, d = stack.pop()
-        if d > deepest:
-            deepest = d
-            if d > limit:
-                return d
-        for v in node.values() if isinstance(node, dict) else node:
-            if isinstance(v, (dict, list)):
-                stack.append((v, d + 1))
-    return deepest
+    level: list[Any] = [obj]
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return depth
+        deeper: list[Any] = []
+        for node in level:
+            deeper += [v for v in (node.values() if type(node) is dict else node) if type(v) in _CONTAINERS]
+        level = deeper
+    return depth
 
 
-def check_depth(raw: bytes, body: Any, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+def check_depth(body: Any, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
     """Refuse a body nested deeper than ``max_depth`` (module docstring)."""
-    if raw.count(b"[") + raw.count(b"{") <= max_depth:
-        return
     if json_depth(body, max_depth) > max_depth:
         raise _bad("body_too_deep", f"request body is nested deeper than {max_depth} levels")
 
