@@ -265,6 +265,28 @@ def test_task_embedder_bounds_and_failures():
     ok.close()
 
 
+def test_the_embedding_worker_runs_at_a_lower_priority_than_the_event_loop():
+    """``context.embed_nice`` raises the worker thread's niceness, not the caller's (Linux: a
+    per-thread attribute), so a busy core serves steps before embeddings; 0 leaves it as is."""
+    import os
+    import threading
+
+    from router.server.runcontext import RunContextSettings, TaskEmbedder
+
+    def here() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base = here()
+    for nice, want in ((10, min(19, base + 10)), (0, base)):
+        emb = TaskEmbedder(
+            RunContextSettings(embed_nice=nice, embed_max_per_s=0), embed_fn=lambda t: [here()]
+        )
+        fut = emb.start("a task")
+        assert fut is not None and fut.result(timeout=5) == want
+        emb.close()
+    assert here() == base  # the calling thread (the event loop's, in the sidecar) is untouched
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.floats(0, 1), min_size=1, max_size=25),

@@ -35,10 +35,13 @@ per second (a token bucket: ~20 ms of CPU each, so at most ~0.2 core however man
 benchmark of one-step runs at 200 new runs/s paid 6 ms of CPU per request without it); a run over
 either bound gets none (``TaskEmbedder.dropped``), and a first step that finds another embedding
 still queued does not wait (its vector could not be ready in time). The model's weights are loaded in the background at
-start-up (``warm``), so the first run does not pay for them.
+start-up (``warm``), so the first run does not pay for them. The worker runs at a lower CPU
+priority (``context.embed_nice``, +10 niceness: on Linux the thread's own, the event loop's thread
+keeps its priority): on a saturated core the kernel gives the serving thread the CPU and the
+embedding waits; its queue and rate bounds above stay the backstop.
 
 Knobs (``context.*``): ``embed`` (``auto``: on when ``features.embed.available()``; ``on``; ``off``),
-``embed_executor`` (``process`` | ``thread``), ``embed_wait_ms``, ``embed_queue``, ``embed_max_per_s``, ``tenant_domains``, ``agent_domains``, ``domain_header``,
+``embed_executor`` (``process`` | ``thread``), ``embed_nice``, ``embed_wait_ms``, ``embed_queue``, ``embed_max_per_s``, ``tenant_domains``, ``agent_domains``, ``domain_header``,
 ``agent_header``.
 """
 
@@ -47,7 +50,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import re
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -55,7 +60,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RunContextSettings", "resolve_domain", "clean_domain", "TaskEmbedder", "RunContext"]
+__all__ = [
+    "RunContextSettings",
+    "resolve_domain",
+    "clean_domain",
+    "lower_priority",
+    "TaskEmbedder",
+    "RunContext",
+]
 
 log = logging.getLogger("runroute.context")
 
@@ -72,6 +84,7 @@ class RunContextSettings(BaseModel):
     embed_wait_ms: float = Field(default=15.0, ge=0, le=1000)
     embed_queue: int = Field(default=64, ge=1)
     embed_max_per_s: float = Field(default=10.0, ge=0)  # new-run embeddings per second (0 = no cap)
+    embed_nice: int = Field(default=10, ge=0, le=19)  # niceness added to the embedding worker
     domain_header: str = "x-runroute-domain"
     agent_header: str = "x-runroute-agent"
     tenant_domains: dict[str, str] = Field(default_factory=dict)
@@ -119,10 +132,26 @@ def resolve_domain(
     return None, "none"
 
 
-def _load_model() -> None:
-    """Worker-process initialiser: load the model's weights once."""
+def lower_priority(nice: int) -> int:
+    """Add ``nice`` to the calling thread's niceness (Linux: niceness is per thread, so the event
+    loop's thread keeps its own); returns the niceness now, or -1 where it cannot be set."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return -1
+    try:
+        tid = threading.get_native_id()
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError as e:  # pragma: no cover - a sandbox that forbids it: serve on as is
+        log.warning("task embedding: could not lower the worker's priority: %s", e)
+        return -1
+
+
+def _load_model(nice: int = 0) -> None:
+    """Worker-process initialiser: lower its priority, load the model's weights once."""
     from features.embed import get_embedder
 
+    lower_priority(nice)
     get_embedder().load()
 
 
@@ -145,6 +174,7 @@ class TaskEmbedder:
     def __init__(self, cfg: RunContextSettings, embed_fn: Any = None):
         self.wait_s = cfg.embed_wait_ms / 1000.0
         self.queue_max = cfg.embed_queue
+        self.nice = cfg.embed_nice
         self.rate = cfg.embed_max_per_s
         self._tokens = max(1.0, self.rate)  # the token bucket (burst: one second's worth)
         self._refilled = time.monotonic()
@@ -205,10 +235,18 @@ class TaskEmbedder:
                 import multiprocessing
 
                 self._pool = ProcessPoolExecutor(
-                    max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_load_model
+                    max_workers=1,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_load_model,
+                    initargs=(self.nice,),
                 )
             else:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runroute-embed")
+                self._pool = ThreadPoolExecutor(
+                    max_workers=1,
+                    thread_name_prefix="runroute-embed",
+                    initializer=lower_priority,
+                    initargs=(self.nice,),
+                )
         return self._pool
 
     def _submit(self, fn: Any, *args: Any) -> Future[Any] | None:
