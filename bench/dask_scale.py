@@ -1,7 +1,8 @@
 """Scale benchmark of issue 19: training and a what-if grid, serial vs ``--dask local --workers 2``.
 
 For each size in ``--steps`` (default 1M; 5M and 10M on request) it generates a synthetic run log
-with ``runroute generate`` (Parquet; runs = steps / the generator's mean steps per run), then runs
+with ``runroute generate`` (Parquet; runs = steps / the generator's mean steps per run; above 2M
+steps a folder of 2M-step files with seeds 0, 1, ..., so the generator's memory stays bounded), then runs
 ``runroute train`` serially and with ``--dask local --workers N`` (each a subprocess), and the
 what-if grid of 16 points (2 policies x 4 replica counts x 2 KV sizes) both ways. Every command is
 timed (wall) and its process tree sampled with psutil every ``--sample-s`` seconds: peak RSS of the
@@ -107,12 +108,28 @@ def cli(*args: str) -> list[str]:
     return [PY, "-m", "runroute", *args]
 
 
+CHUNK_STEPS = 2_000_000  # steps per generated file: the generator holds ~2.7 GB per 1M steps
+
+
 def generate(steps: int, data: Path) -> Path:
-    out = data / f"steps-{steps}.parquet"
-    if not out.exists():
-        runs = max(1, int(round(steps / STEPS_PER_RUN)))
+    """A synthetic log of ``steps`` steps: one file (seed 0) up to :data:`CHUNK_STEPS`, else a
+    folder of files of at most that many steps each (seeds 0, 1, ...; run ids ``gen<seed>-<i>`` never
+    collide), which ``runroute train --runs`` reads as one log; the generator's memory stays that of
+    one chunk."""
+    runs = max(1, int(round(steps / STEPS_PER_RUN)))
+    if steps <= CHUNK_STEPS:
+        out = data / f"steps-{steps}.parquet"
+        parts = [(out, runs, 0)]
+    else:
+        out = data / f"steps-{steps}"
+        k = -(-steps // CHUNK_STEPS)
+        parts = [(out / f"part-{i:03d}.parquet", runs // k + (i < runs % k), i) for i in range(k)]
+    for path, n_runs, seed in parts:
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
         r = subprocess.run(
-            cli("generate", "-o", str(out), "--runs", str(runs), "--seed", "0"),
+            cli("generate", "-o", str(path), "--runs", str(n_runs), "--seed", str(seed)),
             cwd=ROOT,
             capture_output=True,
             text=True,
