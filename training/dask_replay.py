@@ -1,18 +1,12 @@
 """The prefix-cache replay of a Dask training job (:mod:`training.dask_train`, step 3), compact.
 
-The replay behind the cache-reuse labels and the ``local_cache_pressure`` feature runs the steps of
-one source on one replica (a run's replica is a hash of its id) through one cache in arrival order,
-so each (source, replica) cache is one task over the whole log's steps of that pair; the pairs are
-independent and run side by side on the workers. To keep each task's memory near the size of its
-data, every partition packs its replay columns where its steps are and splits them by pair
-(:func:`pack_replay_groups`: the scalar columns, and the block-hash chains as one int64 array +
-offsets, :class:`FlatChains`, instead of a Python object per step); a pair's task
-(:func:`replay_group`) joins its packs in the serial row order (every step by run, then step) and
-calls the serial :func:`training.dataset.replay_cache_labels` with the packed chains. The
-synthetic-label cap spans all pairs: each task counts what the cap reads
-(:func:`training.dataset.synthetic_label_counts`), the client turns the counts into one cutoff
-(:func:`cap_cutoff`), and each partition's labels are put together and capped where they are
-(:func:`assemble`). The result equals the serial replay row for row. No knobs.
+The replay behind the cache-reuse labels and the ``local_cache_pressure`` feature runs every step of
+a source through one cache in arrival order, so it is one task over the whole log. To keep that
+task's memory near the size of the data, each partition packs its replay columns where its steps
+are (:func:`pack_replay_input`: the scalar columns, and the block-hash chains as one int64 array + offsets,
+:class:`FlatChains`, instead of a Python object per step); the task joins the packs in the serial
+row order (every step by run, then step) and calls the serial
+:func:`training.dataset.replay_cache_labels` with the packed chains. No knobs.
 """
 
 from __future__ import annotations
@@ -23,17 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = [
-    "FlatChains",
-    "REPLAY_COLS",
-    "pack_replay_input",
-    "replay_packed",
-    "replay_keys",
-    "pack_replay_groups",
-    "replay_group",
-    "cap_cutoff",
-    "assemble",
-]
+__all__ = ["FlatChains", "REPLAY_COLS", "pack_replay_input", "replay_packed"]
 
 REPLAY_COLS = (
     "run_id",
@@ -72,10 +56,6 @@ class FlatChains:
         )
         return cls(flat, np.concatenate([[0], np.cumsum(lens)]), present)
 
-    def take(self, idx: np.ndarray) -> FlatChains:
-        """The chains of rows ``idx``, in that order."""
-        return FlatChains.join([self], idx)
-
     @classmethod
     def join(cls, parts: list[FlatChains], order: np.ndarray) -> FlatChains:
         """The chains of ``parts`` end to end, then rows taken in ``order``."""
@@ -101,7 +81,6 @@ def replay_packed(
     run_src: dict[str, str],
     capacity: int | None,
     block: int,
-    cap_synthetic: bool = True,
     **deployment: Any,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """The cache replay over all partitions' steps at once (step 3), in the serial row order (all
@@ -120,7 +99,6 @@ def replay_packed(
         capacity,
         block,
         hash_chains=chains,
-        cap_synthetic=cap_synthetic,
         **deployment,
     )
     y, pr = np.empty_like(y_o), np.empty_like(pr_o)
@@ -130,96 +108,3 @@ def replay_packed(
         out.append((y[lo : lo + n], pr[lo : lo + n]))
         lo += n
     return out
-
-
-Key = tuple[str, int]  # (source, replica)
-Piece = tuple[np.ndarray, pd.DataFrame, FlatChains]  # rows of one partition: positions, columns, chains
-
-
-def _keys_of(frame: pd.DataFrame, run_src: dict[str, str], replicas: int) -> tuple[np.ndarray, np.ndarray]:
-    from training.dataset import replica_of
-
-    run_ids = frame["run_id"].astype(str).tolist()
-    return np.array([run_src.get(r, "") for r in run_ids], dtype=object), replica_of(run_ids, replicas)
-
-
-def replay_keys(run_src: dict[str, str], replicas: int) -> list[Key]:
-    """Every (source, replica) cache a log's steps can replay through ("" = a run without a record)."""
-    return [(s, r) for s in sorted({*run_src.values(), ""}) for r in range(max(1, replicas))]
-
-
-def pack_replay_groups(steps: pd.DataFrame, run_src: dict[str, str], replicas: int) -> dict[Key, Piece]:
-    """One partition's replay input, compact and split by (source, replica)."""
-    frame, chains = pack_replay_input(steps)
-    src, rep = _keys_of(frame, run_src, replicas)
-    out: dict[Key, Piece] = {}
-    for key in sorted({(str(a), int(b)) for a, b in zip(src, rep, strict=True)}):
-        idx = np.flatnonzero((src == key[0]) & (rep == key[1]))
-        out[key] = (idx, frame.iloc[idx].reset_index(drop=True), chains.take(idx))
-    return out
-
-
-def replay_group(
-    packs: list[dict[Key, Piece]],
-    key: Key,
-    run_src: dict[str, str],
-    capacity: int | None,
-    block: int,
-    **deployment: Any,
-) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray] | None], int, pd.Series]:
-    """The replay of one (source, replica) cache over every partition's rows of it: per partition
-    (positions, cached-token labels, pressure) or None, and what the synthetic-label cap counts."""
-    from training.dataset import SYNTHETIC_SOURCES, synthetic_label_counts
-
-    have = [i for i, p in enumerate(packs) if key in p]
-    out: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * len(packs)
-    if not have:  # no step of the log replays through this cache
-        return out, 0, pd.Series(dtype=np.int64)
-    res = replay_packed(
-        [(packs[i][key][1], packs[i][key][2]) for i in have],
-        run_src,
-        capacity,
-        block,
-        cap_synthetic=False,
-        **deployment,
-    )
-    ys, rids = [], []
-    for i, (y, pr) in zip(have, res, strict=True):
-        out[i] = (packs[i][key][0], y, pr)
-        ys.append(y)
-        rids.append(packs[i][key][1]["run_id"].astype(str).to_numpy())
-    y_all, r_all = np.concatenate(ys), np.concatenate(rids)
-    n_real, per_run = synthetic_label_counts(
-        y_all, np.full(len(y_all), key[0], dtype=object), r_all, SYNTHETIC_SOURCES
-    )
-    return out, n_real, per_run
-
-
-def cap_cutoff(groups: list[tuple[int, pd.Series]], share: float = 1.0) -> tuple[int, str] | None:
-    """The synthetic-label cap's cutoff over every (source, replica) task's counts."""
-    from training.dataset import synthetic_cap_cutoff
-
-    per_run = [p for _, p in groups if len(p)]
-    merged = pd.concat(per_run).groupby(level=0).sum() if per_run else pd.Series(dtype=np.int64)
-    return synthetic_cap_cutoff(sum(n for n, _ in groups), merged, share)
-
-
-def assemble(
-    n: int,
-    run_ids: np.ndarray,
-    pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None],
-    sources: list[str],
-    cutoff: tuple[int, str] | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """One partition's ``(y_cache, local_cache_pressure)`` from its pieces of every task (``sources``:
-    each piece's source), capped like the serial replay."""
-    from training.dataset import SYNTHETIC_SOURCES, apply_synthetic_cap
-
-    y, pr = np.full(n, np.nan), np.full(n, np.nan)
-    src = np.full(n, "", dtype=object)
-    for piece, s in zip(pieces, sources, strict=True):
-        if piece is not None:
-            idx, yy, pp = piece
-            y[idx], pr[idx], src[idx] = yy, pp, s
-    apply_synthetic_cap(y, src, np.asarray(run_ids, dtype=object), SYNTHETIC_SOURCES, cutoff)
-    return y, pr

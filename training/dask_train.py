@@ -11,10 +11,9 @@ Algorithm (:func:`train_on_dask`):
 2. The run records (small: one per run) come to the client, where the ``WEAK=STRONG`` pairings apply
    (they pair runs across tasks, so they need all runs) and go back to every worker once.
 3. The prefix-cache replay behind the cache-reuse labels and the ``local_cache_pressure`` feature
-   spans all runs of one (source, replica) cache in arrival order, so it is one task per pair
-   (:mod:`training.dask_replay`: the serial :func:`training.dataset.replay_cache_labels` over the
-   few columns it reads, packed by pair where the steps are); the pairs run side by side, the
-   synthetic-label cap is applied over all of them, and each partition gets its slice.
+   spans all runs of a source in arrival order (one cache), so it is ONE task
+   (:func:`training.dataset.replay_cache_labels`, the serial code) over the few columns it reads;
+   it returns each partition's slice.
 4. Per partition, :func:`training.dataset.build_dataset` (the one feature code path:
    ``features.extract.iter_frame_prefixes`` + ``extract``) with those cache labels, plus the held-out
    flag (:func:`training.train.holdout_mask`, a stable hash of the group): the rows stay on the workers.
@@ -48,7 +47,7 @@ import pandas as pd
 from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES
 from features.logged import STEP_COLUMNS
 from training.config import TrainConfig, TrainResult
-from training.dask_replay import assemble, cap_cutoff, pack_replay_groups, replay_group, replay_keys
+from training.dask_replay import pack_replay_input, replay_packed
 from training.dataset import Dataset
 
 __all__ = ["train_on_dask", "read_partitioned", "PartitionedDataset"]
@@ -94,7 +93,9 @@ class PartitionedDataset(Dataset):
 
 
 def read_partitioned(files: list[Any], npartitions: int, shuffle_method: str = "p2p") -> Any:
-    """The run logs as a dask DataFrame whose partitions each hold whole runs (shuffled on run_id)."""
+    """The run logs as a dask DataFrame whose partitions each hold whole runs (shuffled on run_id).
+    Read one Parquet row group per task (runroute writes 131,072-row groups): a task that read a
+    pyarrow-default million-row group held 3.4 GB on one worker before the shuffle."""
     import dask
     import dask.dataframe as dd
 
@@ -145,18 +146,8 @@ def _to_client(client: Any, ddf: Any) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else ddf._meta.reset_index(drop=True)
 
 
-def _piece(group: tuple[list[Any], int, pd.Series], i: int) -> Any:
-    """Partition ``i``'s piece of one (source, replica) replay (small: positions and labels)."""
-    return group[0][i]
-
-
-def _counts(group: tuple[list[Any], int, pd.Series]) -> tuple[int, pd.Series]:
-    """What the synthetic-label cap counts in one (source, replica) replay."""
-    return group[1], group[2]
-
-
-def _assembled(steps: pd.DataFrame, pieces: list[Any], sources: list[str], cutoff: Any) -> Any:
-    return assemble(len(steps), steps["run_id"].astype(str).to_numpy(), pieces, sources, cutoff)
+def _pick(xs: list[Any], i: int) -> Any:
+    return xs[i]
 
 
 def _rows(
@@ -302,47 +293,26 @@ def train_on_dask(
     run_src = dict(zip(runs["run_id"].astype(str), runs["source"].astype(str), strict=True))
     t = lap("read_s", t0)
 
-    keys = replay_keys(run_src, cfg.cache_replicas)
-    say(
-        f"building features on the workers ({len(runs)} runs; cache replay as {len(keys)} (source, replica) tasks)"
-    )
+    say(f"building features on the workers ({len(runs)} runs; cache replay as one task)")
     runs_f = client.submit(_identity, runs, pure=False)  # a task: recomputed if its worker dies
-    src_f = client.submit(_identity, run_src, pure=False)
     steps = [dask.delayed(_steps_of)(c) for c in cleaned]
-    packs = [
-        dask.delayed(pack_replay_groups)(s, src_f, cfg.cache_replicas) for s in steps
-    ]  # where the steps are
-    deployment = dict(replicas=cfg.cache_replicas, node_gpu=cfg.node_gpu, kv_cache_gb=cfg.kv_cache_gb)
-    groups = [
-        dask.delayed(replay_group)(packs, k, src_f, cfg.cache_capacity_blocks, cfg.block_tokens, **deployment)
-        for k in keys
-    ]
-    cutoff = dask.delayed(cap_cutoff)([dask.delayed(_counts)(g) for g in groups])
-    sources = [k[0] for k in keys]
-    parts = [
-        dask.delayed(_rows)(
-            s,
-            runs_f,
-            dask.delayed(_assembled)(s, [dask.delayed(_piece)(g, i) for g in groups], sources, cutoff),
-            cfg,
-        )
-        for i, s in enumerate(steps)
-    ]
+    packs = [dask.delayed(pack_replay_input)(s) for s in steps]  # packed where the steps are
+    replay = dask.delayed(replay_packed)(
+        packs,
+        run_src,
+        cfg.cache_capacity_blocks,
+        cfg.block_tokens,
+        replicas=cfg.cache_replicas,
+        node_gpu=cfg.node_gpu,
+        kv_cache_gb=cfg.kv_cache_gb,
+    )
+    parts = [dask.delayed(_rows)(s, runs_f, dask.delayed(_pick)(replay, i), cfg) for i, s in enumerate(steps)]
     rows = dd.from_delayed(parts, meta=_empty_rows(), verify_meta=False).persist()
     futs = futures_of(rows)
     for k, _ in enumerate(as_completed(futs), 1):
         if on_task is not None:
             on_task(k, len(futs))
-    del (
-        runs_f,
-        src_f,
-        cleaned,
-        steps,
-        packs,
-        groups,
-        cutoff,
-        parts,
-    )  # the validated log leaves the workers: rows stay
+    del runs_f, cleaned, steps, packs, replay, parts  # the validated log leaves the workers: rows stay
     n = int(len(rows))
     if n == 0:
         raise ValueError("the run logs hold no step records: nothing to train on")

@@ -89,11 +89,7 @@ __all__ = [
     "masked_features",
     "MISSING_MIN_ROWS",
     "replay_cache_labels",
-    "replica_of",
     "source_missing_shares",
-    "synthetic_label_counts",
-    "synthetic_cap_cutoff",
-    "apply_synthetic_cap",
     "SYNTHETIC_SOURCES",
 ]
 
@@ -202,8 +198,7 @@ def node_cache_blocks(
     return SimConfig(profile=prof, kv_cache_gb=kv_cache_gb, block_tokens=block_tokens).kv_blocks()
 
 
-def replica_of(run_ids: list[str], replicas: int) -> np.ndarray:
-    """The replica (0..replicas-1) whose cache a run's steps replay through: a hash of its id."""
+def _replica_of(run_ids: list[str], replicas: int) -> np.ndarray:
     if replicas <= 1:
         return np.zeros(len(run_ids), dtype=np.int64)
     return np.array([zlib.crc32(r.encode()) % replicas for r in run_ids], dtype=np.int64)
@@ -236,57 +231,27 @@ def missingness_masked(
     return masked_features(source_missing_shares(X, source, min_rows), tol)
 
 
-def _run_key(r: Any) -> tuple[int, str]:
-    return zlib.crc32(str(r).encode()), str(r)
-
-
-def synthetic_label_counts(
-    y: np.ndarray, src: np.ndarray, run_ids: np.ndarray, synthetic_sources: tuple[str, ...]
-) -> tuple[int, pd.Series]:
-    """What the synthetic-label cap counts: real labelled steps, and labelled steps per synthetic run."""
-    synthetic = np.isin(src, list(synthetic_sources))
-    n_real = int((~np.isnan(y) & ~synthetic).sum())
-    lab = synthetic & ~np.isnan(y)
-    per_run = pd.Series(np.ones(int(lab.sum()), dtype=np.int64)).groupby(run_ids[lab]).sum()
-    return n_real, per_run
-
-
-def synthetic_cap_cutoff(n_real: int, per_run: pd.Series, share: float) -> tuple[int, str] | None:
-    """The first synthetic run (crc32, id) whose labels the cap drops; None = keep every label.
-    Runs are kept whole, lowest crc32 first, up to ``share`` x ``n_real`` labelled steps."""
-    if n_real == 0 or per_run.empty:
-        return None
-    total = 0
-    for r in sorted(per_run.index, key=_run_key):
-        n = int(per_run[r])
-        if total + n > share * n_real:
-            return _run_key(r)
-        total += n
-    return None
-
-
-def apply_synthetic_cap(
-    y: np.ndarray,
-    src: np.ndarray,
-    run_ids: np.ndarray,
-    synthetic_sources: tuple[str, ...],
-    cutoff: tuple[int, str] | None,
-) -> None:
-    """Drop (in place) the labels of synthetic runs at or past ``cutoff`` in the cap's order."""
-    if cutoff is None:
-        return
-    lab = np.isin(src, list(synthetic_sources)) & ~np.isnan(y)
-    drop = {r for r in set(run_ids[lab].tolist()) if _run_key(r) >= cutoff}
-    y[lab & np.isin(run_ids, list(drop))] = np.nan
-
-
 def _cap_synthetic_labels(
     y: np.ndarray, src: np.ndarray, run_ids: np.ndarray, synthetic_sources: tuple[str, ...], share: float
 ) -> None:
     """Keep synthetic labels (in place) for whole runs, lowest crc32 first, up to ``share`` x the
     real labelled steps; all of them when no real label exists."""
-    n_real, per_run = synthetic_label_counts(y, src, run_ids, synthetic_sources)
-    apply_synthetic_cap(y, src, run_ids, synthetic_sources, synthetic_cap_cutoff(n_real, per_run, share))
+    synthetic = np.isin(src, list(synthetic_sources))
+    n_real = int((~np.isnan(y) & ~synthetic).sum())
+    lab = synthetic & ~np.isnan(y)
+    if n_real == 0 or not lab.any():
+        return
+    per_run = pd.Series(np.ones(int(lab.sum()))).groupby(run_ids[lab]).sum()
+    order = sorted(per_run.index, key=lambda r: (zlib.crc32(str(r).encode()), str(r)))
+    keep, total = set(), 0
+    for r in order:
+        n = int(per_run[r])
+        if total + n > share * n_real:
+            break
+        keep.add(r)
+        total += n
+    drop = lab & ~np.isin(run_ids, list(keep))
+    y[drop] = np.nan
 
 
 def _frontier_labels(runs: pd.DataFrame, outcome_fallback: bool) -> dict[str, float]:
@@ -422,16 +387,13 @@ def replay_cache_labels(
     synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
     synthetic_cache_share: float = 1.0,
     hash_chains: Any = None,
-    cap_synthetic: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(y_cache, local_cache_pressure)`` per row of ``steps`` (sorted by run, then step): the
     logged ``cached_tokens`` where present, else the per-source, per-replica LRU replay through the
     deployment's cache; synthetic labels capped (the module docstring).
 
     ``hash_chains``: the rows' block hashes in a compact form instead of ``steps["hash_ids"]`` (a
-    sequence of arrays with a boolean ``present`` mask; ``training.dask_train`` packs millions).
-    ``cap_synthetic=False`` leaves the synthetic-label cap to the caller (the Dask path replays each
-    (source, replica) cache as its own task and caps over all of them)."""
+    sequence of arrays with a boolean ``present`` mask; ``training.dask_train`` packs millions)."""
     n = len(steps)
     run_ids = steps["run_id"].astype(str).to_numpy()
     pos = steps.groupby("run_id", sort=False).cumcount().to_numpy()
@@ -450,7 +412,7 @@ def replay_cache_labels(
     if has_hash.any():
         if cache_capacity_blocks is None:
             cache_capacity_blocks = node_cache_blocks(node_gpu, node_profile, kv_cache_gb, block_tokens)
-        replica = replica_of(run_ids.tolist(), replicas)
+        replica = _replica_of(run_ids.tolist(), replicas)
         arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
         prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
         completion = np.nan_to_num(steps["completion_tokens"].to_numpy(dtype=np.float64), nan=0.0)
@@ -468,6 +430,5 @@ def replay_cache_labels(
             )
             y_cache[order] = hits
             pressure[order] = pr
-    if cap_synthetic:
-        _cap_synthetic_labels(y_cache, src, run_ids, synthetic_sources, synthetic_cache_share)
+    _cap_synthetic_labels(y_cache, src, run_ids, synthetic_sources, synthetic_cache_share)
     return y_cache, pressure
