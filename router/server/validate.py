@@ -9,7 +9,7 @@ router does not read pass through untouched (the upstream validates them).
 Checks (each raises ``ProxyError(422, code, message)``; ``param`` names the field):
 
 - :func:`check_depth` (``body_too_deep``): no list/object nested deeper than ``max_depth``.
-  Cost: one level-by-level walk over the containers (0.05 ms for a 200 KB agent body; counting
+  Cost: one level-by-level walk over the containers (0.06 ms for a 200 KB agent body; counting
   brackets in the raw bytes first, to skip the walk, cost twice the walk on such bodies).
 - :func:`check_stream_options` (``invalid_stream_options``): absent/null or an object whose
   ``include_usage`` is absent/null or a boolean.
@@ -72,7 +72,9 @@ def json_depth(obj: Any, limit: int) -> int:
             return depth
         deeper: list[Any] = []
         for node in level:
-            deeper += [v for v in (node.values() if type(node) is dict else node) if type(v) in _CONTAINERS]
+            deeper += [
+                v for v in (node.values() if isinstance(node, dict) else node) if isinstance(v, _CONTAINERS)
+            ]
         level = deeper
     return depth
 
