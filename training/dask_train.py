@@ -7,7 +7,8 @@ Algorithm (:func:`train_on_dask`):
    ``npartitions`` partitions: every record of a run (its run record and all its steps) lands in one
    partition, so a partition never splits a run and prefixes are built where the steps are. Each
    partition is validated like a file (:func:`features.runlog` rules; bad rows are counted and
-   reported, never used) and its run records merged.
+   reported, never used) and its run records merged (:mod:`training.dask_io`: one task per Parquet
+   row group in, rows gathered partition by partition out).
 2. The run records (small: one per run) come to the client, where the ``WEAK=STRONG`` pairings apply
    (they pair runs across tasks, so they need all runs) and go back to every worker once.
 3. The prefix-cache replay behind the cache-reuse labels and the ``local_cache_pressure`` feature
@@ -45,8 +46,8 @@ import numpy as np
 import pandas as pd
 
 from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES
-from features.logged import STEP_COLUMNS
 from training.config import TrainConfig, TrainResult
+from training.dask_io import clean_partition, parquet_rows, read_partitioned, runs_of, steps_of, to_client
 from training.dask_replay import pack_replay_input, replay_packed
 from training.dataset import Dataset
 
@@ -54,22 +55,6 @@ __all__ = ["train_on_dask", "read_partitioned", "PartitionedDataset"]
 
 META_COLS = ("run_id", "group", "source", "step", "y_frontier", "y_cache", "y_rem_steps", "y_rem_tokens")
 RUN_COLS = ("run_id", "source", "task_id", "needs_frontier", "outcome")
-# the step columns build_dataset reads (the prefix builders' columns, the labels', the logged features)
-_KEEP = frozenset(
-    (
-        *STEP_COLUMNS,
-        "record",
-        "run_id",
-        "step",
-        "arrival_s",
-        "prompt_tokens",
-        "completion_tokens",
-        "hash_ids",
-        "cached_tokens",
-        "features",
-        "feature_spec_version",
-    )
-)
 
 
 @dataclass
@@ -92,58 +77,8 @@ class PartitionedDataset(Dataset):
         return self.digest
 
 
-def read_partitioned(files: list[Any], npartitions: int, shuffle_method: str = "p2p") -> Any:
-    """The run logs as a dask DataFrame whose partitions each hold whole runs (shuffled on run_id).
-    Read one Parquet row group per task (runroute writes 131,072-row groups): a task that read a
-    pyarrow-default million-row group held 3.4 GB on one worker before the shuffle."""
-    import dask
-    import dask.dataframe as dd
-
-    # strings as the serial reader has them (pandas' default str dtype, NaN for missing), not
-    # string[pyarrow] with pd.NA, so validation and features see the same values
-    with dask.config.set({"dataframe.convert-string": False}):
-        ddf = dd.read_parquet([str(f) for f in files], split_row_groups=True)
-        return ddf.shuffle(on="run_id", npartitions=npartitions, shuffle_method=shuffle_method)
-
-
-def _clean(part: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """One partition validated like a file: (steps sorted by run and step, run records, bad reasons)."""
-    from features.runlog import conform, validate_rows
-    from features.runmerge import merge_runs
-
-    df = conform(part.reset_index(drop=True), exact=False)
-    if "predictions" in df:
-        df["predictions"] = [None if v is None else dict(v) for v in df["predictions"]]
-    reasons = validate_rows(df)
-    good = df.drop(index=df.index[list(reasons)]) if reasons else df
-    good = merge_runs(good.reset_index(drop=True))
-    for c in ("step", "prompt_tokens", "completion_tokens", "tool_results_n"):
-        good[c] = pd.to_numeric(good[c]).astype("Int64")
-    steps = good[good["record"] == "step"]
-    steps = steps[[c for c in steps.columns if c in _KEEP]]  # only what features and labels read
-    steps = steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
-    runs = good[good["record"] == "run"].reset_index(drop=True)
-    return steps, runs, [reasons[i] for i in sorted(reasons)]
-
-
-def _steps_of(cleaned: tuple[pd.DataFrame, pd.DataFrame, list[str]]) -> pd.DataFrame:
-    return cleaned[0]
-
-
-def _runs_of(cleaned: tuple[pd.DataFrame, pd.DataFrame, list[str]]) -> tuple[pd.DataFrame, list[str]]:
-    return cleaned[1], cleaned[2]
-
-
 def _identity(x: Any) -> Any:
     return x
-
-
-def _to_client(client: Any, ddf: Any) -> pd.DataFrame:
-    """A dask DataFrame's rows on the client, in partition order, joined there: ``.compute()`` joins
-    the partitions in one task on a worker first, and at 5M steps the held-out rows made that
-    worker peak at 9.1 GB."""
-    parts = client.gather(client.compute(ddf.to_delayed()))
-    return pd.concat(parts, ignore_index=True) if parts else ddf._meta.reset_index(drop=True)
 
 
 def _pick(xs: list[Any], i: int) -> Any:
@@ -276,11 +211,13 @@ def train_on_dask(
     if any(f.suffix != ".parquet" for f in files):
         raise ValueError("--dask reads Parquet run logs only (convert .jsonl with runroute import)")
     n_workers = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
-    rows_guess = sum(_parquet_rows(f) for f in files)
+    rows_guess = sum(parquet_rows(f) for f in files)
     P = npartitions or max(4 * n_workers, -(-rows_guess // 250_000))
     say(f"reading {len(files)} run-log file(s), ~{rows_guess} records, into {P} partitions by run")
-    cleaned = client.persist([dask.delayed(_clean)(d) for d in read_partitioned(files, P).to_delayed()])
-    runs_parts = dask.compute(*[dask.delayed(_runs_of)(c) for c in cleaned])
+    cleaned = client.persist(
+        [dask.delayed(clean_partition)(d) for d in read_partitioned(files, P).to_delayed()]
+    )
+    runs_parts = dask.compute(*[dask.delayed(runs_of)(c) for c in cleaned])
     runs = pd.concat([r for r, _ in runs_parts if len(r)], ignore_index=True)
     bad = [b for _, bs in runs_parts for b in bs]
     for pair in cfg.pairs:
@@ -295,7 +232,7 @@ def train_on_dask(
 
     say(f"building features on the workers ({len(runs)} runs; cache replay as one task)")
     runs_f = client.submit(_identity, runs, pure=False)  # a task: recomputed if its worker dies
-    steps = [dask.delayed(_steps_of)(c) for c in cleaned]
+    steps = [dask.delayed(steps_of)(c) for c in cleaned]
     packs = [dask.delayed(pack_replay_input)(s) for s in steps]  # packed where the steps are
     replay = dask.delayed(replay_packed)(
         packs,
@@ -391,7 +328,7 @@ def train_on_dask(
     t = lap("fit_remaining_s", t)
 
     say("gathering the held-out rows")
-    held_df = _to_client(client, rows[rows["holdout"]])
+    held_df = to_client(client, rows[rows["holdout"]])
     held = Dataset(held_df[list(FEATURE_NAMES)].to_numpy(dtype=np.float64), held_df[list(META_COLS)])
     head = train.head(100, npartitions=-1)
     summary = PartitionedDataset(
@@ -402,7 +339,7 @@ def train_on_dask(
         digest=digest,
     )
     paired = _paired_run_ids(all_runs)  # the benefit stage's rows: steps of runs with both outcomes
-    bt = _to_client(client, train[train["run_id"].isin(paired)]) if paired else head.iloc[:0]
+    bt = to_client(client, train[train["run_id"].isin(paired)]) if paired else head.iloc[:0]
     benefit_train = Dataset(bt[list(FEATURE_NAMES)].to_numpy(dtype=np.float64), bt[list(META_COLS)])
     t = lap("gather_s", t)
     return finish_training(
@@ -455,12 +392,6 @@ def _target_meta(kind: str) -> pd.DataFrame:
     return m
 
 
-def _parquet_rows(path: Any) -> int:
-    import pyarrow.parquet as pq
-
-    return int(pq.ParquetFile(path).metadata.num_rows)
-
-
 def _fit_escalation(client: Any, cfg: TrainConfig, esc_rows: Any, n_esc: int) -> tuple[Any, pd.DataFrame]:
     """The escalation estimator with Dask-trained boosters: out-of-fold calibration on the groups and
     folds :class:`models.escalation.EscalationClassifier` picks (a random subset of groups holding
@@ -486,7 +417,7 @@ def _fit_escalation(client: Any, cfg: TrainConfig, esc_rows: Any, n_esc: int) ->
         mean = (cg["sum"] / cg["count"]).to_numpy(dtype=np.float64)
         folds[:] = group_folds(mean, cal_groups, k, est.random_state)
     fx = esc_rows.map_partitions(_with_fold, folds, meta=_with_fold(esc_rows._meta, folds.iloc[:0]))
-    cal = _to_client(client, fx[fx["_fold"] >= 0]).sort_values(["run_id", "step"], kind="stable")
+    cal = to_client(client, fx[fx["_fold"] >= 0]).sort_values(["run_id", "step"], kind="stable")
     cal = cal.reset_index(drop=True)
     oof = np.full(len(cal), np.nan)
     Xc = cal[list(FEATURE_NAMES)].to_numpy(dtype=np.float64)
