@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from features.logged import STEP_COLUMNS
+from training.dask_replay import REPLAY_COLS
 
 __all__ = [
     "KEEP_COLUMNS",
@@ -26,21 +27,7 @@ __all__ = [
 ]
 
 # the step columns build_dataset reads (the prefix builders' columns, the labels', the logged features)
-KEEP_COLUMNS = frozenset(
-    (
-        *STEP_COLUMNS,
-        "record",
-        "run_id",
-        "step",
-        "arrival_s",
-        "prompt_tokens",
-        "completion_tokens",
-        "hash_ids",
-        "cached_tokens",
-        "features",
-        "feature_spec_version",
-    )
-)
+KEEP_COLUMNS = frozenset((*STEP_COLUMNS, "record", *REPLAY_COLS, "features", "feature_spec_version"))
 
 
 def read_partitioned(files: list[Any], npartitions: int, shuffle_method: str = "p2p") -> Any:
