@@ -132,19 +132,16 @@ def resolve_domain(
     return None, "none"
 
 
-def lower_priority(nice: int) -> int:
+def lower_priority(nice: int) -> None:
     """Add ``nice`` to the calling thread's niceness (Linux: niceness is per thread, so the event
-    loop's thread keeps its own); returns the niceness now, or -1 where it cannot be set."""
+    loop's thread keeps its own); a platform or sandbox that forbids it leaves it as is."""
     if nice <= 0 or not hasattr(os, "setpriority"):
-        return -1
+        return
     try:
         tid = threading.get_native_id()
-        now = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
-        return os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
     except OSError as e:  # pragma: no cover - a sandbox that forbids it: serve on as is
         log.warning("task embedding: could not lower the worker's priority: %s", e)
-        return -1
 
 
 def _load_model(nice: int = 0) -> None:
