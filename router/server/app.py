@@ -23,7 +23,8 @@ traffic model and the run log.
 
 Endpoints: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``
 (:mod:`router.server.proxy`, short-cutting the middleware stack) and the rest
-(:mod:`router.server.routes`). The idle-run sweep (:mod:`router.server.lifecycle`) runs in the
+(:mod:`router.server.routes`; the read-only ones: runs list, stored Responses, ``/``, ``/ui`` in
+:mod:`router.server.routes_read`). The idle-run sweep (:mod:`router.server.lifecycle`) runs in the
 background every ``identity.sweep_s``.
 """
 
@@ -48,6 +49,7 @@ from router.server.errors import error_response
 from router.server.metrics import RouterMetrics
 from router.server.proxy import Proxy
 from router.server.routes import Parts, register_routes
+from router.server.routes_read import register_read_routes
 from router.server.runcontext import RunContext
 from router.server.runlog_writer import RunLogWriter
 from router.server.scrape import Scraper
@@ -270,22 +272,21 @@ def create_app(
     app.state.admission = admission
     app.state.tracing = tracing
 
-    register_routes(
-        app,
-        Parts(
-            proxy=proxy,
-            engine=engine,
-            holder=holder,
-            metrics=metrics,
-            writer=writer,
-            scraper=scraper,
-            store=st,
-            admission=admission,
-            upstream=up,
-            backends=backends,
-            wall=wall,
-        ),
+    parts = Parts(
+        proxy=proxy,
+        engine=engine,
+        holder=holder,
+        metrics=metrics,
+        writer=writer,
+        scraper=scraper,
+        store=st,
+        admission=admission,
+        upstream=up,
+        backends=backends,
+        wall=wall,
     )
+    register_routes(app, parts)
+    register_read_routes(app, parts, s)  # GET /v1/runs, stored Responses, / and /ui
     return app
 
 

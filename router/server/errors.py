@@ -5,6 +5,8 @@ clients (and tests) can rely on status + ``code``:
 
 =====  ==========================  ===========================================================
 400    ``invalid_json``            the body is not JSON
+400    ``invalid_state`` / ``invalid_limit`` / ``invalid_after`` / ``invalid_order``: a bad query
+                                   parameter of ``GET /v1/runs`` or ``/v1/responses/{id}/input_items``
 401    ``invalid_api_key``         client bearer keys are configured and the request has none
                                    or a wrong one (admin / metrics endpoints: their keys)
 403    ``admin_key_required``      ``/admin/*`` with a client key, or no admin key configured
@@ -12,6 +14,9 @@ clients (and tests) can rely on status + ``code``:
 404    ``run_not_found``           ``/v1/runs/{id}`` (or a step) for a run the router does not
                                    know, or one another key started
 404    ``model_not_found``         the body names a model that is neither ``auto`` nor a tier's
+404    ``response_not_found``      ``GET /v1/responses/{id}[/input_items]``: not stored, or
+                                   another key's
+404    ``not_found``               no such path (``/v1/messages/...`` paths: Anthropic's shape)
 409    ``bundle_refused``          ``/admin/reload`` loaded a bad bundle; the old one keeps serving
 409    ``no_bundle_source``        ``/admin/reload`` with no bundle source configured
 413    ``body_too_large``          the body exceeds ``server.max_body_bytes``
@@ -34,6 +39,8 @@ clients (and tests) can rely on status + ``code``:
                                    ``server.max_header_bytes`` bytes of them
 502    ``upstream_unreachable``    connect error to the chosen upstream (after any fallback)
 502    ``upstream_error``          the upstream answered 5xx before the first byte
+502    ``upstream_auth``           the upstream refused the *router's* key (401/403): the message
+                                   names the backend
 503    ``no_healthy_backend``      no backend the policy may use is healthy
 503    ``bundle_not_loaded``       no bundle serving
 504    ``upstream_timeout``        no response headers within ``timeouts.first_byte_s``

@@ -31,7 +31,9 @@ details are the adapter's, :mod:`router.server.protocol`; this module does the I
    then :class:`router.server.relay.SSERelay` relays it through the adapter's capture.
 4. Fallback: a connect error, a timeout or a 5xx before the first byte retries once on the other
    tier when ``fallback.enabled`` (and ``on_requested_model`` for concrete-model requests) through
-   ``engine.fallback`` (reason ``fallback-<kind>``, pinned there); otherwise 502/503/504.
+   ``engine.fallback`` (reason ``fallback-<kind>``, pinned there); otherwise 502/503/504. A backend
+   that answers 401/403 refused the *router's* credentials (the client's were checked here): 502
+   ``upstream_auth`` naming the backend, not the backend's own error about "your" key.
 5. Record: ``engine.finish`` with what the upstream reported (usage incl. cached tokens, tool calls,
    TTFT for streams, latency) -> the run's summary (``GET /v1/runs/{id}``), the run-log ``step``
    record (``protocol`` = chat / responses / messages) to the background writer (prompt text only
@@ -464,6 +466,16 @@ class Proxy(StepIO):
             ctx.backend = other
             ctx.ttft_s = None
 
+        if it is None and resp.status in (401, 403):  # the backend refused the router's own key
+            b = ctx.backend
+            await self._close(ctx, 502, "upstream_auth")
+            return ctx.proto.error_response(
+                502,
+                "upstream_auth",
+                f"{b.tier} upstream {b.name} rejected the router's credentials (status {resp.status}): "
+                "check the key its api_key_env names in the router's config; the client's key was fine",
+                self._headers(ctx),
+            )
         if it is None:  # non-streaming, or a non-2xx status in either mode
             data, media = self._answer_body(ctx, resp, first or b"")
             if await request.is_disconnected():  # nobody got the answer: logged as cancelled

@@ -14,7 +14,8 @@ logs the outcome, gives back the run's admission slot and leaves an ``ended`` to
 for ``store.ttl_s``; a repeated end updates the outcome), ``POST /v1/messages/count_tokens`` (forwarded to the Anthropic frontier when one is
 configured, else the sidecar's estimate; Anthropic's error shape), ``POST /admin/reload``,
 ``GET /openapi.json`` (:mod:`router.server.openapi`). Every error is the OpenAI error shape with a
-code (:mod:`router.server.errors`). Access (:mod:`router.server.auth`): ``/v1/*`` needs a client
+code (:mod:`router.server.errors`), but on Anthropic's paths (:data:`ANTHROPIC_PATHS`: an unknown
+``/v1/messages/...`` path or method), which answer in Anthropic's shape. Access (:mod:`router.server.auth`): ``/v1/*`` needs a client
 key when keys are configured and a run answers only the key that started it (404 otherwise);
 ``/admin/*`` needs an admin key; ``/metrics`` a metrics key when configured. A run id in a path is
 cleaned like a request's (:func:`router.server.identity.clean_id`), so the header value and its
@@ -153,6 +154,8 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_exc(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        if request.url.path.startswith(ANTHROPIC_PATHS):  # an Anthropic client reads its own shape
+            return proxy.adapters["messages"].error_response(exc.status_code, code, str(exc.detail))
         return error_response(exc.status_code, code, str(exc.detail))
 
     def guarded(request: Request) -> Response | None:
@@ -361,6 +364,9 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         return json_response({"reloaded": True, "version": serving.version})
 
 
+# paths of Anthropic's API: an unknown path or method under them answers in Anthropic's error shape
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/complete")
+
 _SIGNAL_BODY_MAX = 64 * 1024
 
 
@@ -388,8 +394,18 @@ def parse_signal(raw: bytes) -> tuple[str, tuple[int, str, str] | None]:
 
 
 async def count_message_tokens(proxy: Proxy, up: Any, request: Request) -> Response:
-    """``POST /v1/messages/count_tokens``: the Anthropic frontier's count, else the estimate."""
+    """``POST /v1/messages/count_tokens``: the count of the backend the next step would go to.
+
+    The model is resolved as ``/v1/messages`` resolves it (an unknown model is the same 404
+    ``model_not_found``, in Anthropic's shape). The backend asked: the one serving a concrete
+    model; else the backend the run is pinned to (``X-Run-Id`` or the Claude Code session header
+    names the run); else the first healthy local replica, else the frontier entry the alias maps
+    to. Its own ``/v1/messages/count_tokens`` answers (so the figure is the one its tokenizer gives
+    the step: on the embedded defaults it equals the step's prompt tokens, ``input_tokens +
+    cache_read_input_tokens + cache_creation_input_tokens``); when that backend has no Messages
+    endpoint or does not answer 200, the sidecar's estimate (:func:`count_tokens_estimate`)."""
     from router.server.messages import count_tokens_estimate, validate
+    from router.server.protocol import resolve_model
 
     proto = proxy.adapters["messages"]
     try:
@@ -400,15 +416,15 @@ async def count_message_tokens(proxy: Proxy, up: Any, request: Request) -> Respo
         except orjson.JSONDecodeError:
             raise ProxyError(400, "invalid_json", "request body is not valid JSON") from None
         validate(body, need_max_tokens=False)
+        requested, alias = resolve_model(body.get("model"), proxy.models, proxy.pool.aliases)
     except ProxyError as e:
         return proto.error_response(e.status, e.code, e.message)
-    for b in proxy.pool.frontiers:
+    for b in await _count_backends(proxy, request, requested, alias):
         url = b.urls.get("messages")
         if url is None:
             continue
         fwd = dict(body)
-        alias = fwd.get("model")
-        fwd["model"] = alias if b.pass_model and isinstance(alias, str) and b.patterns(alias) else b.model
+        fwd["model"] = alias if b.pass_model and alias is not None and b.patterns(alias) else b.model
         try:
             resp = await up.post(b.tier, url + "/count_tokens", orjson.dumps(fwd), b.headers)
             data = await resp.read()
@@ -418,3 +434,24 @@ async def count_message_tokens(proxy: Proxy, up: Any, request: Request) -> Respo
             return Response(data, media_type="application/json")
         break
     return json_response({"input_tokens": count_tokens_estimate(body)})
+
+
+async def _count_backends(
+    proxy: Proxy, request: Request, requested: str | None, alias: str | None
+) -> list[Backend]:
+    """The backends ``count_tokens`` asks, first choice first (see :func:`count_message_tokens`)."""
+    pool = proxy.pool
+    if requested is not None:
+        return [b for b in pool.backends.values() if b.model == requested]
+    sid = request.headers.get(proxy.adapters["messages"].session_header)
+    run_id = request.headers.get("x-run-id") or (f"cc-{sid.strip()}" if sid else None)
+    if run_id:
+        state = await proxy.store.get(clean_id(run_id))
+        pinned = pool.backends.get(state.replica) if state is not None and state.replica else None
+        if pinned is not None:
+            return [pinned]
+    healthy = [s.name for s in pool.states() if s.tier == "local" and s.healthy]
+    out = [pool.backends[n] for n in healthy]
+    chosen = pool.alias(alias) if alias is not None else None
+    out += [chosen] if chosen is not None else pool.frontiers
+    return out

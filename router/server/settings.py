@@ -118,6 +118,7 @@ __all__ = [
     "IdentitySettings",
     "TracingSettings",
     "MetricsSettings",
+    "UiSettings",
     "RunContextSettings",
     "RouterSettings",
     "SettingsError",
@@ -189,6 +190,22 @@ class MetricsSettings(_Strict):
     release (dashboards and alerts can move at their own pace)."""
 
     deprecated_names: bool = True
+
+
+class UiSettings(_Strict):
+    """The live page ``GET /ui`` (:mod:`router.server.ui`).
+
+    ``report_dir``: where the latest scorecard's plots are read from (the PNGs and
+    ``scorecard.json`` that ``runroute demo`` / ``runroute bench --plot`` write; absent = the page
+    says so); ``frontier_share_budget``: the share of runs you budget for the frontier, drawn as
+    the line the page's frontier share is compared with (None: no budget line); ``refresh_s``: how
+    often the page polls ``/ui/data``; ``spend_window_s``: the window of the spend-per-hour rate
+    (samples taken at each ``/ui/data`` call; before a full window, since the first sample)."""
+
+    report_dir: str = "runroute-report"
+    frontier_share_budget: float | None = Field(default=None, ge=0.0, le=1.0)
+    refresh_s: float = Field(default=2.0, gt=0)
+    spend_window_s: float = Field(default=300.0, gt=0)
 
 
 class SLOSettings(_Strict):
@@ -370,6 +387,7 @@ class RouterSettings(BaseSettings):
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    ui: UiSettings = Field(default_factory=UiSettings)
     context: RunContextSettings = Field(default_factory=RunContextSettings)
 
     @field_validator("policy", mode="before")

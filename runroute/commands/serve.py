@@ -4,7 +4,17 @@ With ``--config FILE`` it serves exactly what the file (plus RUNROUTE_* env over
 With no config it starts on embedded defaults so a newcomer can try it at once:
 
 - two fake vLLM replicas and a fake frontier (``router.fakes``) as child processes on free
-  loopback ports (stopped when the server stops);
+  loopback ports (stopped when the server stops); they end a tool loop like a small real model
+  does (a 128k-context model: :data:`EMBEDDED_CONTEXT_TOKENS`): once a request carries
+  ``--max-tool-turns`` tool results (default
+  :data:`DEFAULT_MAX_TOOL_TURNS`) they answer with a final text instead of another tool call, so
+  an agent's multi-step run finishes (0 = never: every request offering tools gets a tool call);
+- the model names agents send by default are mapped (:data:`DEFAULT_MODEL_ALIASES`: Claude
+  Code's ``claude-*``, openai-agents' and the OpenAI SDK examples' ``gpt-*`` / ``o*``): they are
+  aliases, so the policy still chooses the tier, as for ``auto``;
+- exploration is off (``policy.explore`` absent): a newcomer's first runs go where the policy and
+  the banner say, deterministically; exploration only pays once outcomes are posted and the
+  bundle is retrained, which needs a config anyway (``policy.explore`` in ``runroute.yaml``);
 - the learned policy with the bundle in ``./runroute-bundle``, trained from the shipped run logs
   (``features.samples``: ``data/`` in a checkout, package ``runroute.data`` when installed) at
   first start when absent (progress printed; MLflow off), unless ``RUNROUTE_BUNDLE__MLFLOW_URI``
@@ -26,10 +36,24 @@ import typer
 
 from runroute.errors import CliError
 
-__all__ = ["register", "train_default_bundle", "DEFAULT_BUNDLE", "DEFAULT_LOGS"]
+__all__ = [
+    "register",
+    "train_default_bundle",
+    "DEFAULT_BUNDLE",
+    "DEFAULT_LOGS",
+    "DEFAULT_MAX_TOOL_TURNS",
+    "DEFAULT_MODEL_ALIASES",
+]
 
 DEFAULT_BUNDLE = Path("runroute-bundle")
 DEFAULT_LOGS = Path("runroute-logs")
+# tool results after which the embedded fakes answer with a final text (a run that finishes): short
+# enough that a newcomer's first agent run ends in seconds, long enough to be a multi-step tool run
+DEFAULT_MAX_TOOL_TURNS = 3
+# client model names (fnmatch) the embedded frontier entry accepts as aliases of "auto"
+DEFAULT_MODEL_ALIASES = ("claude-*", "gpt-*", "o[0-9]*", "chatgpt-*")
+# context length of the embedded fake vLLM replicas (their max_model_len and local.max_context)
+EMBEDDED_CONTEXT_TOKENS = 131072
 _TRAIN_FILES = (
     "tau2bench_airline.parquet",
     "taubench_airline.parquet",
@@ -65,6 +89,13 @@ def register(app: typer.Typer) -> None:
         ),
         host: str | None = typer.Option(None, "--host", help="bind address (default from config: 127.0.0.1)"),
         port: int | None = typer.Option(None, "--port", help="port (default from config: 8080)"),
+        max_tool_turns: int = typer.Option(
+            DEFAULT_MAX_TOOL_TURNS,
+            "--max-tool-turns",
+            min=0,
+            help="embedded defaults only: the fake backends answer with a final text once a request "
+            "carries this many tool results (0 = always another tool call)",
+        ),
     ) -> None:
         """Serve the routing sidecar: POST /v1/chat/completions with model "auto"."""
         import contextlib
@@ -93,13 +124,13 @@ def register(app: typer.Typer) -> None:
                 if config is not None:
                     settings = RouterSettings.load(config, **({"server": server} if server else {}))
                 else:
-                    settings = _demo_settings(stack, server)
+                    settings = _demo_settings(stack, server, max_tool_turns)
             except SettingsError as e:
                 raise CliError(str(e)) from None
-            _run(settings, config)
+            _run(settings, config, max_tool_turns)
 
 
-def _demo_settings(stack, server: dict[str, object]):
+def _demo_settings(stack, server: dict[str, object], max_tool_turns: int = DEFAULT_MAX_TOOL_TURNS):
     import os
 
     from router.fakes.launch import start_fake_process
@@ -110,22 +141,43 @@ def _demo_settings(stack, server: dict[str, object]):
     if not registry and not DEFAULT_BUNDLE.exists():
         train_default_bundle(DEFAULT_BUNDLE)
     typer.echo("runroute: starting demo backends (fake vLLM x2, fake frontier) ...")
-    v0 = stack.enter_context(start_fake_process("vllm", model="local-model", name="fake-vllm-0"))
-    v1 = stack.enter_context(start_fake_process("vllm", model="local-model", name="fake-vllm-1"))
-    fr = stack.enter_context(start_fake_process("frontier", model="frontier-model", name="fake-frontier"))
+    turns = {"max_tool_turns": max_tool_turns}
+    # a 128k-context model, as agents expect (Claude Code asks for max_tokens=64000 on every step)
+    ctx = {"max_model_len": EMBEDDED_CONTEXT_TOKENS}
+    v0 = stack.enter_context(
+        start_fake_process("vllm", model="local-model", name="fake-vllm-0", **turns, **ctx)
+    )
+    v1 = stack.enter_context(
+        start_fake_process("vllm", model="local-model", name="fake-vllm-1", **turns, **ctx)
+    )
+    fr = stack.enter_context(
+        start_fake_process("frontier", model="frontier-model", name="fake-frontier", **turns)
+    )
     return RouterSettings.load(
         None,
-        local={"urls": [v0.url, v1.url], "model": "local-model"},
-        frontier={"url": fr.url, "model": "frontier-model", "allow_no_key": True},
-        # exploration on in the demo (off unless configured elsewhere): logs with propensities
-        policy={"kind": "learned", "explore": {"rate": 0.05, "budget_usd": 1.0, "budget_window_s": 3600}},
+        local={"urls": [v0.url, v1.url], "model": "local-model", "max_context": EMBEDDED_CONTEXT_TOKENS},
+        frontier={
+            "url": fr.url,
+            "model": "frontier-model",
+            "allow_no_key": True,
+            "models": list(DEFAULT_MODEL_ALIASES),
+        },
+        # exploration off (module docstring): policy.explore in a config turns it on
+        policy={"kind": "learned"},
         bundle={"path": str(DEFAULT_BUNDLE)},
         runlog={"dir": str(DEFAULT_LOGS)},
         server=server,
     )
 
 
-def _run(settings, config: Path | None) -> None:
+def _explore_line(s) -> str:
+    explore = getattr(s.policy, "explore", None)
+    if explore is None or explore.rate <= 0:
+        return "off (set policy.explore in a config to explore with logged propensities)"
+    return f"{explore.rate:.0%} of runs (policy.explore.rate: 0 turns it off)"
+
+
+def _run(settings, config: Path | None, max_tool_turns: int = DEFAULT_MAX_TOOL_TURNS) -> None:
     import uvicorn
 
     from router.server.app import create_app
@@ -139,7 +191,12 @@ def _run(settings, config: Path | None) -> None:
             load_bundle(s.bundle.path, s.bundle.mlflow_uri, s.bundle.tracking_uri())
         except (ValueError, OSError) as e:  # BundleError is a ValueError
             raise CliError(f"cannot load bundle {s.bundle.path or s.bundle.mlflow_uri}: {e}") from None
-    app = create_app(s)
+    try:
+        app = create_app(s)
+    except (
+        ValueError
+    ) as e:  # a config the app refuses at build time (e.g. tracing.exporter otlp without its package)
+        raise CliError(f"config: {e}") from None
     url = f"http://{s.server.host}:{s.server.port}"
     lines = [
         f"runroute serve ({'config ' + str(config) if config else 'embedded demo defaults'})",
@@ -157,9 +214,16 @@ def _run(settings, config: Path | None) -> None:
             if (s.bundle.path or s.bundle.mlflow_uri)
             else ""
         ),
+        f"  exploration     : {_explore_line(s)}",
         f"  run logs        : {Path(s.runlog.dir).resolve()}",
-        f"  metrics         : {url}/metrics   runs: {url}/v1/runs/<run_id>   ready: {url}/ready",
+        f"  metrics         : {url}/metrics   runs: {url}/v1/runs   ready: {url}/ready",
+        f"  live page       : {url}/ui",
     ]
+    if config is None:
+        lines.insert(2, f"  Anthropic base  : {url}   (Claude Code: ANTHROPIC_BASE_URL={url})")
+        lines.append(
+            f"  fakes           : end a tool loop after {max_tool_turns} tool results (--max-tool-turns)"
+        )
     typer.echo("\n".join(lines), err=False)
     uvicorn.run(
         app,
