@@ -15,7 +15,8 @@ What comes back is what the store holds, no more: ``id``, ``object: "response"``
 ``metadata`` of where it was served (``runroute_run_id``, ``runroute_backend``); ``usage`` and
 ``model`` are not stored and are absent. ``input_items`` lists that response's own input items
 (not the whole chain), newest first by default like OpenAI's, each with an ``id`` (the item's own,
-or ``<response id>_in_<index>`` when the client sent none).
+or ``<response id>_in_<index>`` when the client sent none), ``type: "message"`` on messages and a
+message's string content as one ``input_text`` part, as OpenAI lists them.
 
 Query parameters of ``input_items`` (400 ``invalid_limit`` / ``invalid_order`` / ``invalid_after``):
 ``limit`` 1..100 (default 20), ``order`` ``desc`` (default) or ``asc``, ``after`` an item id.
@@ -54,6 +55,20 @@ def get_response(
     }
 
 
+def _as_listed(item: dict[str, Any], fallback_id: str) -> dict[str, Any]:
+    """An input item as OpenAI lists it: an ``id``, ``type: "message"`` on a message, and a
+    message's string content as one ``input_text`` (``output_text`` for the assistant) part."""
+    out = dict(item)
+    if not isinstance(out.get("id"), str):
+        out = {"id": fallback_id, **out}
+    if "role" in out and "type" not in out:
+        out["type"] = "message"
+    if out.get("type") == "message" and isinstance(out.get("content"), str):
+        part = "output_text" if out.get("role") == "assistant" else "input_text"
+        out["content"] = [{"type": part, "text": out["content"]}]
+    return out
+
+
 def list_input_items(
     store: Any,
     rid: str,
@@ -72,9 +87,7 @@ def list_input_items(
         limit = 0
     if not 1 <= limit <= 100:
         raise ProxyError(400, "invalid_limit", "'limit' must be an integer in 1..100")
-    items = [
-        it if isinstance(it.get("id"), str) else {"id": f"{rid}_in_{i}", **it} for i, it in enumerate(e.input)
-    ]
+    items = [_as_listed(it, f"{rid}_in_{i}") for i, it in enumerate(e.input)]
     if order == "desc":
         items.reverse()
     after = query.get("after")
