@@ -36,7 +36,7 @@ the sidecar's sweep (end reason ``idle``), releasing its admission slot. The def
 ``1.25 x`` the largest per-source p99 of ``tool_pause_s`` in the shipped run logs (Mooncake 690 s,
 tau2-bench 4.6 s), rounded up to a minute; run :func:`idle_end_from_pauses` on your own logs.
 
-How clients pass a run id: see the README ("Clients and protocols").
+How clients pass a run id: see docs/protocols.md.
 """
 
 from __future__ import annotations

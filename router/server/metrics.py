@@ -2,7 +2,7 @@
 so several apps in one process — tests — never collide).
 
 Algorithm: every series is declared once in :data:`router.server.metrics_specs.SPECS` (name, type,
-help, labels, unit); the README's metric list is generated from it (:mod:`router.server.metrics_doc`).
+help, labels, unit); the metric list in docs/metrics.md is generated from it (:mod:`router.server.metrics_doc`).
 The proxy calls a few named hooks and every per-step series is computed here from the step's run-log record
 (:meth:`RouterMetrics.step_finished`), so the hot path holds no metric logic: request counts
 (:meth:`request_rejected` for rejections before routing, :meth:`request_served` for the other

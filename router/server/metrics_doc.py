@@ -1,8 +1,8 @@
-"""The README's metric list, generated from :data:`router.server.metrics_specs.SPECS` and
+"""The metric list of ``docs/metrics.md``, generated from :data:`router.server.metrics_specs.SPECS` and
 :data:`router.server.metrics_specs.DEPRECATED` (the one declaration of every series).
 
-``python -m router.server.metrics_doc --write README.md`` rewrites the block between the
-``metrics:begin`` / ``metrics:end`` markers; ``--check README.md`` exits 1 when it is stale (the
+``python -m router.server.metrics_doc --write docs/metrics.md`` rewrites the block between the
+``metrics:begin`` / ``metrics:end`` markers; ``--check docs/metrics.md`` exits 1 when it is stale (the
 test suite runs the check).
 """
 
@@ -24,7 +24,7 @@ def readme_block() -> str:
     """The markdown between the markers (markers included)."""
     lines = [
         BEGIN,
-        "<!-- generated from router/server/metrics_specs.py by `python -m router.server.metrics_doc --write README.md`;"
+        "<!-- generated from router/server/metrics_specs.py by `python -m router.server.metrics_doc --write docs/metrics.md`;"
         " edit the help texts there -->",
         "| metric | type | labels | what it counts |",
         "|---|---|---|---|",

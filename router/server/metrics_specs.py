@@ -1,6 +1,6 @@
 """Every series of ``GET /metrics`` declared once: :data:`SPECS` (name, type, help, labels, unit)
 and the 0.1 names kept as deprecated aliases, :data:`DEPRECATED`. :class:`router.server.metrics.RouterMetrics`
-builds its series from these; :mod:`router.server.metrics_doc` writes the README's list from them.
+builds its series from these; :mod:`router.server.metrics_doc` writes docs/metrics.md's list from them.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Modules (import them directly; this package imports nothing heavy itself):
 - :mod:`training.eval.live`: a few runs per policy through the real sidecar with fake backends.
 - :mod:`training.eval.bench`: ``runroute bench`` (``bench_runs``).
 - :mod:`training.eval.scorecard`: the scorecard as typed models; :mod:`training.eval.readme_keys`
-  generates the README's key list from their field descriptions.
+  generates docs/scorecard.md's key list from their field descriptions.
 - :mod:`training.eval.report` (``write_report``, ``print_scorecard``) with
   :mod:`training.eval.markdown`, :mod:`training.eval.plots`, :mod:`training.eval.analysis` and
   :mod:`training.eval.format`.

@@ -1,4 +1,4 @@
-"""The README's list of scorecard and what-if keys, generated from the typed scorecard models.
+"""The list of scorecard and what-if keys in ``docs/scorecard.md``, generated from the typed scorecard models.
 
 Algorithm: walk the fields of :class:`training.eval.scorecard.Scorecard` depth first, in declared
 order; each field becomes one bullet ``- `name`: description`` (its JSON name, with ``[]`` for a
@@ -9,10 +9,10 @@ another scorecard model is followed by that model's fields, indented (``Skipped`
 names are ``router.sim.whatif.SCORECARD_KEYS`` in order (a mismatch is an error, never a stale doc).
 
 The block sits between ``<!-- scorecard-keys:begin -->`` and ``<!-- scorecard-keys:end -->`` in
-README.md; ``report.md`` ends with the scorecard part of the same text.
+docs/scorecard.md; ``report.md`` ends with the scorecard part of the same text.
 
-Usage: ``python -m training.eval.readme_keys`` prints the block; ``--write README.md`` rewrites the
-block in place; ``--check README.md`` exits 1 when the block is out of date (the tests do the same).
+Usage: ``python -m training.eval.readme_keys`` prints the block; ``--write docs/scorecard.md`` rewrites
+the block in place; ``--check docs/scorecard.md`` exits 1 when the block is out of date (the tests do the same).
 
 Knobs: the wrap width of the generated lines (:data:`WIDTH`).
 """
@@ -47,7 +47,7 @@ __all__ = [
 BEGIN = "<!-- scorecard-keys:begin -->"
 END = "<!-- scorecard-keys:end -->"
 WIDTH = 110
-COMMAND = "python -m training.eval.readme_keys --write README.md"
+COMMAND = "python -m training.eval.readme_keys --write docs/scorecard.md"
 _NOTE = (
     f"<!-- generated from training/eval/scorecard.py by `{COMMAND}`; edit the field descriptions there -->"
 )

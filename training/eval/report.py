@@ -4,7 +4,7 @@
 (a :class:`training.eval.scorecard.Scorecard`, or the JSON dict it dumps to) and writes, each file
 atomically (:func:`training.jsonio.atomic_write`), into the report directory:
 
-- ``scorecard.json``: the scorecard (keys: :mod:`training.eval.scorecard`, listed in the README);
+- ``scorecard.json``: the scorecard (keys: :mod:`training.eval.scorecard`, listed in docs/scorecard.md);
 - ``frontier_<set>.png``, ``bars_<set>.png``, ``latency_<set>.png`` per set
   (:mod:`training.eval.plots`; the latency plot of ``synthetic-heldout`` carries the live segment);
 - ``report.md`` (:mod:`training.eval.markdown`).

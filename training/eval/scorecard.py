@@ -3,7 +3,7 @@
 ``runroute demo`` and ``runroute bench`` build a :class:`Scorecard` (validated: every field typed,
 no unknown key) and write it with :meth:`Scorecard.to_json_dict`; :mod:`training.eval.report`
 renders ``report.md`` and the plots from that dict. Every field carries a ``description``: the
-README's list of scorecard keys and the key reference at the end of ``report.md`` are generated
+list of scorecard keys in docs/scorecard.md and the key reference at the end of ``report.md`` are generated
 from them (:mod:`training.eval.readme_keys`), so the documentation cannot drift from the code.
 
 :class:`WhatIfRow` documents the rows of ``runroute whatif --json``: they are computed by
