@@ -15,7 +15,9 @@ Algorithm of :func:`run_demo` (every knob is a field of :class:`DemoConfig`, all
    ``busy_arrival_rate`` (the local replicas near saturation); the bundle's predictors are scored on
    each set; paired runs without steps give run-level bounds.
 5. **Live**: a short segment through the real HTTP sidecar with fake backends
-   (:func:`training.eval.live.live_segment`), bounded by ``live.budget_s``.
+   (:func:`training.eval.live.live_segment`), bounded by ``live.budget_s``; while its first policy
+   runs, a headless Chromium screenshots the sidecar's ``/ui`` into ``ui.png`` (skipped with the
+   reason printed when chromium or selenium is missing).
 6. **Loop** (``loop.enabled``): the learning loop on a simulated deployment of the tau2 pairs
    (:func:`training.eval.loop.run_loop`, demo-sized: ``loop.days`` x ``loop.runs_per_day``, with
    exploration on), written with its plots under ``<out>/loop/`` and printed.
@@ -135,6 +137,22 @@ def _training_info(cfg: DemoConfig, out: Path, tcfg: Any, tres: Any) -> Any:
         escalation={k: v for k, v in (rep.get("escalation") or {}).items() if k != "baselines"},
         sweep_thresholds=sorted(sweep),
     )
+
+
+def _screenshot_ui(url: str, out: Path, say: Any) -> None:
+    """The live page of the live segment's sidecar, under its load, as ``out`` (a PNG); skipped
+    with the reason printed where no headless Chromium can run (:mod:`runroute.ui_shot`)."""
+    from runroute.ui_shot import screenshot_ui, unavailable
+
+    why = unavailable()
+    if why is not None:
+        say(f"ui screenshot skipped: {why}")
+        return
+    try:
+        screenshot_ui(url, out)
+        say(f"ui screenshot: {out}")
+    except Exception as e:  # noqa: BLE001 - a screenshot never fails the demo; the reason is printed
+        say(f"ui screenshot failed: {type(e).__name__}: {e}")
 
 
 def run_demo(cfg: DemoConfig, console: Any = None) -> dict[str, Any]:
@@ -263,6 +281,7 @@ def run_demo(cfg: DemoConfig, console: Any = None) -> dict[str, Any]:
                     log_dir=out / "live-logs",
                     policies=list(POLICIES),
                     progress=st.say,
+                    on_serving=lambda _label, url: _screenshot_ui(url, out / "ui.png", st.say),
                 )
             except Exception as e:  # noqa: BLE001 - the report says why the segment is missing
                 live = Skipped(skipped=f"live segment failed: {type(e).__name__}: {e}")

@@ -71,9 +71,9 @@ def test_quickstart_blocks_run_on_a_fresh_checkout(tmp_path, small_bundle):
     blocks = quickstart_blocks(README.read_text())
     run = [b for b, why in blocks if why is None]
     assert run and all(why.strip() for _, why in blocks if why is not None)
-    files = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
-    ).stdout.split(b"\0")
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(
+        b"\0"
+    )
     clone = tmp_path / "clone"
     for f in filter(None, files):
         src = ROOT / f.decode()

@@ -87,8 +87,8 @@ def ui_data(parts: Parts, ui: Any, spend_samples: deque[tuple[float, float]], no
         if h.ended:
             continue
         tier = (h.entries[-1].get("tier") or "pending") if h.entries else "pending"
-        key = (tier, h.domain or "(none)")
-        inflight[key] = inflight.get(key, 0) + 1
+        cell = (tier, h.domain or "(none)")
+        inflight[cell] = inflight.get(cell, 0) + 1
     # cache per local replica
     cached = _by(s.get("runroute_cross_turn_cached_tokens_total", []), "backend")
     prompt = _by(s.get("runroute_cross_turn_prompt_tokens_total", []), "backend")

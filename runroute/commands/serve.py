@@ -141,17 +141,23 @@ def _demo_settings(stack, server: dict[str, object], max_tool_turns: int = DEFAU
     if not registry and not DEFAULT_BUNDLE.exists():
         train_default_bundle(DEFAULT_BUNDLE)
     typer.echo("runroute: starting demo backends (fake vLLM x2, fake frontier) ...")
-    turns = {"max_tool_turns": max_tool_turns}
     # a 128k-context model, as agents expect (Claude Code asks for max_tokens=64000 on every step)
-    ctx = {"max_model_len": EMBEDDED_CONTEXT_TOKENS}
-    v0 = stack.enter_context(
-        start_fake_process("vllm", model="local-model", name="fake-vllm-0", **turns, **ctx)
-    )
-    v1 = stack.enter_context(
-        start_fake_process("vllm", model="local-model", name="fake-vllm-1", **turns, **ctx)
+    v0, v1 = (
+        stack.enter_context(
+            start_fake_process(
+                "vllm",
+                model="local-model",
+                name=f"fake-vllm-{i}",
+                max_tool_turns=max_tool_turns,
+                max_model_len=EMBEDDED_CONTEXT_TOKENS,
+            )
+        )
+        for i in range(2)
     )
     fr = stack.enter_context(
-        start_fake_process("frontier", model="frontier-model", name="fake-frontier", **turns)
+        start_fake_process(
+            "frontier", model="frontier-model", name="fake-frontier", max_tool_turns=max_tool_turns
+        )
     )
     return RouterSettings.load(
         None,

@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +129,12 @@ def live_segment(
     log_dir: Path,
     policies: Sequence[str],
     progress: Progress | None = None,
+    on_serving: Callable[[str, str], None] | None = None,
 ) -> LiveSegment | Skipped:
-    """Drive a few held-out runs through the real sidecar per policy (the module docstring)."""
+    """Drive a few held-out runs through the real sidecar per policy (the module docstring).
+
+    ``on_serving(policy, url)``: called once, while the first policy's runs are being driven (the
+    demo's screenshot of ``/ui`` under load); its exceptions are the caller's to handle."""
     say = progress or (lambda _: None)
     t_start = time.monotonic()
     sample = run_shapes(runs, steps, live.runs_per_policy)
@@ -139,7 +143,7 @@ def live_segment(
     old_key = os.environ.get(_KEY_ENV)
     os.environ[_KEY_ENV] = FRONTIER_KNOBS["api_key"]
     try:
-        return _live(sample, bundle_dir, prices, live, log_dir, policies, say, t_start)
+        return _live(sample, bundle_dir, prices, live, log_dir, policies, say, t_start, on_serving)
     finally:
         if old_key is None:
             os.environ.pop(_KEY_ENV, None)
@@ -177,6 +181,7 @@ def _live(
     policies: Sequence[str],
     say: Progress,
     t_start: float,
+    on_serving: Callable[[str, str], None] | None = None,
 ) -> LiveSegment:
     from router.fakes.launch import fake_in_thread
     from router.server.app import create_app, serve_in_thread
@@ -226,6 +231,8 @@ def _live(
                 threads = [threading.Thread(target=work, args=(j,), daemon=True) for j in range(len(sample))]
                 for t in threads:
                     t.start()
+                if on_serving is not None and i == 0:
+                    on_serving(label, url)
                 for t in threads:
                     t.join(timeout=max(1.0, pdeadline - time.monotonic() + 35.0))
             f = per_policy[label] = live_figures(results)
