@@ -68,6 +68,8 @@ def test_wheel_holds_every_package_and_every_sample(wheel):
     for name in [*samples, "README.md", "__init__.py"]:
         assert f"runroute/data/{name}" in names
     assert not any(n.startswith("data/") for n in names)  # no top-level package called "data"
+    for asset in ("index.html", "ui.js", "ui.css"):  # the live page /ui ships its files (no CDN)
+        assert f"router/server/ui_assets/{asset}" in names
 
 
 def test_installed_wheel_reads_samples_outside_the_checkout(wheel, tmp_path):

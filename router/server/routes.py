@@ -11,8 +11,9 @@ serving bundle's benefit model: ``model`` or ``prior`` and why),
 {...} optional, never stored}``: :meth:`router.server.lifecycle.RunLifecycle.signal`; bad input
 400/413/422 with a code, an unknown run 404, 409 past ``MAX_SIGNALS``), ``POST /v1/runs/{run_id}/end`` (:meth:`router.server.lifecycle.RunLifecycle.end`:
 logs the outcome, gives back the run's admission slot and leaves an ``ended`` tombstone in the store
-for ``store.ttl_s``; a repeated end updates the outcome), ``POST /v1/messages/count_tokens`` (forwarded to the Anthropic frontier when one is
-configured, else the sidecar's estimate; Anthropic's error shape), ``POST /admin/reload``,
+for ``store.ttl_s``; a repeated end updates the outcome), ``POST /v1/messages/count_tokens`` (asked of the backend the next step would go to, else the
+sidecar's estimate; the model resolved as ``/v1/messages`` resolves it; Anthropic's error shape:
+:func:`count_message_tokens`), ``POST /admin/reload``,
 ``GET /openapi.json`` (:mod:`router.server.openapi`). Every error is the OpenAI error shape with a
 code (:mod:`router.server.errors`), but on Anthropic's paths (:data:`ANTHROPIC_PATHS`: an unknown
 ``/v1/messages/...`` path or method), which answer in Anthropic's shape. Access (:mod:`router.server.auth`): ``/v1/*`` needs a client

@@ -169,6 +169,7 @@ def _settings(label: str, v0: Any, v1: Any, fr: Any, prices: Prices, bundle_dir:
         bundle={"path": str(bundle_dir), "watch_s": 0},
         scrape={"interval_s": 0.2},
         runlog={"dir": str(log_dir / label)},
+        ui={"report_dir": str(log_dir.parent)},  # its /ui shows the report folder's latest plots
     )
 
 
