@@ -29,11 +29,14 @@ from typing import Any
 
 from router.server.auth import Access
 from router.server.errors import ProxyError
+from router.server.responses import ResponseStore, StoredResponse
 
 __all__ = ["get_response", "list_input_items"]
 
 
-def _stored(store: Any, rid: str, tenant: str | None, owner_of: Callable[[str], str | None]) -> Any:
+def _stored(
+    store: ResponseStore, rid: str, tenant: str | None, owner_of: Callable[[str], str | None]
+) -> StoredResponse:
     entry = store.get(rid)
     if entry is None or not Access.owns(owner_of(entry.run_id), tenant):
         raise ProxyError(404, "response_not_found", f"no stored response {rid!r}")
@@ -41,7 +44,7 @@ def _stored(store: Any, rid: str, tenant: str | None, owner_of: Callable[[str], 
 
 
 def get_response(
-    store: Any, rid: str, tenant: str | None, owner_of: Callable[[str], str | None]
+    store: ResponseStore, rid: str, tenant: str | None, owner_of: Callable[[str], str | None]
 ) -> dict[str, Any]:
     """The stored response ``rid`` in OpenAI's Response shape (the fields the store holds)."""
     e = _stored(store, rid, tenant, owner_of)
@@ -70,7 +73,7 @@ def _as_listed(item: dict[str, Any], fallback_id: str) -> dict[str, Any]:
 
 
 def list_input_items(
-    store: Any,
+    store: ResponseStore,
     rid: str,
     tenant: str | None,
     owner_of: Callable[[str], str | None],

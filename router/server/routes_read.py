@@ -16,8 +16,6 @@ shape with a code (these are OpenAI-style paths).
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
@@ -27,11 +25,12 @@ from router.server.openapi import error_responses
 from router.server.responses_read import get_response, list_input_items
 from router.server.routes import Parts, json_response
 from router.server.runs_list import list_runs
+from router.server.settings import RouterSettings
 
 __all__ = ["register_read_routes"]
 
 
-def register_read_routes(app: FastAPI, parts: Parts, settings: Any) -> None:
+def register_read_routes(app: FastAPI, parts: Parts, settings: RouterSettings) -> None:
     """Add the endpoints of the module docstring to ``app``."""
     proxy = parts.proxy
     responses_store = proxy.adapters["responses"].store

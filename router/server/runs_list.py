@@ -20,10 +20,13 @@ Query parameters (each checked; bad values answer 400 in OpenAI's error shape wi
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.server.auth import Access
 from router.server.errors import ProxyError
+
+if TYPE_CHECKING:
+    from router.server.proxy import RunHistory
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "list_runs", "run_row"]
 
@@ -32,7 +35,7 @@ MAX_LIMIT = 100
 STATES = ("active", "ended")
 
 
-def run_row(run_id: str, h: Any) -> dict[str, Any]:
+def run_row(run_id: str, h: RunHistory) -> dict[str, Any]:
     """One run's summary (no steps): what ``GET /v1/runs`` lists."""
     entries = list(h.entries)
     return {
@@ -62,7 +65,7 @@ def _int(value: str | None, default: int, lo: int, hi: int, code: str, name: str
     return n
 
 
-def list_runs(runs: Mapping[str, Any], tenant: str | None, query: Mapping[str, str]) -> dict[str, Any]:
+def list_runs(runs: Mapping[str, RunHistory], tenant: str | None, query: Mapping[str, str]) -> dict[str, Any]:
     """The page of ``GET /v1/runs`` for ``tenant`` (the caller's key id; None without keys).
 
     ``runs``: run id -> run history (insertion order is irrelevant: rows are ordered by start).
@@ -74,7 +77,7 @@ def list_runs(runs: Mapping[str, Any], tenant: str | None, query: Mapping[str, s
     limit = _int(query.get("limit"), DEFAULT_LIMIT, 1, MAX_LIMIT, "invalid_limit", "limit")
     after = query.get("after")
 
-    def key(item: tuple[str, Any]) -> tuple[float, str]:
+    def key(item: tuple[str, RunHistory]) -> tuple[float, str]:
         rid, h = item
         return (h.started_s if h.started_s is not None else float("-inf"), rid)
 
@@ -95,7 +98,9 @@ def list_runs(runs: Mapping[str, Any], tenant: str | None, query: Mapping[str, s
     }
 
 
-def _filtered(runs: Iterable[tuple[str, Any]], state: str | None, domain: str | None) -> list[dict[str, Any]]:
+def _filtered(
+    runs: Iterable[tuple[str, RunHistory]], state: str | None, domain: str | None
+) -> list[dict[str, Any]]:
     out = []
     for rid, h in runs:
         row = run_row(rid, h)

@@ -44,6 +44,7 @@ from starlette.responses import Response
 
 from router.server.errors import ProxyError, error_response
 from router.server.routes import Parts, json_response
+from router.server.settings import RouterSettings
 
 __all__ = ["register_ui", "ui_data", "metric_samples", "ASSETS"]
 
@@ -192,7 +193,7 @@ def _report(folder: Path) -> dict[str, Any]:
     }
 
 
-def register_ui(app: FastAPI, parts: Parts, settings: Any) -> None:
+def register_ui(app: FastAPI, parts: Parts, settings: RouterSettings) -> None:
     """Add ``/ui`` and its data, assets and plots (module docstring)."""
     ui = settings.ui
     access = parts.proxy.access
