@@ -151,3 +151,18 @@ def test_live_page_in_chromium_matches_metrics(sidecar, tmp_path, request):
             driver.save_screenshot(str(shot))
             assert shot.stat().st_size > 10_000
             print(f"screenshot of /ui: {shot}")
+
+
+def test_demo_screenshot_step_says_why_it_skips(monkeypatch, tmp_path):
+    """Without a browser the demo's screenshot step prints the reason and writes nothing (the
+    step with Chromium present ran in `make demo`: runroute-report/ui.png)."""
+    import runroute.ui_shot
+    from runroute.demo import _screenshot_ui
+
+    monkeypatch.setattr(
+        runroute.ui_shot, "unavailable", lambda: "/usr/bin/chromium not found (apt-get install chromium)"
+    )
+    said: list[str] = []
+    _screenshot_ui("http://127.0.0.1:9", tmp_path / "ui.png", said.append)
+    assert said == ["ui screenshot skipped: /usr/bin/chromium not found (apt-get install chromium)"]
+    assert not (tmp_path / "ui.png").exists()
