@@ -1,6 +1,7 @@
 """``GET /v1/runs``: the runs this router tracks, one page at a time, only the caller's.
 
-Algorithm: take the runs of the router's run history (:class:`router.server.proxy.RunHistory`,
+Algorithm (this router process's view: with several routers on one Redis store, each lists the
+runs it has served): take the runs of the router's run history (:class:`router.server.proxy.RunHistory`,
 bounded by ``server.run_history_runs``), keep those the caller's key owns (``tenant`` is the
 caller's key id, passed explicitly; without client keys every run is visible, as for
 ``GET /v1/runs/{id}``), then the ``state`` and ``domain`` filters, order them by start (oldest
