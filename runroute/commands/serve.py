@@ -122,6 +122,10 @@ def register(app: typer.Typer) -> None:
         with contextlib.ExitStack() as stack:
             try:
                 if config is not None:
+                    if max_tool_turns != DEFAULT_MAX_TOOL_TURNS:
+                        raise CliError(
+                            "--max-tool-turns sets the embedded fakes; a --config serves its own backends"
+                        )
                     settings = RouterSettings.load(config, **({"server": server} if server else {}))
                 else:
                     settings = _demo_settings(stack, server, max_tool_turns)
