@@ -10,7 +10,7 @@ values need no re-validation on the hot path; a test validates them against the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,12 @@ class StepRequest:
     # signal kinds posted on the run since its previous step (sidecar: from the run-state store;
     # simulator / replay: the logged Step.signals); the engine adds them to the run's track
     signals: tuple[str, ...] = ()
+    # the prompt's block chain for the prefix index (router.core.prefix_index; None: no index
+    # lookup): ``chain[:chain_lookup]`` lie inside the prompt, the replica holds
+    # ``chain[:chain_hold]`` after the step (None: all of it)
+    chain: Sequence[int] | None = None
+    chain_lookup: int = 0
+    chain_hold: int | None = None
 
     @property
     def spill_ok(self) -> bool:

@@ -1,0 +1,243 @@
+"""The prefix index: per local replica, which block-hash chains it holds (approximate mode).
+
+One index for the sidecar, the what-if simulator and replay (the step engine owns it:
+:class:`router.core.engine.StepEngine` ``prefix_index``), so a what-if places with exactly what the
+sidecar would know. Reuse *across* runs counts: a system prompt or tool schema shared by many runs
+is one chain prefix, held once per replica, and any run whose chain starts with it matches it.
+
+Algorithm:
+
+- **Chains.** A step names its cacheable prompt blocks by a chain of integer ids, leading block
+  first, where an id determines the whole prefix up to it (a hash chain). The simulator and replay
+  pass the run log's chains (Mooncake ``hash_ids``, or the workload's run-private ids); text prompts
+  get theirs from :class:`TextChainer` (below).
+- **Approximate mode** (what the routers sent where): when a step is placed on a replica, the
+  replica is assumed to hold the step's chain afterwards (:meth:`PrefixIndex.record`). Each
+  replica's blocks form a tree (a block's parent is the block before it in its chain) with LRU
+  eviction of *leaves* at the replica's capacity in blocks (SGLang's approximate radix tree;
+  vLLM frees a request's tail blocks first, so a prefix outlives its suffix). A record stamps the
+  chain's tip with a logical clock; a leaf evicted hands its stamp up to its parent (which becomes
+  a leaf with the newest stamp of its evicted subtree). So a block present implies its whole prefix
+  present, and the matched prefix of a chain is found by binary search: O(log n) dictionary
+  lookups per replica (:meth:`PrefixIndex.match`). A record inserts only the blocks the replica
+  lacks and touches the tip: O(new blocks + log n), flat in the body size for a run that grows.
+- **Losses.** :meth:`PrefixIndex.clear` drops a replica's blocks (a restart, a scale-to-zero reap,
+  vLLM's ``/reset_prefix_cache``).
+
+Text prompts (:class:`TextChainer`, the sidecar): a *stated character-block approximation* of the
+replica's token blocks. The prompt is a sequence of segments (one per message: role, then content);
+the segments are joined with a separator into one character stream cut into blocks of
+``block_chars`` characters (``block_tokens x chars_per_token``; 4 characters per token is the usual
+English BPE figure); block ``i``'s id = blake2b-64(id of block ``i-1`` || the block's text), stable
+across processes (so two routers agree). Incremental per run: a run remembers how many segments it
+hashed, the characters of its unfinished block and a fingerprint of its last hashed segment
+(length, first and last 32 characters) and of its first one; a step whose segment list still has
+both at their positions hashes only the segments after it; any other step (an edited or compacted
+history) re-hashes from the start. Not seen: an edit of a middle segment that keeps the segment
+count and the first and last hashed segments (the chain then over-states the match until the run's
+history changes there again). Token blocks from the model's tokenizer are not implemented.
+
+Knobs: ``PrefixIndex(block_tokens)``; per replica ``capacity_blocks`` (:meth:`PrefixIndex.add_replica`,
+the replica's KV capacity in the index's blocks: the node profile's KV size in the simulator, the
+configured KV size in the sidecar); ``TextChainer(block_chars)``.
+
+Pure and synchronous, no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from hashlib import blake2b
+from typing import Any
+
+__all__ = ["PrefixIndex", "ReplicaIndex", "RunChain", "TextChainer", "SEGMENT_SEP"]
+
+SEGMENT_SEP = "\x1e"  # joins the segments (messages) of a text prompt into one character stream
+
+
+class ReplicaIndex:
+    """One replica's blocks: a tree of block ids with leaf-LRU eviction (module docstring).
+
+    ``nodes`` maps a block id to ``[parent id or None, children, stamp]``; read it, do not write it.
+    """
+
+    __slots__ = ("capacity", "nodes", "_heap", "evictions")
+
+    def __init__(self, capacity_blocks: int):
+        if capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+        self.capacity = capacity_blocks
+        self.nodes: dict[int, list[Any]] = {}  # [parent or None, children, stamp]
+        self._heap: list[tuple[int, int]] = []  # (stamp, block) of leaves; stale entries skipped
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def match(self, chain: Sequence[int], n: int) -> int:
+        """Leading blocks of ``chain[:n]`` held (binary search: presence is prefix-closed)."""
+        nodes = self.nodes
+        if n <= 0 or chain[0] not in nodes:
+            return 0
+        if chain[n - 1] in nodes:
+            return n
+        lo, hi = 1, n - 1  # chain[lo-1] held, chain[hi] not
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if chain[mid - 1] in nodes:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def record(self, chain: Sequence[int], n: int, stamp: int) -> None:
+        """The replica now holds ``chain[:n]``: insert what it lacks, stamp the tip, evict LRU leaves."""
+        if n > self.capacity:
+            n = self.capacity
+        if n <= 0:
+            return
+        nodes = self.nodes
+        k = self.match(chain, n)
+        parent: int | None = chain[k - 1] if k > 0 else None
+        for i in range(k, n):
+            b = chain[i]
+            if b in nodes:  # an id seen under another parent (not a hash chain): keep the first
+                parent = b
+                continue
+            nodes[b] = [parent, 0, stamp]
+            if parent is not None:
+                nodes[parent][1] += 1
+            parent = b
+        tip = nodes[chain[n - 1]]
+        tip[2] = stamp
+        if tip[1] == 0:
+            heapq.heappush(self._heap, (stamp, chain[n - 1]))
+        if len(nodes) > self.capacity:
+            self._evict(len(nodes) - self.capacity)
+
+    def _evict(self, count: int) -> None:
+        nodes = self.nodes
+        heap = self._heap
+        pop, push = heapq.heappop, heapq.heappush
+        while count > 0 and heap:
+            t, b = pop(heap)
+            node = nodes.get(b)
+            if node is None or node[1] or node[2] != t:
+                continue  # stale: evicted, no longer a leaf, or touched since
+            del nodes[b]
+            count -= 1
+            self.evictions += 1
+            p = node[0]
+            if p is not None:
+                pn = nodes[p]
+                pn[1] -= 1
+                if t > pn[2]:
+                    pn[2] = t
+                if pn[1] == 0:
+                    push(heap, (pn[2], p))
+        if count > 0:  # pragma: no cover - the heap always holds every leaf
+            raise RuntimeError("prefix index: no leaf left to evict")
+
+    def clear(self) -> None:
+        self.nodes.clear()
+        self._heap.clear()
+
+
+class PrefixIndex:
+    """Per local replica, the block chains it holds (module docstring); ``block_tokens`` per block."""
+
+    __slots__ = ("block_tokens", "replicas", "_clock")
+
+    def __init__(self, block_tokens: int, capacities: Iterable[tuple[str, int]] = ()):
+        if block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+        self.block_tokens = block_tokens
+        self.replicas: dict[str, ReplicaIndex] = {}
+        self._clock = 0
+        for name, cap in capacities:
+            self.add_replica(name, cap)
+
+    def add_replica(self, name: str, capacity_blocks: int) -> None:
+        """Track replica ``name`` (kept as is when already tracked with that capacity)."""
+        cur = self.replicas.get(name)
+        if cur is None or cur.capacity != capacity_blocks:
+            self.replicas[name] = ReplicaIndex(capacity_blocks)
+
+    def match(self, replica: str, chain: Sequence[int], n: int) -> int:
+        """Leading blocks of ``chain[:n]`` that ``replica`` holds (0 for an unknown replica)."""
+        r = self.replicas.get(replica)
+        return r.match(chain, min(n, len(chain))) if r is not None else 0
+
+    def record(self, replica: str, chain: Sequence[int], n: int | None = None) -> None:
+        """A step with this chain was sent to ``replica``: it holds ``chain[:n]`` (all by default)."""
+        r = self.replicas.get(replica)
+        if r is None:
+            return
+        self._clock += 1
+        r.record(chain, len(chain) if n is None else min(n, len(chain)), self._clock)
+
+    def clear(self, replica: str) -> None:
+        """``replica`` lost its cache (restart, reap, prefix-cache reset)."""
+        r = self.replicas.get(replica)
+        if r is not None:
+            r.clear()
+
+
+@dataclass(slots=True)
+class RunChain:
+    """A run's chain so far (:class:`TextChainer`): its block ids and where hashing stopped."""
+
+    chain: list[int] = field(default_factory=list)
+    segments: int = 0  # segments hashed
+    tail: str = ""  # characters after the last full block
+    fingerprint: tuple[int, str, str] | None = None  # of the last hashed segment
+    first: tuple[int, str, str] | None = None  # of the first segment
+    chars: int = 0  # characters hashed (full blocks + tail)
+
+
+def _fingerprint(seg: str) -> tuple[int, str, str]:
+    return (len(seg), seg[:32], seg[-32:])
+
+
+class TextChainer:
+    """Character-block hash chains of text prompts, incremental per run (module docstring)."""
+
+    __slots__ = ("block_chars",)
+
+    def __init__(self, block_chars: int):
+        if block_chars < 1:
+            raise ValueError(f"block_chars must be >= 1, got {block_chars}")
+        self.block_chars = block_chars
+
+    def extend(self, rc: RunChain, segments: Sequence[str]) -> list[int]:
+        """Bring ``rc`` up to ``segments`` (hashing only new segments when the old ones still lead)
+        and return its chain (the list is ``rc.chain``; do not mutate it)."""
+        k = rc.segments
+        if k and (
+            len(segments) < k
+            or _fingerprint(segments[k - 1]) != rc.fingerprint
+            or _fingerprint(segments[0]) != rc.first
+        ):
+            rc.chain, rc.segments, rc.tail, rc.fingerprint, rc.first, rc.chars = [], 0, "", None, None, 0
+            k = 0
+        if k == len(segments):
+            return rc.chain
+        text = rc.tail + SEGMENT_SEP.join(segments[k:]) + SEGMENT_SEP
+        bc = self.block_chars
+        chain = rc.chain
+        h = chain[-1] if chain else 0
+        full = len(text) - len(text) % bc
+        for i in range(0, full, bc):
+            d = blake2b(h.to_bytes(8, "little", signed=True), digest_size=8)
+            d.update(text[i : i + bc].encode("utf-8", "surrogatepass"))
+            h = int.from_bytes(d.digest(), "little", signed=True)
+            chain.append(h)
+        rc.tail = text[full:]
+        rc.segments = len(segments)
+        rc.fingerprint = _fingerprint(segments[-1])
+        if rc.first is None:
+            rc.first = _fingerprint(segments[0])
+        rc.chars = len(chain) * bc + len(rc.tail)
+        return chain
