@@ -28,12 +28,12 @@ def test_leaf_lru_evicts_suffix_before_prefix() -> None:
     r.record([1, 2, 3], 3, stamp=1)
     r.record([1, 4], 2, stamp=2)
     r.record([5, 6], 2, stamp=3)  # 6 blocks > 4: the oldest leaf (3), then its parent (2)
-    assert set(r.nodes) == {1, 4, 5, 6}
+    assert set(r.stamp) == {1, 4, 5, 6}
     assert r.match([1, 2, 3], 3) == 1
     assert r.evictions == 2
     r.record([1, 4], 2, stamp=4)  # touch: the other chain is now the oldest
     r.record([7], 1, stamp=5)
-    assert 7 in r.nodes and 4 in r.nodes and 6 not in r.nodes
+    assert 7 in r and 4 in r and 6 not in r
 
 
 chains = st.lists(
@@ -48,15 +48,17 @@ def test_index_stays_prefix_closed_and_bounded(recs: list[tuple[int, int]], cap:
     for stamp, (fam, n) in enumerate(recs, 1):
         chain = [fam * 100 + i for i in range(n)]
         r.record(chain, n, stamp)
-        assert len(r.nodes) <= cap
+        assert len(r) <= cap
         assert r.match(chain, n) == min(n, cap)  # the newest chain is held (up to the capacity)
-        for b, (parent, children, _t) in r.nodes.items():
-            assert parent is None or parent in r.nodes, f"block {b} outlived its prefix"
-            assert children == sum(1 for p in r.nodes.values() if p[0] == b)
+        for b in r.stamp:
+            p = r.parent.get(b)
+            assert p is None or p in r, f"block {b} outlived its prefix"
+            assert r.children.get(b, 0) == sum(1 for q in r.parent.values() if q == b)
+        assert set(r.parent) <= set(r.stamp)
         for fam2 in range(4):  # binary search == a linear scan
             c = [fam2 * 100 + i for i in range(6)]
             lin = 0
-            while lin < 6 and c[lin] in r.nodes:
+            while lin < 6 and c[lin] in r:
                 lin += 1
             assert r.match(c, 6) == lin
 

@@ -52,7 +52,9 @@ Knobs (constructor): ``admission`` (an :class:`~router.core.admission.AdmissionG
 admission), ``traffic`` (a :class:`~router.core.traffic.TrafficModel`; the gate's when None),
 ``cache_reader`` (``replica name -> CacheReading | None``: the adapter's prefix-cache counters),
 ``prefix_index`` (a :class:`~router.core.prefix_index.PrefixIndex`, None = the run's own
-belief only), ``max_steps`` (history kept per run, see :class:`~router.core.runs.RunTracker`),
+belief only), ``text_chainer`` (a :class:`~router.core.prefix_index.TextChainer`: turns a step's
+text ``segments`` into its chain, incrementally per run, when the adapter gives text instead of a
+chain), ``max_steps`` (history kept per run, see :class:`~router.core.runs.RunTracker`),
 ``fallback_weights`` (placement weights of the fallback pick), ``keep_features`` (extract the
 feature vector at every step for the record even when the predictor reads none — the sidecar
 always logs it; a simulation without a step log skips it for a predictor with
@@ -76,7 +78,7 @@ from router.core.admission import SPILLED_REASON, AdmissionGate
 from router.core.explore import ExploreBudget, step_price_usd
 from router.core.moves import EngineMoves
 from router.core.prefix_cache import max_hit_blocks
-from router.core.prefix_index import PrefixIndex
+from router.core.prefix_index import PrefixIndex, RunChain, TextChainer
 from router.core.record import LazyFeatures, StepRequest, StepResult, step_record
 from router.core.runs import CacheReading, RunTrack
 from router.core.traffic import StepToken, TrafficModel
@@ -133,8 +135,10 @@ class StepEngine(EngineMoves):
         keep_features: bool = True,
         cache_lags: bool = True,
         prefix_index: PrefixIndex | None = None,
+        text_chainer: TextChainer | None = None,
     ):
         self.prefix_index = prefix_index
+        self.text_chainer = text_chainer
         self.admission = admission
         self.traffic = traffic if traffic is not None else (admission.traffic if admission else None)
         self.cache_reader = cache_reader
@@ -224,6 +228,14 @@ class StepEngine(EngineMoves):
         pinned = run.replica
         idx = self.prefix_index
         chain = req.chain
+        tc = self.text_chainer
+        if idx is not None and chain is None and req.segments is not None and tc is not None:
+            rc = track.prefix_chain
+            if rc is None:
+                rc = track.prefix_chain = RunChain()
+            chain = req.chain = tc.extend(rc, req.segments)
+            req.chain_lookup = len(chain)
+            req.segments = None  # the request's text is not kept past this point
         if idx is not None and chain is not None:
             bt = idx.block_tokens
             n = min(req.chain_lookup, len(chain), max_hit_blocks(req.prompt_tokens, bt))

@@ -50,43 +50,68 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
-from typing import Any
+from typing import Protocol
 
-__all__ = ["PrefixIndex", "ReplicaIndex", "RunChain", "TextChainer", "SEGMENT_SEP"]
+__all__ = [
+    "PrefixIndex",
+    "ReplicaIndex",
+    "RunChain",
+    "Segments",
+    "TextChainer",
+    "SEGMENT_SEP",
+    "CHARS_PER_TOKEN",
+]
 
 SEGMENT_SEP = "\x1e"  # joins the segments (messages) of a text prompt into one character stream
+CHARS_PER_TOKEN = 4  # the character-block approximation's characters per token
+
+
+class Segments(Protocol):
+    """A prompt's text segments by index (a list, or a lazy view of a request body)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int, /) -> str: ...
 
 
 class ReplicaIndex:
     """One replica's blocks: a tree of block ids with leaf-LRU eviction (module docstring).
 
-    ``nodes`` maps a block id to ``[parent id or None, children, stamp]``; read it, do not write it.
+    ``stamp`` maps each held block to its LRU stamp (a block is held iff it is a key), ``parent``
+    a non-root block to the block before it, ``children`` a block to its number of held children
+    (absent: 0); read them, do not write them. Plain int dictionaries (no per-block objects), so
+    the garbage collector never walks the index.
     """
 
-    __slots__ = ("capacity", "nodes", "_heap", "evictions")
+    __slots__ = ("capacity", "stamp", "parent", "children", "_heap", "evictions")
 
     def __init__(self, capacity_blocks: int):
         if capacity_blocks < 1:
             raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
         self.capacity = capacity_blocks
-        self.nodes: dict[int, list[Any]] = {}  # [parent or None, children, stamp]
+        self.stamp: dict[int, int] = {}
+        self.parent: dict[int, int] = {}
+        self.children: dict[int, int] = {}
         self._heap: list[tuple[int, int]] = []  # (stamp, block) of leaves; stale entries skipped
         self.evictions = 0
 
     def __len__(self) -> int:
-        return len(self.nodes)
+        return len(self.stamp)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self.stamp
 
     def match(self, chain: Sequence[int], n: int) -> int:
         """Leading blocks of ``chain[:n]`` held (binary search: presence is prefix-closed)."""
-        nodes = self.nodes
-        if n <= 0 or chain[0] not in nodes:
+        held = self.stamp
+        if n <= 0 or chain[0] not in held:
             return 0
-        if chain[n - 1] in nodes:
+        if chain[n - 1] in held:
             return n
         lo, hi = 1, n - 1  # chain[lo-1] held, chain[hi] not
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if chain[mid - 1] in nodes:
+            if chain[mid - 1] in held:
                 lo = mid
             else:
                 hi = mid - 1
@@ -98,50 +123,63 @@ class ReplicaIndex:
             n = self.capacity
         if n <= 0:
             return
-        nodes = self.nodes
+        held, parent, children = self.stamp, self.parent, self.children
         k = self.match(chain, n)
-        parent: int | None = chain[k - 1] if k > 0 else None
+        prev = chain[k - 1] if k > 0 else None
         for i in range(k, n):
             b = chain[i]
-            if b in nodes:  # an id seen under another parent (not a hash chain): keep the first
-                parent = b
+            if b in held:  # an id seen under another parent (not a hash chain): keep the first
+                prev = b
                 continue
-            nodes[b] = [parent, 0, stamp]
-            if parent is not None:
-                nodes[parent][1] += 1
-            parent = b
-        tip = nodes[chain[n - 1]]
-        tip[2] = stamp
-        if tip[1] == 0:
-            heapq.heappush(self._heap, (stamp, chain[n - 1]))
-        if len(nodes) > self.capacity:
-            self._evict(len(nodes) - self.capacity)
+            held[b] = stamp
+            if prev is not None:
+                parent[b] = prev
+                children[prev] = children.get(prev, 0) + 1
+            prev = b
+        tip = chain[n - 1]
+        held[tip] = stamp
+        if tip not in children:
+            heapq.heappush(self._heap, (stamp, tip))
+        if len(held) > self.capacity:
+            self._evict(len(held) - self.capacity)
+        elif len(self._heap) > 4 * self.capacity + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop stale heap entries (touched or no longer leaves); keeps the heap O(capacity)."""
+        held, children = self.stamp, self.children
+        self._heap = [(t, b) for t, b in self._heap if held.get(b) == t and b not in children]
+        heapq.heapify(self._heap)
 
     def _evict(self, count: int) -> None:
-        nodes = self.nodes
+        held, parent, children = self.stamp, self.parent, self.children
         heap = self._heap
         pop, push = heapq.heappop, heapq.heappush
         while count > 0 and heap:
             t, b = pop(heap)
-            node = nodes.get(b)
-            if node is None or node[1] or node[2] != t:
+            if held.get(b) != t or b in children:
                 continue  # stale: evicted, no longer a leaf, or touched since
-            del nodes[b]
+            del held[b]
             count -= 1
             self.evictions += 1
-            p = node[0]
+            p = parent.pop(b, None)
             if p is not None:
-                pn = nodes[p]
-                pn[1] -= 1
-                if t > pn[2]:
-                    pn[2] = t
-                if pn[1] == 0:
-                    push(heap, (pn[2], p))
+                c = children[p] - 1
+                pt = held[p]
+                if t > pt:
+                    held[p] = pt = t
+                if c:
+                    children[p] = c
+                else:
+                    del children[p]
+                    push(heap, (pt, p))
         if count > 0:  # pragma: no cover - the heap always holds every leaf
             raise RuntimeError("prefix index: no leaf left to evict")
 
     def clear(self) -> None:
-        self.nodes.clear()
+        self.stamp.clear()
+        self.parent.clear()
+        self.children.clear()
         self._heap.clear()
 
 
@@ -211,20 +249,21 @@ class TextChainer:
             raise ValueError(f"block_chars must be >= 1, got {block_chars}")
         self.block_chars = block_chars
 
-    def extend(self, rc: RunChain, segments: Sequence[str]) -> list[int]:
+    def extend(self, rc: RunChain, segments: Segments) -> list[int]:
         """Bring ``rc`` up to ``segments`` (hashing only new segments when the old ones still lead)
-        and return its chain (the list is ``rc.chain``; do not mutate it)."""
+        and return its chain (the list is ``rc.chain``; do not mutate it). Reads ``len(segments)``
+        and only the segments it needs by index (the first, the last hashed one, the new ones), so
+        a lazy sequence costs O(new text)."""
         k = rc.segments
+        n = len(segments)
         if k and (
-            len(segments) < k
-            or _fingerprint(segments[k - 1]) != rc.fingerprint
-            or _fingerprint(segments[0]) != rc.first
+            n < k or _fingerprint(segments[k - 1]) != rc.fingerprint or _fingerprint(segments[0]) != rc.first
         ):
             rc.chain, rc.segments, rc.tail, rc.fingerprint, rc.first, rc.chars = [], 0, "", None, None, 0
             k = 0
-        if k == len(segments):
+        if k == n:
             return rc.chain
-        text = rc.tail + SEGMENT_SEP.join(segments[k:]) + SEGMENT_SEP
+        text = rc.tail + SEGMENT_SEP.join([segments[i] for i in range(k, n)]) + SEGMENT_SEP
         bc = self.block_chars
         chain = rc.chain
         h = chain[-1] if chain else 0
@@ -235,8 +274,8 @@ class TextChainer:
             h = int.from_bytes(d.digest(), "little", signed=True)
             chain.append(h)
         rc.tail = text[full:]
-        rc.segments = len(segments)
-        rc.fingerprint = _fingerprint(segments[-1])
+        rc.segments = n
+        rc.fingerprint = _fingerprint(segments[n - 1])
         if rc.first is None:
             rc.first = _fingerprint(segments[0])
         rc.chars = len(chain) * bc + len(rc.tail)

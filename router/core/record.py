@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from features.schema import Step
+from router.core.prefix_index import Segments
 
 __all__ = ["StepRequest", "StepResult", "step_record", "step_entry", "LazyFeatures"]
 
@@ -44,6 +45,9 @@ class StepRequest:
     chain: Sequence[int] | None = None
     chain_lookup: int = 0
     chain_hold: int | None = None
+    # the prompt as text segments (one per message; the sidecar's lazy view of the body): the
+    # engine's TextChainer turns them into ``chain`` incrementally per run (no text is kept)
+    segments: Segments | None = None
 
     @property
     def spill_ok(self) -> bool:

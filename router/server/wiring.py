@@ -160,4 +160,21 @@ def make_engine(
         horizons_s=a.horizons_s,
         default_run_s=a.default_run_s,
     )
-    return StepEngine(admission=gate, max_steps=hist), live
+    return StepEngine(admission=gate, max_steps=hist, **prefix_index_kw(s, local)), live
+
+
+def prefix_index_kw(s: RouterSettings, local: list[str]) -> dict[str, Any]:
+    """The engine's prefix index and text chainer (router.core.prefix_index) from ``local``'s
+    settings: character blocks of ``prefix_block_chars``, each replica's capacity its
+    ``kv_cache_tokens`` (else ``prefix_index_tokens``) in blocks; empty when off."""
+    from router.core.prefix_index import CHARS_PER_TOKEN, PrefixIndex, TextChainer
+
+    lt = s.local
+    if lt is None or not lt.prefix_index or not local:
+        return {}
+    bt = max(1, lt.prefix_block_chars // CHARS_PER_TOKEN)
+    cap = max(1, (lt.kv_cache_tokens or lt.prefix_index_tokens) // bt)
+    return {
+        "prefix_index": PrefixIndex(bt, [(n, cap) for n in local]),
+        "text_chainer": TextChainer(bt * CHARS_PER_TOKEN),
+    }
