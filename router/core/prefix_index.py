@@ -21,6 +21,9 @@ Algorithm:
   present, and the matched prefix of a chain is found by binary search: O(log n) dictionary
   lookups per replica (:meth:`PrefixIndex.match`). A record inserts only the blocks the replica
   lacks and touches the tip: O(new blocks + log n), flat in the body size for a run that grows.
+- **Several routers** (:mod:`router.server.prefix_share`, with Redis): every local record is
+  also published (the ``listener``) and other routers' records are applied
+  (:meth:`PrefixIndex.apply`), so each router's index holds what all routers sent where.
 - **Losses.** :meth:`PrefixIndex.clear` drops a replica's blocks (a restart, a scale-to-zero reap,
   vLLM's ``/reset_prefix_cache``).
 
@@ -47,7 +50,7 @@ Pure and synchronous, no I/O.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from typing import Protocol
@@ -186,7 +189,7 @@ class ReplicaIndex:
 class PrefixIndex:
     """Per local replica, the block chains it holds (module docstring); ``block_tokens`` per block."""
 
-    __slots__ = ("block_tokens", "replicas", "_clock")
+    __slots__ = ("block_tokens", "replicas", "_clock", "listener")
 
     def __init__(self, block_tokens: int, capacities: Iterable[tuple[str, int]] = ()):
         if block_tokens < 1:
@@ -194,6 +197,9 @@ class PrefixIndex:
         self.block_tokens = block_tokens
         self.replicas: dict[str, ReplicaIndex] = {}
         self._clock = 0
+        # told of every local record (replica, chain, n): how an adapter shares the index with
+        # other routers (router.server.prefix_share); None = nobody
+        self.listener: Callable[[str, Sequence[int], int], None] | None = None
         for name, cap in capacities:
             self.add_replica(name, cap)
 
@@ -213,8 +219,18 @@ class PrefixIndex:
         r = self.replicas.get(replica)
         if r is None:
             return
+        n = len(chain) if n is None else min(n, len(chain))
         self._clock += 1
-        r.record(chain, len(chain) if n is None else min(n, len(chain)), self._clock)
+        r.record(chain, n, self._clock)
+        if self.listener is not None:
+            self.listener(replica, chain, n)
+
+    def apply(self, replica: str, chain: Sequence[int]) -> None:
+        """Another router sent ``chain`` to ``replica`` (:meth:`record` without the listener)."""
+        r = self.replicas.get(replica)
+        if r is not None:
+            self._clock += 1
+            r.record(chain, len(chain), self._clock)
 
     def clear(self, replica: str) -> None:
         """``replica`` lost its cache (restart, reap, prefix-cache reset)."""

@@ -23,7 +23,7 @@ from router.server.backends import Backend
 from router.server.scrape import Scraper
 from router.server.settings import RouterSettings
 
-__all__ = ["make_backends", "make_store", "make_engine"]
+__all__ = ["make_backends", "make_store", "make_engine", "make_prefix_share"]
 
 
 def make_backends(s: RouterSettings) -> list[Backend]:
@@ -178,3 +178,13 @@ def prefix_index_kw(s: RouterSettings, local: list[str]) -> dict[str, Any]:
         "prefix_index": PrefixIndex(bt, [(n, cap) for n in local]),
         "text_chainer": TextChainer(bt * CHARS_PER_TOKEN),
     }
+
+
+def make_prefix_share(s: RouterSettings, engine: StepEngine) -> Any:
+    """The engine's prefix index shared through Redis (:mod:`router.server.prefix_share`) when the
+    store is Redis, the index is on and ``local.prefix_share`` is set; else None."""
+    if s.store.kind != "redis" or engine.prefix_index is None or s.local is None or not s.local.prefix_share:
+        return None
+    from router.server.prefix_share import PrefixShare
+
+    return PrefixShare(engine.prefix_index, s.store.redis_url, key=f"{s.store.key_prefix}prefix-index:events")
