@@ -21,7 +21,9 @@ logged about a decision, happens here, synchronously, in this order:
    block chain (:attr:`~router.core.record.StepRequest.chain`), every local backend's
    ``warm_prefix_tokens`` is instead the prefix of the chain the index says that replica holds
    (from this run and every other run; whole blocks, at most ``(prompt - 1) // block`` as vLLM
-   reports), and the decision's replica is recorded in the index at commit (6).
+   reports), and the decision's replica is recorded in the index at commit (6); a local backend
+   whose adapter gave no ``prefill_queue_tokens`` gets the traffic model's in-flight prefill
+   estimate for it (the sidecar's view of the prefill a replica still owes).
 4. **decide**: a spilled run goes to the frontier (``admission-spilled``); otherwise
    ``policy.decide(snapshot)``. An exploring policy (:class:`router.policy.explore.ExplorePolicy`)
    is told at a run's first step whether its exploration budget has room
@@ -240,9 +242,12 @@ class StepEngine(EngineMoves):
             bt = idx.block_tokens
             n = min(req.chain_lookup, len(chain), max_hit_blocks(req.prompt_tokens, bt))
             own = min(track.last_tokens, req.prompt_tokens)
+            loads = self.traffic.replicas if self.traffic is not None else None
             for b in backends:
                 if b.tier == "local":
                     b.warm_prefix_tokens = idx.match(b.name, chain, n) * bt
+                    if loads is not None and not b.prefill_queue_tokens and b.name in loads:
+                        b.prefill_queue_tokens = int(loads[b.name].prefill_tokens)
                 else:
                     b.warm_prefix_tokens = own if b.name == pinned else 0
         elif pinned is not None:
