@@ -55,3 +55,6 @@ def test_runs_sharing_a_system_prompt_land_where_the_prefix_is(tmp_path: Path) -
             # every later run goes where the system prompt is, and vLLM (the fake) reuses it there
             assert {rep for rep, _ in placed} == {first}, placed
             assert all(cached > 1000 for _, cached in placed), placed
+            ready = c.get(url + "/ready").json()["prefix_index"]
+            assert {r["mode"] for r in ready["replicas"].values()} == {"approximate"}
+            assert ready["replicas"][first]["blocks"] > 0 and ready["shared"] is False
