@@ -222,7 +222,7 @@ class PrefixIndex:
         n = len(chain) if n is None else min(n, len(chain))
         self._clock += 1
         r.record(chain, n, self._clock)
-        if self.listener is not None:
+        if self.listener is not None and n > 0:
             self.listener(replica, chain, n)
 
     def apply(self, replica: str, chain: Sequence[int]) -> None:
