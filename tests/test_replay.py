@@ -276,6 +276,7 @@ def test_replay_command_with_a_real_bundle(runlog_path, tmp_path):
         "session-sticky",
         "stall-escalation",
         "oracle",
+        "prefix-aware",
     }
     learned = data["policies"]["learned"]
     assert learned["runs"] == 4 and set(learned["reasons"]) <= {

@@ -17,7 +17,13 @@ logged about a decision, happens here, synchronously, in this order:
 3. **snapshot**: the adapter's backend states with ``warm_prefix_tokens`` set from the router's
    belief (the run's last served context on the backend it is pinned to, capped at the new prompt;
    the same in all adapters, so a what-if decides on what the sidecar would know), then
-   :func:`router.policy.snapshot.build_snapshot`.
+   :func:`router.policy.snapshot.build_snapshot`. With a prefix index and a step that carries its
+   block chain (:attr:`~router.core.record.StepRequest.chain`), every local backend's
+   ``warm_prefix_tokens`` is instead the prefix of the chain the index says that replica holds
+   (from this run and every other run; whole blocks, at most ``(prompt - 1) // block`` as vLLM
+   reports), and the decision's replica is recorded in the index at commit (6); a local backend
+   whose adapter gave no ``prefill_queue_tokens`` gets the traffic model's in-flight prefill
+   estimate for it (the sidecar's view of the prefill a replica still owes).
 4. **decide**: a spilled run goes to the frontier (``admission-spilled``); otherwise
    ``policy.decide(snapshot)``. An exploring policy (:class:`router.policy.explore.ExplorePolicy`)
    is told at a run's first step whether its exploration budget has room
@@ -47,7 +53,10 @@ logged about a decision, happens here, synchronously, in this order:
 Knobs (constructor): ``admission`` (an :class:`~router.core.admission.AdmissionGate`, None = no
 admission), ``traffic`` (a :class:`~router.core.traffic.TrafficModel`; the gate's when None),
 ``cache_reader`` (``replica name -> CacheReading | None``: the adapter's prefix-cache counters),
-``max_steps`` (history kept per run, see :class:`~router.core.runs.RunTracker`),
+``prefix_index`` (a :class:`~router.core.prefix_index.PrefixIndex`, None = the run's own
+belief only), ``text_chainer`` (a :class:`~router.core.prefix_index.TextChainer`: turns a step's
+text ``segments`` into its chain, incrementally per run, when the adapter gives text instead of a
+chain), ``max_steps`` (history kept per run, see :class:`~router.core.runs.RunTracker`),
 ``fallback_weights`` (placement weights of the fallback pick), ``keep_features`` (extract the
 feature vector at every step for the record even when the predictor reads none — the sidecar
 always logs it; a simulation without a step log skips it for a predictor with
@@ -70,6 +79,8 @@ from models.types import Predictions
 from router.core.admission import SPILLED_REASON, AdmissionGate
 from router.core.explore import ExploreBudget, step_price_usd
 from router.core.moves import EngineMoves
+from router.core.prefix_cache import max_hit_blocks
+from router.core.prefix_index import PrefixIndex, RunChain, TextChainer
 from router.core.record import LazyFeatures, StepRequest, StepResult, step_record
 from router.core.runs import CacheReading, RunTrack
 from router.core.traffic import StepToken, TrafficModel
@@ -125,7 +136,11 @@ class StepEngine(EngineMoves):
         fallback_weights: ScoreWeights = DEFAULT_WEIGHTS,
         keep_features: bool = True,
         cache_lags: bool = True,
+        prefix_index: PrefixIndex | None = None,
+        text_chainer: TextChainer | None = None,
     ):
+        self.prefix_index = prefix_index
+        self.text_chainer = text_chainer
         self.admission = admission
         self.traffic = traffic if traffic is not None else (admission.traffic if admission else None)
         self.cache_reader = cache_reader
@@ -213,7 +228,29 @@ class StepEngine(EngineMoves):
         else:  # a predictor that reads no features (the constant one), and no record wants them
             preds = predictor.predict(prefix)
         pinned = run.replica
-        if pinned is not None:
+        idx = self.prefix_index
+        chain = req.chain
+        tc = self.text_chainer
+        if idx is not None and chain is None and req.segments is not None and tc is not None:
+            rc = track.prefix_chain
+            if rc is None:
+                rc = track.prefix_chain = RunChain()
+            chain = req.chain = tc.extend(rc, req.segments)
+            req.chain_lookup = len(chain)
+            req.segments = None  # the request's text is not kept past this point
+        if idx is not None and chain is not None:
+            bt = idx.block_tokens
+            n = min(req.chain_lookup, len(chain), max_hit_blocks(req.prompt_tokens, bt))
+            own = min(track.last_tokens, req.prompt_tokens)
+            loads = self.traffic.replicas if self.traffic is not None else None
+            for b in backends:
+                if b.tier == "local":
+                    b.warm_prefix_tokens = idx.match(b.name, chain, n) * bt
+                    if loads is not None and not b.prefill_queue_tokens and b.name in loads:
+                        b.prefill_queue_tokens = int(loads[b.name].prefill_tokens)
+                else:
+                    b.warm_prefix_tokens = own if b.name == pinned else 0
+        elif pinned is not None:
             warm = min(track.last_tokens, req.prompt_tokens)
             for b in backends:
                 b.warm_prefix_tokens = warm if b.name == pinned else 0
@@ -316,6 +353,11 @@ class StepEngine(EngineMoves):
         if backend is None:
             return
         local = backend.tier == "local"
+        idx = self.prefix_index
+        chain = plan.request.chain
+        if local and idx is not None and chain is not None:
+            plan.warm_tokens = backend.warm_prefix_tokens
+            idx.record(backend.name, chain, plan.request.chain_hold)
         if local and self.cache_lags:
             plan.cache_start = self._reading(backend.name)
         if self.traffic is not None:

@@ -10,11 +10,12 @@ values need no re-validation on the hot path; a test validates them against the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from features.schema import Step
+from router.core.prefix_index import Segments
 
 __all__ = ["StepRequest", "StepResult", "step_record", "step_entry", "LazyFeatures"]
 
@@ -38,6 +39,15 @@ class StepRequest:
     # signal kinds posted on the run since its previous step (sidecar: from the run-state store;
     # simulator / replay: the logged Step.signals); the engine adds them to the run's track
     signals: tuple[str, ...] = ()
+    # the prompt's block chain for the prefix index (router.core.prefix_index; None: no index
+    # lookup): ``chain[:chain_lookup]`` lie inside the prompt, the replica holds
+    # ``chain[:chain_hold]`` after the step (None: all of it)
+    chain: Sequence[int] | None = None
+    chain_lookup: int = 0
+    chain_hold: int | None = None
+    # the prompt as text segments (one per message; the sidecar's lazy view of the body): the
+    # engine's TextChainer turns them into ``chain`` incrementally per run (no text is kept)
+    segments: Segments | None = None
 
     @property
     def spill_ok(self) -> bool:

@@ -78,6 +78,8 @@ class RunTrack:
     domain: str | None = None
     task_embedding: Any = None
     signals: tuple[str, ...] = ()
+    # the run's text block chain so far (router.core.prefix_index.RunChain; None: none yet)
+    prefix_chain: Any = None
 
     @classmethod
     def new(cls, run_id: str, started_s: float | None) -> RunTrack:

@@ -6,6 +6,10 @@ learned policy only in the tier rule and the replica affinity:
 - ``always-local`` (:class:`AlwaysLocalPolicy`): every step to the least-loaded healthy local
   replica, chosen afresh each step (a plain load balancer: load terms only, no run affinity, ties
   broken per step) unless ``sticky``. Reason ``always-local``.
+- ``prefix-aware`` (:class:`PrefixAwarePolicy`): local only, every step placed afresh by the
+  prefix-cost pick (:func:`router.policy.filters.prefix_cost_pick`: prefill the replica would still
+  compute after the prefix the prefix index says it holds, plus load, with the bounded-imbalance
+  rule); a run stays where its cache is unless load says otherwise. Reason ``prefix-aware``.
 - ``always-frontier`` (:class:`AlwaysFrontierPolicy`): every step to the frontier. Reason
   ``always-frontier``.
 - ``per-step-threshold`` (:class:`PerStepThresholdPolicy`, RouteLLM-like): each step independently,
@@ -35,6 +39,7 @@ from router.policy.types import Decision, Snapshot, Tier
 
 __all__ = [
     "AlwaysLocalPolicy",
+    "PrefixAwarePolicy",
     "AlwaysFrontierPolicy",
     "PerStepThresholdPolicy",
     "SessionStickyPolicy",
@@ -44,6 +49,7 @@ __all__ = [
 
 _NO_LOAD = ScoreWeights(warm=0.0, queue=0.0, running=0.0, kv=0.0)
 _LOAD_ONLY = ScoreWeights(warm=0.0)
+_PREFIX_COST = ScoreWeights(load_tokens=512.0)
 
 
 class _Fixed:
@@ -87,6 +93,18 @@ class AlwaysLocalPolicy(_Fixed):
         if fallback == "failover" and not self.sticky:
             fallback = None  # no affinity: a moved replica is the normal case, not a failover
         return make_decision(snap, backend, fallback or reason, scores, tier)
+
+
+class PrefixAwarePolicy(AlwaysLocalPolicy):
+    __slots__ = ()
+
+    def __init__(self, weights: ScoreWeights = _PREFIX_COST, name: str = "prefix-aware"):
+        if weights.load_tokens <= 0:
+            raise ValueError("prefix-aware: weights.load_tokens must be > 0 (prefix-cost mode)")
+        super().__init__(weights, sticky=False, name=name)
+
+    def _tier(self, snap: Snapshot) -> tuple[Tier, str, dict[str, float] | None]:
+        return "local", "prefix-aware", None
 
 
 class AlwaysFrontierPolicy(_Fixed):

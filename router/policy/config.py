@@ -35,6 +35,7 @@ from router.policy.baselines import (
     AlwaysLocalPolicy,
     OraclePolicy,
     PerStepThresholdPolicy,
+    PrefixAwarePolicy,
     SessionStickyPolicy,
     StallEscalationPolicy,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "Scoring",
     "LearnedConfig",
     "AlwaysLocalConfig",
+    "PrefixAwareConfig",
     "AlwaysFrontierConfig",
     "PerStepThresholdConfig",
     "SessionStickyConfig",
@@ -85,9 +87,37 @@ class Scoring(_Strict):
     running_half: float = Field(
         default=8.0, gt=0, description="running requests at which the running term is 0.5"
     )
+    load_tokens: float = Field(
+        default=0.0,
+        ge=0,
+        description="prefix-cost placement: prefill tokens one running/waiting request is worth "
+        "(0 = off: the weighted score)",
+    )
+    queue_tokens: float = Field(
+        default=0.25,
+        ge=0,
+        description="prefix-cost placement: weight per prompt token a replica still has to prefill",
+    )
+    balance_abs: float = Field(
+        default=8.0, ge=0, description="prefix-cost placement: load gap (requests) that forces least-loaded"
+    )
+    balance_rel: float = Field(
+        default=1.5, ge=1, description="prefix-cost placement: load ratio that forces least-loaded"
+    )
 
     def weights(self) -> ScoreWeights:
-        return ScoreWeights(self.warm, self.queue, self.running, self.kv, self.queue_half, self.running_half)
+        return ScoreWeights(
+            self.warm,
+            self.queue,
+            self.running,
+            self.kv,
+            self.queue_half,
+            self.running_half,
+            self.load_tokens,
+            self.queue_tokens,
+            self.balance_abs,
+            self.balance_rel,
+        )
 
 
 class _Base(_Strict):
@@ -211,6 +241,20 @@ class AlwaysLocalConfig(_Base):
         return AlwaysLocalPolicy(self.scoring.weights(), sticky=self.sticky, name=self.label())
 
 
+class PrefixAwareConfig(_Base):
+    """Local only; every step placed afresh by prefix cost (router.policy.filters, prefix-cost mode):
+    prefill still to compute on the replica after the prefix the index says it holds + load."""
+
+    kind: Literal["prefix-aware"] = "prefix-aware"
+    scoring: Scoring = Field(default_factory=lambda: Scoring(load_tokens=512.0))
+
+    def build(self, bundle: ModelBundle | None = None) -> Policy:
+        w = self.scoring.weights()
+        if w.load_tokens <= 0:
+            raise PolicyConfigError("prefix-aware: scoring.load_tokens must be > 0")
+        return PrefixAwarePolicy(w, name=self.label())
+
+
 class AlwaysFrontierConfig(_Base):
     kind: Literal["always-frontier"] = "always-frontier"
 
@@ -263,7 +307,8 @@ PolicyConfig = Annotated[
     | PerStepThresholdConfig
     | SessionStickyConfig
     | StallEscalationConfig
-    | OracleConfig,
+    | OracleConfig
+    | PrefixAwareConfig,
     Field(discriminator="kind"),
 ]
 
@@ -275,6 +320,7 @@ POLICY_KINDS: tuple[str, ...] = (
     "session-sticky",
     "stall-escalation",
     "oracle",
+    "prefix-aware",
 )
 
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(PolicyConfig)

@@ -14,7 +14,16 @@ Algorithm (pure, allocation-light; runs on every step of every run):
    - ``queue``   = waiting / (waiting + queue_half)              (saturating, 0.5 at ``queue_half``)
    - ``running`` = running / (running + running_half)
    - ``kv``      = kv_usage clipped to [0, 1]
-4. **Pick** the highest score; exact ties are broken by a rendezvous hash of (run id [+ salt],
+   **Prefix-cost mode** (``load_tokens > 0``; :func:`prefix_cost_pick`, the anchors' cost form:
+   Dynamo's KV router, SGLang's cache-aware policy): instead of the score, each candidate costs
+   ``(context_tokens - warm_prefix_tokens) + queue_tokens * prefill_queue_tokens + load_tokens *
+   (running + waiting)``: the prefill tokens the replica would still compute for this step after the prefix it
+   holds (``warm_prefix_tokens``, from the prefix index: this run's and every other run's chains),
+   the prefill it still owes the requests already sent to it, and its request load in prefill-token
+   equivalents; the cheapest wins. **Bounded imbalance**: when the candidates' loads drift apart
+   (``max - min > balance_abs`` and ``max > balance_rel * min``) the least-loaded one wins
+   instead (cost breaks ties), so a popular prefix cannot pile every run onto one replica.
+4. **Pick** the highest score (the lowest cost); exact ties are broken by a rendezvous hash of (run id [+ salt],
    backend name), so different runs spread over equal replicas, the same run always lands on the
    same one, and removing a replica only moves the runs that were on it.
 5. **Fall back** when the wanted tier has no candidate: the other tier (reason ``no-healthy-local`` /
@@ -25,7 +34,13 @@ Algorithm (pure, allocation-light; runs on every step of every run):
 
 Knobs (:class:`ScoreWeights`, built from the policy config's ``scoring`` block): ``warm``, ``queue``,
 ``running``, ``kv`` (term weights, >= 0), ``queue_half``, ``running_half`` (the counts at which the
-saturating load terms reach 0.5).
+saturating load terms reach 0.5); prefix-cost mode: ``load_tokens`` (prefill tokens one running or
+waiting request on a replica is worth; 0 = off, the score above), ``queue_tokens`` (weight of the
+prefill a replica still owes, per token), ``balance_abs`` (requests) and ``balance_rel`` (ratio),
+the bounded-imbalance thresholds. The ``prefix-aware`` policy's defaults (``load_tokens`` 512,
+``queue_tokens`` 0.25, ``balance_abs`` 8, ``balance_rel`` 1.5) were chosen on the shipped first 20
+minutes of the Mooncake conversation trace (16 a100 replicas x 50 GB KV; ``bench/prefix_placement.py``
+reports the whole hour).
 """
 
 from __future__ import annotations
@@ -42,6 +57,7 @@ __all__ = [
     "candidates",
     "load_score",
     "pick",
+    "prefix_cost_pick",
     "place",
     "place_requested",
     "make_decision",
@@ -59,6 +75,10 @@ class ScoreWeights:
     kv: float = 0.5
     queue_half: float = 4.0
     running_half: float = 8.0
+    load_tokens: float = 0.0  # > 0: prefix-cost mode (module docstring)
+    queue_tokens: float = 0.25
+    balance_abs: float = 8.0
+    balance_rel: float = 1.5
 
 
 DEFAULT_WEIGHTS = ScoreWeights()
@@ -96,6 +116,8 @@ def pick(cands: list[BackendState], key: str, context_tokens: int, w: ScoreWeigh
     """The best-scoring candidate; ties broken by rendezvous hash of (``key``, backend name)."""
     if len(cands) == 1:
         return cands[0]
+    if w.load_tokens > 0:
+        return prefix_cost_pick(cands, key, context_tokens, w)
     best = cands[0]
     best_score = load_score(best, context_tokens, w)
     best_h = stable_hash(f"{key}/{best.name}")
@@ -107,6 +129,30 @@ def pick(cands: list[BackendState], key: str, context_tokens: int, w: ScoreWeigh
             h = stable_hash(f"{key}/{b.name}")
             if h > best_h or (h == best_h and b.name < best.name):
                 best, best_h = b, h
+    return best
+
+
+def prefix_cost_pick(
+    cands: list[BackendState], key: str, context_tokens: int, w: ScoreWeights
+) -> BackendState:
+    """Prefix-cost mode (module docstring, 3): the cheapest candidate, or the least-loaded one when
+    loads drift beyond the bounded-imbalance thresholds; ties by rendezvous hash."""
+    loads = [b.running + b.waiting for b in cands]
+    lo, hi = min(loads), max(loads)
+    balance = hi - lo > w.balance_abs and hi > w.balance_rel * lo
+    lt, qw = w.load_tokens, w.queue_tokens
+    best = cands[0]
+    best_key: tuple[float, float, int] | None = None
+    for b, load in zip(cands, loads, strict=True):
+        warm = b.warm_prefix_tokens if b.warm_prefix_tokens < context_tokens else context_tokens
+        cost = (context_tokens - warm) + qw * b.prefill_queue_tokens + lt * load
+        k = (
+            (float(load), cost, -stable_hash(f"{key}/{b.name}"))
+            if balance
+            else (cost, 0.0, -stable_hash(f"{key}/{b.name}"))
+        )
+        if best_key is None or k < best_key:
+            best, best_key = b, k
     return best
 
 

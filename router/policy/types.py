@@ -43,6 +43,9 @@ class BackendState:
     ttft_base_s: float = 0.0
     # a local replica's price in USD per GPU-hour (0 = the policy's ``local_gpu_usd_per_hour``)
     gpu_usd_per_hour: float = 0.0
+    # prompt tokens the replica still has to prefill for requests already sent to it (the router's
+    # in-flight knowledge; 0 = unknown): the prefix-cost placement's queue term
+    prefill_queue_tokens: int = 0
 
 
 @dataclass(slots=True)

@@ -56,7 +56,7 @@ from router.server.scrape import Scraper
 from router.server.settings import RouterSettings
 from router.server.tracing import make_tracing
 from router.server.upstream import AiohttpUpstream, Upstream
-from router.server.wiring import make_backends, make_engine, make_store
+from router.server.wiring import make_backends, make_engine, make_prefix_share, make_store
 
 __all__ = ["create_app", "make_backends", "serve_in_thread"]
 
@@ -80,6 +80,7 @@ class _RouterApp(FastAPI):
 
     hot_paths: dict[str, Any] = {}
     on_request: Any = None  # (handler, status) for every other request (metrics)
+    prefix_share: Any = None  # router.server.prefix_share.PrefixShare when the index is shared
     max_headers: int = 100
     max_header_bytes: int = 64 * 1024
 
@@ -191,6 +192,7 @@ def create_app(
         durability=s.runlog.durability,
     )
     engine, admission = make_engine(s, st, scraper, backends, admission_budget_hook, clock, wall)
+    prefix_share = make_prefix_share(s, engine)
     tracing = make_tracing(s)
     proxy = Proxy(
         engine=engine,
@@ -226,6 +228,8 @@ def create_app(
             admission.start()
         proxy.lifecycle.start()
         proxy.context.start()
+        if prefix_share is not None:
+            prefix_share.start()
         # the bundle, settings and imported modules live for the whole process: move them out of the
         # collector's generations so a full collection under load does not walk them (tail latency)
         gc.collect()
@@ -234,6 +238,8 @@ def create_app(
             yield
         finally:
             await proxy.lifecycle.stop()
+            if prefix_share is not None:
+                await prefix_share.stop()
             if admission is not None:
                 await admission.stop()
             await scraper.stop()
@@ -255,6 +261,7 @@ def create_app(
         redoc_url=None,
         openapi_url="/openapi.json",
     )
+    app.prefix_share = prefix_share
     app.hot_paths = {
         "/v1/chat/completions": proxy.chat,
         "/v1/responses": proxy.responses,

@@ -99,6 +99,31 @@ def read_request(
 _looks_error = looks_error
 
 
+class MessageSegments:
+    """The prefix index's lazy text view of a chat body (:class:`router.core.prefix_index.Segments`):
+    segment 0 = the tools offered (JSON; empty without), segment ``i`` = message ``i - 1``'s role,
+    text and tool calls. Only the segments the run's chainer asks for are built (O(new messages))."""
+
+    __slots__ = ("msgs", "tools")
+
+    def __init__(self, body: Mapping[str, Any]):
+        self.msgs = body["messages"]
+        self.tools = body.get("tools")
+
+    def __len__(self) -> int:
+        return len(self.msgs) + 1
+
+    def __getitem__(self, i: int) -> str:
+        if i == 0:
+            return orjson.dumps(self.tools).decode() if self.tools else ""
+        m = self.msgs[i - 1]
+        calls = m.get("tool_calls")
+        text = text_of(m.get("content")) or ""
+        if calls:
+            text += orjson.dumps(calls).decode()
+        return f"{m.get('role')}\x1f{text}"
+
+
 def step_request(req: ClientRequest, previous_total: int | None, **kw: Any) -> StepRequest:
     """The engine's view of a chat request (module docstring). ``previous_total``: the run's
     previous served step's prompt + completion tokens (None at its first step)."""
@@ -129,6 +154,7 @@ def step_request(req: ClientRequest, previous_total: int | None, **kw: Any) -> S
         requested_model=req.requested,
         protocol="chat",
         estimated=True,
+        segments=MessageSegments(body),
         **kw,
     )
 

@@ -77,6 +77,25 @@ def _domain_modes(serving: Any) -> dict[str, dict[str, str]]:
     return {k: {"mode": d.mode, "reason": d.reason} for k, d in sorted(benefit.domains.items())}
 
 
+def _prefix_index_state(engine: StepEngine, app: Any) -> dict[str, Any] | None:
+    """``/ready``'s view of the prefix index (router.core.prefix_index): its mode per local replica
+    (``approximate``: what the routers sent where; KV events are not read yet), its blocks held and
+    whether it is shared through Redis; None without an index."""
+    idx = engine.prefix_index
+    if idx is None:
+        return None
+    share = getattr(app, "prefix_share", None)
+    return {
+        "block_tokens": idx.block_tokens,
+        "replicas": {
+            n: {"mode": "approximate", "blocks": len(r), "capacity_blocks": r.capacity}
+            for n, r in idx.replicas.items()
+        },
+        "shared": share is not None,
+        "share_errors": share.errors if share is not None else None,
+    }
+
+
 def json_response(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
@@ -218,6 +237,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             "bundle_error": holder.last_error,
             "bundle_source_error": getattr(holder, "probe_error", None),
             "backends": reachable,
+            "prefix_index": _prefix_index_state(proxy.engine, app),
         }
         return json_response(body, 200 if body["ready"] else 503)
 

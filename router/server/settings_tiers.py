@@ -51,6 +51,14 @@ class LocalTier(StrictModel):
     kv_cache_tokens: int | None = Field(default=None, gt=0)
     # a replica's price in USD per GPU-hour (0 = the learned policy's local_gpu_usd_per_hour)
     gpu_usd_per_hour: float = Field(default=0.0, ge=0)
+    # the prefix index (router.core.prefix_index, approximate mode, chat requests): on/off, its
+    # character block (tokens x 4 characters) and each replica's KV size in tokens when
+    # ``kv_cache_tokens`` is unset (the index's LRU capacity)
+    prefix_index: bool = True
+    prefix_block_chars: int = Field(default=1024, ge=4)
+    prefix_index_tokens: int = Field(default=262144, gt=0)
+    # with store.kind redis: share the index between router replicas (router.server.prefix_share)
+    prefix_share: bool = True
 
     @field_validator("urls")
     @classmethod

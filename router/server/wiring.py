@@ -23,7 +23,7 @@ from router.server.backends import Backend
 from router.server.scrape import Scraper
 from router.server.settings import RouterSettings
 
-__all__ = ["make_backends", "make_store", "make_engine"]
+__all__ = ["make_backends", "make_store", "make_engine", "make_prefix_share"]
 
 
 def make_backends(s: RouterSettings) -> list[Backend]:
@@ -160,4 +160,31 @@ def make_engine(
         horizons_s=a.horizons_s,
         default_run_s=a.default_run_s,
     )
-    return StepEngine(admission=gate, max_steps=hist), live
+    return StepEngine(admission=gate, max_steps=hist, **prefix_index_kw(s, local)), live
+
+
+def prefix_index_kw(s: RouterSettings, local: list[str]) -> dict[str, Any]:
+    """The engine's prefix index and text chainer (router.core.prefix_index) from ``local``'s
+    settings: character blocks of ``prefix_block_chars``, each replica's capacity its
+    ``kv_cache_tokens`` (else ``prefix_index_tokens``) in blocks; empty when off."""
+    from router.core.prefix_index import CHARS_PER_TOKEN, PrefixIndex, TextChainer
+
+    lt = s.local
+    if lt is None or not lt.prefix_index or not local:
+        return {}
+    bt = max(1, lt.prefix_block_chars // CHARS_PER_TOKEN)
+    cap = max(1, (lt.kv_cache_tokens or lt.prefix_index_tokens) // bt)
+    return {
+        "prefix_index": PrefixIndex(bt, [(n, cap) for n in local]),
+        "text_chainer": TextChainer(bt * CHARS_PER_TOKEN),
+    }
+
+
+def make_prefix_share(s: RouterSettings, engine: StepEngine) -> Any:
+    """The engine's prefix index shared through Redis (:mod:`router.server.prefix_share`) when the
+    store is Redis, the index is on and ``local.prefix_share`` is set; else None."""
+    if s.store.kind != "redis" or engine.prefix_index is None or s.local is None or not s.local.prefix_share:
+        return None
+    from router.server.prefix_share import PrefixShare
+
+    return PrefixShare(engine.prefix_index, s.store.redis_url, key=f"{s.store.key_prefix}prefix-index:events")

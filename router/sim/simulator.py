@@ -10,7 +10,9 @@ Algorithm (one capacity point = one :class:`Simulator` run):
    :class:`~router.policy.types.BackendState` per simulated replica from its live state (running,
    waiting, KV usage, remaining wake time added to its TTFT) and one for the frontier, then
    ``engine.plan`` (prefix, predict, snapshot, decide, admission), the slot claim on this
-   simulation's counter, ``engine.commit``. ``local_cache_pressure`` comes from the node model's
+   simulation's counter, ``engine.commit``. The step carries its block chain, so the engine's
+   prefix index (:mod:`router.core.prefix_index`, approximate mode at each replica's KV capacity)
+   tells the policy which replica holds how much of the prompt, as in the sidecar. ``local_cache_pressure`` comes from the node model's
    prefix-cache counter (hashed blocks newly written, exact, with wipes as epochs).
 3. The chosen local replica (:mod:`router.sim.node`) or the frontier (:mod:`router.sim.frontier`)
    serves the step; its completion calls ``engine.finish`` and schedules the run's next step. A
@@ -41,6 +43,7 @@ import numpy as np
 from models.predictor import ConstantPredictor
 from router.core.admission import AdmissionGate
 from router.core.engine import StepEngine, StepPlan
+from router.core.prefix_index import PrefixIndex
 from router.core.record import StepRequest, StepResult
 from router.core.runs import CacheReading, RunTrack
 from router.core.traffic import TrafficModel
@@ -60,6 +63,19 @@ __all__ = ["Simulator", "admission_from_controller"]
 def admission_from_controller(controller: AdmissionController) -> AdmissionController:
     """The controller the simulator's admission gate runs (kept for callers of the old hook API)."""
     return controller
+
+
+def prefill_owed(rep: Any) -> int:
+    """Prompt tokens ``rep`` still has to prefill for the requests sent to it (running ones'
+    remainders, waiting ones whole): what the router knows of what it sent and has not yet seen a
+    first token for (BackendState.prefill_queue_tokens)."""
+    n = 0
+    for r in rep.running:
+        if r.prefilled < r.prompt:
+            n += r.prompt - r.prefilled
+    for r in rep.waiting:
+        n += r.prompt
+    return n
 
 
 class _Run:
@@ -166,9 +182,11 @@ class Simulator:
             )
             gate = AdmissionGate(ctrl.cfg, traffic, budget_hook=ctrl.budget_hook)
             gate.controller = ctrl  # the caller's controller object (its hysteresis state)
+        index = PrefixIndex(B, [(r.name, self.cfg.kv_blocks()) for r in self.replicas])
         return StepEngine(
             admission=gate,
             cache_reader=reading,
+            prefix_index=index,
             max_steps=1 << 30,
             keep_features=self.cfg.log_steps,
             cache_lags=False,  # the node's counter is exact: it already holds a finished step's blocks
@@ -201,6 +219,7 @@ class Simulator:
                 prof.b,
                 prof.a if rep.state == "on" else prof.a + rep.wake_remaining(t),
                 gpu,
+                prefill_queue_tokens=prefill_owed(rep),
             )
             for rep in self.replicas
         ]
@@ -246,6 +265,8 @@ class Simulator:
                 wants_json=s.wants_json,
                 label_needs_frontier=run.spec.needs_frontier,
                 signals=s.signals,
+                chain=s.chain,
+                chain_lookup=s.n_lookup,
             )
         state, track = run.state, run.track
         plan = eng.plan(

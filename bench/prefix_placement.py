@@ -1,0 +1,304 @@
+"""Prefix-aware placement on the Mooncake conversation hour: hit rates vs the reachable figure, p95s.
+
+Usage::
+
+    .venv/bin/python bench/prefix_placement.py [--data ../shared/data] [--replicas N] [--kv-cache-gb 16]
+        [--gpu a100] [--slo-s 10] [--no-find] [--limit-runs N] [--out runroute-report/prefix_placement]
+
+Algorithm:
+
+1. Import the whole Mooncake conversation trace (``features.importers.mooncake``; the trace's
+   ``hash_ids`` are the block chains) and replay it closed-loop with its logged run starts
+   (``--arrivals trace``) through the what-if simulator at one deployment (node profile of
+   ``--gpu``, ``--kv-cache-gb`` per replica, ``--replicas``; default the capacity pre-check's
+   suggested start) under ``always-local`` (load-balanced, the baseline), ``session-sticky`` and
+   ``prefix-aware`` (:class:`router.policy.baselines.PrefixAwarePolicy`: the prefix index + the
+   prefix-cost pick). The simulator places through the step engine's prefix index, as the sidecar.
+2. Hit rates over the steps the scorecard counts (each run's 2nd step on, served locally) and over
+   all steps (first steps of runs too: reuse *across* runs):
+   - **infinite-cache bound**: prompt tokens repeating an earlier prefix (the scorecard's
+     ``cache_hit_upper_bound`` for the 2nd step on: the run's own earlier prefix; for all steps
+     the logged ``prefix_reuse_tokens``: any earlier request's);
+   - **reachable**: a perfect placement that can use every replica's KV as one pooled LRU prefix
+     cache of ``replicas x KV blocks`` (:func:`training.dataset.lru_replay`, the simulator's cache
+     model, steps in logged arrival order, each admitted alone): what placement could reach at the
+     deployment's total KV size, with no load and no concurrency; per-replica LRU can only lose
+     against it;
+   - each policy's simulated ``cached / prompt`` and its share of the reachable figure
+     (target >= 80%), beside its short-step p95, per-step p95 (all steps, end to end) and TTFT
+     p95 (target: no worse than always-local's).
+3. The cached-token prediction read from the index (the engine's belief of the matched prefix on
+   the replica it chose, ``StepPlan.warm_tokens``) against the simulated cached tokens (the node's
+   cache model, which also holds running requests' blocks and evicts on admission): MAE per step on
+   the last 20% of the hour by arrival time, on every run's first step and on all steps, beside
+   predicting 0. No learned correction is trained or added here.
+4. Unless ``--no-find``: ``find replicas`` for ``--slo-s`` (short-step p95) per policy, before
+   (always-local) and after (prefix-aware), as ``runroute whatif --find replicas`` does.
+5. A rich table, ``<out>.json`` and ``<out>.png``.
+
+Nothing is tuned here: the prefix-aware knobs are its config defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+POLICIES = ("always-local", "session-sticky", "prefix-aware")
+
+
+def reachable(log: Any, work: Any, blocks: int, replicas: int, bt: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per workload step (run, step order): the pooled-LRU hit and the any-earlier-request bound."""
+    from training.dataset import lru_replay
+
+    st = log.steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    order = np.argsort(st["arrival_s"].to_numpy(dtype=np.float64), kind="stable")
+    sub = st.iloc[order]
+    hits, _ = lru_replay(
+        sub["hash_ids"].tolist(),
+        sub["run_id"].tolist(),
+        sub["prompt_tokens"].to_numpy(),
+        blocks * replicas,
+        bt,
+        sub["completion_tokens"].to_numpy(),
+    )
+    out = np.empty(len(st))
+    out[order] = hits
+    anyprev = st["prefix_reuse_tokens"].fillna(0).to_numpy(dtype=np.float64)
+    anyprev = np.minimum(anyprev, np.maximum(st["prompt_tokens"].to_numpy(dtype=np.float64) - 1, 0))
+    if len(out) != work.n_steps:
+        raise RuntimeError("the workload and the log disagree on the steps")
+    return out, anyprev
+
+
+def index_sim(*args: Any) -> Any:
+    """A :class:`~router.sim.simulator.Simulator` that also keeps, per step, the engine's prefix-index
+    belief of the step's cached tokens on the replica it chose (``plan.warm_tokens``)."""
+    from router.sim.simulator import Simulator
+
+    class _Sim(Simulator):
+        def _step_done(self, run: Any, ttft: float, lat: float, cached: int, code: int, tier: str) -> None:
+            self.index_pred[run.g0 + run.k] = run.plan.warm_tokens if tier == "local" else 0
+            super()._step_done(run, ttft, lat, cached, code, tier)
+
+    sim = _Sim(*args)
+    sim.index_pred = np.zeros(len(sim.outcome))  # type: ignore[attr-defined]
+    return sim
+
+
+def index_mae(log: Any, res: Any, pred: np.ndarray, share: float) -> dict[str, Any]:
+    """MAE (tokens per step) of the index's cached-token belief vs the simulated cached tokens, and
+    of predicting 0: on the steps arriving in the last ``share`` of the trace's time span (by logged
+    arrival) and on every run's first step."""
+    st = log.steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    arrival = st["arrival_s"].to_numpy(dtype=np.float64)
+    t0, t1 = float(np.nanmin(arrival)), float(np.nanmax(arrival))
+    from router.sim.scorecard import SERVED_LOCAL
+
+    local = res.outcome == SERVED_LOCAL
+    act = res.cached.astype(np.float64)
+    out: dict[str, Any] = {}
+    for name, m in (
+        ("held_out_last_share", local & (arrival >= t1 - share * (t1 - t0))),
+        ("first_steps", local & (res.step_index == 0)),
+        ("all_steps", local),
+    ):
+        n = int(m.sum())
+        out[name] = {
+            "steps": n,
+            "mae_index": float(np.abs(pred[m] - act[m]).mean()) if n else None,
+            "mae_predict_0": float(act[m].mean()) if n else None,
+            "mean_cached": float(act[m].mean()) if n else None,
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--replicas", type=int, default=None)
+    ap.add_argument("--kv-cache-gb", type=float, default=16.0)
+    ap.add_argument("--gpu", default="a100")
+    ap.add_argument("--slo-s", type=float, default=10.0)
+    ap.add_argument("--no-find", action="store_true")
+    ap.add_argument("--limit-runs", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=Path("runroute-report/prefix_placement"))
+    a = ap.parse_args()
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from features.importers.mooncake import import_mooncake
+    from features.runlog import RunLog
+    from router.policy.config import build_policy
+    from router.sim.arrivals import run_starts
+    from router.sim.precheck import capacity_check
+    from router.sim.profiles import load_profile
+    from router.sim.scorecard import SERVED_LOCAL, scorecard
+    from router.sim.search import SLO, find
+    from router.sim.whatif import SimConfig, Workload
+
+    con = Console(width=150)
+    t0 = time.perf_counter()
+    with con.status("importing the Mooncake conversation trace"):
+        log = RunLog.from_frame(import_mooncake(a.data / "mooncake" / "conversation_trace.jsonl"))
+        if a.limit_runs is not None:
+            keep = log.steps["run_id"].drop_duplicates().iloc[: a.limit_runs]
+            log = RunLog.from_frame(log.steps[log.steps["run_id"].isin(set(keep))])
+        work = Workload.from_runlog(log)
+        starts = run_starts("trace", len(work.runs), logged_starts=work.logged_starts())
+    prof = load_profile(None, a.gpu)
+    base = SimConfig(profile=prof, kv_cache_gb=a.kv_cache_gb, slo_short_s=a.slo_s)
+    n_rep = a.replicas or int(capacity_check(work, starts, base, [1, 2, 4, 8])["suggested_start_replicas"])
+    cfg = SimConfig(profile=prof, kv_cache_gb=a.kv_cache_gb, slo_short_s=a.slo_s, replicas=n_rep)
+    blocks, bt = cfg.kv_blocks(), cfg.block_tokens
+    con.print(
+        f"{len(work.runs):,} runs, {work.n_steps:,} steps; {prof.name}, {n_rep} replicas x "
+        f"{a.kv_cache_gb:g} GB KV = {blocks:,} blocks of {bt} tokens each"
+    )
+    with con.status("reachable hit rate (pooled LRU replay)"):
+        reach, anyprev = reachable(log, work, blocks, n_rep, bt)
+
+    rows: list[dict[str, Any]] = []
+    cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*cols, console=con, transient=True) as prog:
+        task = prog.add_task("simulating", total=len(POLICIES))
+        for kind in POLICIES:
+            prog.update(task, description=f"simulating {kind}")
+            sim = index_sim(work, build_policy(kind), cfg, starts)
+            res = sim.run()
+            sc = scorecard(res)
+            mae = index_mae(log, res, sim.index_pred, 0.2)
+            local = res.outcome == SERVED_LOCAL
+            later = local & (res.step_index >= 1)
+            p2, pall = float(res.prompt[later].sum()), float(res.prompt[local].sum())
+            rows.append(
+                {
+                    "policy": kind,
+                    "hit_rate": sc["cache_hit_rate"],
+                    "hit_rate_all_steps": float(res.cached[local].sum()) / pall if pall else None,
+                    "reachable": float(reach[later].sum()) / p2 if p2 else None,
+                    "reachable_all_steps": float(reach[local].sum()) / pall if pall else None,
+                    "infinite_bound": sc["cache_hit_upper_bound"],
+                    "infinite_bound_all_steps": float(anyprev[local].sum()) / pall if pall else None,
+                    "short_step_latency_s_p95": sc["short_step_latency_s_p95"],
+                    "step_latency_s_p95": sc["step_latency_s_p95"],
+                    "ttft_s_p95": sc["ttft_s_p95"],
+                    "flaps_per_run": sc["flaps_per_run"],
+                    "wall_s": round(res.wall_s, 1),
+                    "cache_prediction_mae": mae,
+                }
+            )
+            prog.advance(task)
+    for r in rows:
+        r["share_of_reachable"] = r["hit_rate"] / r["reachable"] if r["reachable"] else None
+        r["share_of_reachable_all_steps"] = (
+            r["hit_rate_all_steps"] / r["reachable_all_steps"] if r["reachable_all_steps"] else None
+        )
+
+    t = Table(title=f"Mooncake conversation hour, {n_rep} x {prof.name}, {a.kv_cache_gb:g} GB KV each")
+    for c in ("policy", "hit (2nd step on)", "of reachable", "hit (all)", "of reachable (all)",
+              "short p95 s", "step p95 s", "TTFT p95 s", "flaps/run"):  # fmt: skip
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(
+            r["policy"],
+            f"{r['hit_rate']:.1%}",
+            f"{r['share_of_reachable']:.0%}",
+            f"{r['hit_rate_all_steps']:.1%}",
+            f"{r['share_of_reachable_all_steps']:.0%}",
+            f"{r['short_step_latency_s_p95']:.2f}",
+            f"{r['step_latency_s_p95']:.2f}",
+            f"{r['ttft_s_p95']:.2f}",
+            f"{r['flaps_per_run']:.2f}",
+        )
+    con.print(t)
+    r0 = rows[0]
+    con.print(
+        f"reachable (pooled LRU of {n_rep} x {blocks:,} blocks): {r0['reachable']:.1%} of prompt tokens "
+        f"from the 2nd step on, {r0['reachable_all_steps']:.1%} over all steps; infinite-cache bound "
+        f"{r0['infinite_bound']:.1%} / {r0['infinite_bound_all_steps']:.1%}"
+    )
+    for r in rows:
+        h, f = r["cache_prediction_mae"]["held_out_last_share"], r["cache_prediction_mae"]["first_steps"]
+        con.print(
+            f"{r['policy']}: cached-token prediction read from the index, MAE per step on the last 20% "
+            f"by time {h['mae_index']:.0f} vs predicting 0 {h['mae_predict_0']:.0f} tokens ({h['steps']:,} "
+            f"steps); first steps of runs {f['mae_index']:.0f} vs {f['mae_predict_0']:.0f} ({f['steps']:,})"
+        )
+    report: dict[str, Any] = {
+        "trace": str(a.data / "mooncake" / "conversation_trace.jsonl"),
+        "node_profile": prof.name,
+        "replicas": n_rep,
+        "kv_cache_gb": a.kv_cache_gb,
+        "kv_blocks_per_replica": blocks,
+        "rows": rows,
+    }
+    if not a.no_find:
+        slo = SLO(short_p95_s=a.slo_s)
+        pols = {k: functools.partial(build_policy, k) for k in ("always-local", "prefix-aware")}
+        with con.status(f"find replicas for short-step p95 <= {a.slo_s:g} s"):
+            found = find(work, pols, base, starts, slo, start=n_rep)
+        report["find_replicas"] = {
+            "slo": slo.describe(),
+            "results": [
+                {
+                    k: e.get(k)
+                    for k in ("policy", "replicas", "short_step_latency_s_p95", "simulations", "floor_s")
+                }
+                for e in found["results"]
+            ],
+        }
+        for e in report["find_replicas"]["results"]:
+            con.print(f"find replicas ({slo.describe()}): {e['policy']}: {e['replicas']} replicas "
+                      f"(short p95 {e['short_step_latency_s_p95']}, {e['simulations']} simulations)")  # fmt: skip
+    report["wall_s"] = round(time.perf_counter() - t0, 1)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    plot(rows, a.out.with_suffix(".png"), report)
+    con.print(f"wrote {a.out.with_suffix('.json')} and {a.out.with_suffix('.png')} ({report['wall_s']} s)")
+
+
+def plot(rows: list[dict[str, Any]], path: Path, rep: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    names = [r["policy"] for r in rows]
+    x = np.arange(len(rows))
+    ax1.bar(x - 0.2, [r["hit_rate"] for r in rows], 0.4, label="hit rate (2nd step on)")
+    ax1.bar(x + 0.2, [r["hit_rate_all_steps"] for r in rows], 0.4, label="hit rate (all steps)")
+    ax1.axhline(rows[0]["reachable"], ls="--", c="k", label="reachable (pooled LRU), 2nd step on")
+    ax1.axhline(rows[0]["infinite_bound"], ls=":", c="gray", label="infinite cache, 2nd step on")
+    ax1.set_xticks(x, names)
+    ax1.set_ylabel("cached / prompt tokens")
+    ax1.legend(fontsize=7)
+    ax2.bar(x - 0.2, [r["short_step_latency_s_p95"] for r in rows], 0.4, label="short-step p95")
+    ax2.bar(x + 0.2, [r["step_latency_s_p95"] for r in rows], 0.4, label="step p95")
+    ax2.set_xticks(x, names)
+    ax2.set_ylabel("seconds")
+    ax2.legend(fontsize=7)
+    fig.suptitle(
+        f"Mooncake conversation hour: {rep['replicas']} x {rep['node_profile']}, {rep['kv_cache_gb']:g} GB KV"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""The prefix index: per local replica, which block-hash chains it holds (approximate mode).
+
+One index for the sidecar, the what-if simulator and replay (the step engine owns it:
+:class:`router.core.engine.StepEngine` ``prefix_index``), so a what-if places with exactly what the
+sidecar would know. Reuse *across* runs counts: a system prompt or tool schema shared by many runs
+is one chain prefix, held once per replica, and any run whose chain starts with it matches it.
+
+Algorithm:
+
+- **Chains.** A step names its cacheable prompt blocks by a chain of integer ids, leading block
+  first, where an id determines the whole prefix up to it (a hash chain). The simulator and replay
+  pass the run log's chains (Mooncake ``hash_ids``, or the workload's run-private ids); text prompts
+  get theirs from :class:`TextChainer` (below).
+- **Approximate mode** (what the routers sent where): when a step is placed on a replica, the
+  replica is assumed to hold the step's chain afterwards (:meth:`PrefixIndex.record`). Each
+  replica's blocks form a tree (a block's parent is the block before it in its chain) with LRU
+  eviction of *leaves* at the replica's capacity in blocks (SGLang's approximate radix tree;
+  vLLM frees a request's tail blocks first, so a prefix outlives its suffix). A record stamps the
+  chain's tip with a logical clock; a leaf evicted hands its stamp up to its parent (which becomes
+  a leaf with the newest stamp of its evicted subtree). So a block present implies its whole prefix
+  present, and the matched prefix of a chain is found by binary search: O(log n) dictionary
+  lookups per replica (:meth:`PrefixIndex.match`). A record inserts only the blocks the replica
+  lacks and touches the tip: O(new blocks + log n), flat in the body size for a run that grows.
+- **Several routers** (:mod:`router.server.prefix_share`, with Redis): every local record is
+  also published (the ``listener``) and other routers' records are applied
+  (:meth:`PrefixIndex.apply`), so each router's index holds what all routers sent where.
+- **Losses.** :meth:`PrefixIndex.clear` drops a replica's blocks (a restart, a scale-to-zero reap,
+  vLLM's ``/reset_prefix_cache``).
+
+Text prompts (:class:`TextChainer`, the sidecar): a *stated character-block approximation* of the
+replica's token blocks. The prompt is a sequence of segments (one per message: role, then content);
+the segments are joined with a separator into one character stream cut into blocks of
+``block_chars`` characters (``block_tokens x chars_per_token``; 4 characters per token is the usual
+English BPE figure); block ``i``'s id = blake2b-64(id of block ``i-1`` || the block's text), stable
+across processes (so two routers agree). Incremental per run: a run remembers how many segments it
+hashed, the characters of its unfinished block and a fingerprint of its last hashed segment
+(length, first and last 32 characters) and of its first one; a step whose segment list still has
+both at their positions hashes only the segments after it; any other step (an edited or compacted
+history) re-hashes from the start. Not seen: an edit of a middle segment that keeps the segment
+count and the first and last hashed segments (the chain then over-states the match until the run's
+history changes there again). Token blocks from the model's tokenizer are not implemented.
+
+Knobs: ``PrefixIndex(block_tokens)``; per replica ``capacity_blocks`` (:meth:`PrefixIndex.add_replica`,
+the replica's KV capacity in the index's blocks: the node profile's KV size in the simulator, the
+configured KV size in the sidecar); ``TextChainer(block_chars)``.
+
+Pure and synchronous, no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from hashlib import blake2b
+from typing import Protocol
+
+__all__ = [
+    "PrefixIndex",
+    "ReplicaIndex",
+    "RunChain",
+    "Segments",
+    "TextChainer",
+    "SEGMENT_SEP",
+    "CHARS_PER_TOKEN",
+]
+
+SEGMENT_SEP = "\x1e"  # joins the segments (messages) of a text prompt into one character stream
+CHARS_PER_TOKEN = 4  # the character-block approximation's characters per token
+
+
+class Segments(Protocol):
+    """A prompt's text segments by index (a list, or a lazy view of a request body)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int, /) -> str: ...
+
+
+class ReplicaIndex:
+    """One replica's blocks: a tree of block ids with leaf-LRU eviction (module docstring).
+
+    ``stamp`` maps each held block to its LRU stamp (a block is held iff it is a key), ``parent``
+    a non-root block to the block before it, ``children`` a block to its number of held children
+    (absent: 0); read them, do not write them. Plain int dictionaries (no per-block objects), so
+    the garbage collector never walks the index.
+    """
+
+    __slots__ = ("capacity", "stamp", "parent", "children", "_heap", "evictions")
+
+    def __init__(self, capacity_blocks: int):
+        if capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+        self.capacity = capacity_blocks
+        self.stamp: dict[int, int] = {}
+        self.parent: dict[int, int] = {}
+        self.children: dict[int, int] = {}
+        self._heap: list[tuple[int, int]] = []  # (stamp, block) of leaves; stale entries skipped
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self.stamp)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self.stamp
+
+    def match(self, chain: Sequence[int], n: int) -> int:
+        """Leading blocks of ``chain[:n]`` held (binary search: presence is prefix-closed)."""
+        held = self.stamp
+        if n <= 0 or chain[0] not in held:
+            return 0
+        if chain[n - 1] in held:
+            return n
+        lo, hi = 1, n - 1  # chain[lo-1] held, chain[hi] not
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if chain[mid - 1] in held:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def record(self, chain: Sequence[int], n: int, stamp: int) -> None:
+        """The replica now holds ``chain[:n]``: insert what it lacks, stamp the tip, evict LRU leaves."""
+        if n > self.capacity:
+            n = self.capacity
+        if n <= 0:
+            return
+        held, parent, children = self.stamp, self.parent, self.children
+        k = self.match(chain, n)
+        prev = chain[k - 1] if k > 0 else None
+        for i in range(k, n):
+            b = chain[i]
+            if b in held:  # an id seen under another parent (not a hash chain): keep the first
+                prev = b
+                continue
+            held[b] = stamp
+            if prev is not None:
+                parent[b] = prev
+                children[prev] = children.get(prev, 0) + 1
+            prev = b
+        tip = chain[n - 1]
+        held[tip] = stamp
+        if tip not in children:
+            heapq.heappush(self._heap, (stamp, tip))
+        if len(held) > self.capacity:
+            self._evict(len(held) - self.capacity)
+        elif len(self._heap) > 4 * self.capacity + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop stale heap entries (touched or no longer leaves); keeps the heap O(capacity)."""
+        held, children = self.stamp, self.children
+        self._heap = [(t, b) for t, b in self._heap if held.get(b) == t and b not in children]
+        heapq.heapify(self._heap)
+
+    def _evict(self, count: int) -> None:
+        held, parent, children = self.stamp, self.parent, self.children
+        heap = self._heap
+        pop, push = heapq.heappop, heapq.heappush
+        while count > 0 and heap:
+            t, b = pop(heap)
+            if held.get(b) != t or b in children:
+                continue  # stale: evicted, no longer a leaf, or touched since
+            del held[b]
+            count -= 1
+            self.evictions += 1
+            p = parent.pop(b, None)
+            if p is not None:
+                c = children[p] - 1
+                pt = held[p]
+                if t > pt:
+                    held[p] = pt = t
+                if c:
+                    children[p] = c
+                else:
+                    del children[p]
+                    push(heap, (pt, p))
+        if count > 0:  # pragma: no cover - the heap always holds every leaf
+            raise RuntimeError("prefix index: no leaf left to evict")
+
+    def clear(self) -> None:
+        self.stamp.clear()
+        self.parent.clear()
+        self.children.clear()
+        self._heap.clear()
+
+
+class PrefixIndex:
+    """Per local replica, the block chains it holds (module docstring); ``block_tokens`` per block."""
+
+    __slots__ = ("block_tokens", "replicas", "_clock", "listener")
+
+    def __init__(self, block_tokens: int, capacities: Iterable[tuple[str, int]] = ()):
+        if block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+        self.block_tokens = block_tokens
+        self.replicas: dict[str, ReplicaIndex] = {}
+        self._clock = 0
+        # told of every local record (replica, chain, n): how an adapter shares the index with
+        # other routers (router.server.prefix_share); None = nobody
+        self.listener: Callable[[str, Sequence[int], int], None] | None = None
+        for name, cap in capacities:
+            self.add_replica(name, cap)
+
+    def add_replica(self, name: str, capacity_blocks: int) -> None:
+        """Track replica ``name`` (kept as is when already tracked with that capacity)."""
+        cur = self.replicas.get(name)
+        if cur is None or cur.capacity != capacity_blocks:
+            self.replicas[name] = ReplicaIndex(capacity_blocks)
+
+    def match(self, replica: str, chain: Sequence[int], n: int) -> int:
+        """Leading blocks of ``chain[:n]`` that ``replica`` holds (0 for an unknown replica)."""
+        r = self.replicas.get(replica)
+        return r.match(chain, min(n, len(chain))) if r is not None else 0
+
+    def record(self, replica: str, chain: Sequence[int], n: int | None = None) -> None:
+        """A step with this chain was sent to ``replica``: it holds ``chain[:n]`` (all by default)."""
+        r = self.replicas.get(replica)
+        if r is None:
+            return
+        n = len(chain) if n is None else min(n, len(chain))
+        self._clock += 1
+        r.record(chain, n, self._clock)
+        if self.listener is not None and n > 0:
+            self.listener(replica, chain, n)
+
+    def apply(self, replica: str, chain: Sequence[int]) -> None:
+        """Another router sent ``chain`` to ``replica`` (:meth:`record` without the listener)."""
+        r = self.replicas.get(replica)
+        if r is not None:
+            self._clock += 1
+            r.record(chain, len(chain), self._clock)
+
+    def clear(self, replica: str) -> None:
+        """``replica`` lost its cache (restart, reap, prefix-cache reset)."""
+        r = self.replicas.get(replica)
+        if r is not None:
+            r.clear()
+
+
+@dataclass(slots=True)
+class RunChain:
+    """A run's chain so far (:class:`TextChainer`): its block ids and where hashing stopped."""
+
+    chain: list[int] = field(default_factory=list)
+    segments: int = 0  # segments hashed
+    tail: str = ""  # characters after the last full block
+    fingerprint: tuple[int, str, str] | None = None  # of the last hashed segment
+    first: tuple[int, str, str] | None = None  # of the first segment
+    chars: int = 0  # characters hashed (full blocks + tail)
+
+
+def _fingerprint(seg: str) -> tuple[int, str, str]:
+    return (len(seg), seg[:32], seg[-32:])
+
+
+class TextChainer:
+    """Character-block hash chains of text prompts, incremental per run (module docstring)."""
+
+    __slots__ = ("block_chars",)
+
+    def __init__(self, block_chars: int):
+        if block_chars < 1:
+            raise ValueError(f"block_chars must be >= 1, got {block_chars}")
+        self.block_chars = block_chars
+
+    def extend(self, rc: RunChain, segments: Segments) -> list[int]:
+        """Bring ``rc`` up to ``segments`` (hashing only new segments when the old ones still lead)
+        and return its chain (the list is ``rc.chain``; do not mutate it). Reads ``len(segments)``
+        and only the segments it needs by index (the first, the last hashed one, the new ones), so
+        a lazy sequence costs O(new text)."""
+        k = rc.segments
+        n = len(segments)
+        if k and (
+            n < k or _fingerprint(segments[k - 1]) != rc.fingerprint or _fingerprint(segments[0]) != rc.first
+        ):
+            rc.chain, rc.segments, rc.tail, rc.fingerprint, rc.first, rc.chars = [], 0, "", None, None, 0
+            k = 0
+        if k == n:
+            return rc.chain
+        text = rc.tail + SEGMENT_SEP.join([segments[i] for i in range(k, n)]) + SEGMENT_SEP
+        bc = self.block_chars
+        chain = rc.chain
+        h = chain[-1] if chain else 0
+        full = len(text) - len(text) % bc
+        for i in range(0, full, bc):
+            d = blake2b(h.to_bytes(8, "little", signed=True), digest_size=8)
+            d.update(text[i : i + bc].encode("utf-8", "surrogatepass"))
+            h = int.from_bytes(d.digest(), "little", signed=True)
+            chain.append(h)
+        rc.tail = text[full:]
+        rc.segments = n
+        rc.fingerprint = _fingerprint(segments[n - 1])
+        if rc.first is None:
+            rc.first = _fingerprint(segments[0])
+        rc.chars = len(chain) * bc + len(rc.tail)
+        return chain
