@@ -73,6 +73,8 @@ from sut_procs import (  # noqa: E402
     check_modules,
     core_busy,
     cpu_seconds,
+    die_with_parent,
+    exit_on_signals,
     free_port,
     start_backend,
     start_mini,
@@ -175,8 +177,12 @@ def _start_sidecar(
     proc = start_runroute(python, tree, cfg, port, err, cwd=work)
     sysm = System(label, "runroute", f"http://127.0.0.1:{port}", "auto", proc.pid, proc, str(tree), python)
     sysm.overrides = ov
-    wait_ready(f"{sysm.url}/ready", 90, proc)
-    sysm.modules = check_modules(err, tree)
+    try:
+        wait_ready(f"{sysm.url}/ready", 90, proc)
+        sysm.modules = check_modules(err, tree)
+    except BaseException:  # a sidecar that failed to start (or the wrong tree's) is stopped here
+        stop(proc)
+        raise
     return sysm
 
 
@@ -189,18 +195,25 @@ def _loadgen(a: argparse.Namespace, s: System, state: Path, extra: list[str]) ->
 
 def _run_lines(cmd: list[str], timeout_s: float, on_line: Any = None) -> dict[str, Any]:
     """Run a load-generator process; feed its 'progress' lines to ``on_line``; return its result."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent
+    )
     result: dict[str, Any] = {}
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("progress ") and on_line is not None:
-            on_line(*map(int, line.split()[1:3]))
-        elif line.startswith("result "):
-            result = json.loads(line[7:])
-        if time.monotonic() > deadline:
-            proc.kill()
-            break
+    try:
+        for line in proc.stdout:
+            if line.startswith("progress ") and on_line is not None:
+                on_line(*map(int, line.split()[1:3]))
+            elif line.startswith("result "):
+                result = json.loads(line[7:])
+            if time.monotonic() > deadline:
+                proc.kill()
+                break
+    except BaseException:  # interrupted: the load generator goes with the bench
+        proc.kill()
+        proc.wait(5)
+        raise
     _out, err = proc.communicate(timeout=30)
     if proc.returncode != 0:
         result["loadgen_rc"] = proc.returncode
@@ -260,9 +273,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def _start_all(a: argparse.Namespace, work: Path, bport: int) -> list[System]:
+def _start_all(a: argparse.Namespace, work: Path, bport: int, systems: list[System]) -> list[System]:
+    """Start every system, appending each to ``systems`` as soon as its process exists, so that the
+    caller's ``finally`` stops the ones already started when a later one fails to start."""
     backend_url = f"http://127.0.0.1:{bport}"
-    systems = [System("direct", "direct", backend_url, "fake-model")]
+    systems.append(System("direct", "direct", backend_url, "fake-model"))
     if not a.no_mini:
         mport = free_port()
         mini = start_mini(sys.executable, a.peers, mport, backend_url)
@@ -284,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     if a.report_from is not None:
         return _report_from(a.report_from)
+    exit_on_signals()  # SIGTERM/SIGHUP run the finally below: no sidecar outlives the bench
     work = Path(tempfile.mkdtemp(prefix="runroute-realistic-"))
     out = a.out or work
     out.mkdir(parents=True, exist_ok=True)
@@ -295,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             ["taskset", "-c", "0", sys.executable, str(HERE / "proto_backend.py"), "--port", str(bport)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
         )
     else:
         backend = start_backend(sys.executable, a.peers, bport)
@@ -305,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     try:
         wait_ready(f"http://127.0.0.1:{bport}/health", 30, backend)
-        systems = _start_all(a, work, bport)
+        _start_all(a, work, bport, systems)
         for s in systems:
             where = f"packages from {Path(s.modules[0]).parents[1]}" if s.modules else ""
             console.print(f"[bold]{s.label}[/] {s.url} pid={s.pid or '-'} {where}", soft_wrap=True)
