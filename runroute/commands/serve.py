@@ -65,6 +65,9 @@ def register(app: typer.Typer) -> None:
         ),
         host: str | None = typer.Option(None, "--host", help="bind address (default from config: 127.0.0.1)"),
         port: int | None = typer.Option(None, "--port", help="port (default from config: 8080)"),
+        workers: int = typer.Option(
+            1, "--workers", help="worker processes behind the port (> 1 needs store.kind: redis)"
+        ),
     ) -> None:
         """Serve the routing sidecar: POST /v1/chat/completions with model "auto"."""
         import contextlib
@@ -96,7 +99,7 @@ def register(app: typer.Typer) -> None:
                     settings = _demo_settings(stack, server)
             except SettingsError as e:
                 raise CliError(str(e)) from None
-            _run(settings, config)
+            _run(settings, config, workers, server)
 
 
 def _demo_settings(stack, server: dict[str, object]):
@@ -125,12 +128,17 @@ def _demo_settings(stack, server: dict[str, object]):
     )
 
 
-def _run(settings, config: Path | None) -> None:
+def _run(settings, config: Path | None, workers: int = 1, server: dict[str, object] | None = None) -> None:
     import uvicorn
 
     from router.server.app import create_app
+    from router.server.workers import WorkersError, check_workers
 
     s = settings
+    try:
+        check_workers(s, workers)
+    except WorkersError as e:
+        raise CliError(str(e)) from None
     if s.bundle.path is not None or s.bundle.mlflow_uri is not None:
         # fail fast with one line (the app loads it again in its lifespan, where errors are tracebacks)
         from router.server.bundles import load_bundle
@@ -139,7 +147,7 @@ def _run(settings, config: Path | None) -> None:
             load_bundle(s.bundle.path, s.bundle.mlflow_uri, s.bundle.tracking_uri())
         except (ValueError, OSError) as e:  # BundleError is a ValueError
             raise CliError(f"cannot load bundle {s.bundle.path or s.bundle.mlflow_uri}: {e}") from None
-    app = create_app(s)
+    app = create_app(s) if workers == 1 else None
     url = f"http://{s.server.host}:{s.server.port}"
     lines = [
         f"runroute serve ({'config ' + str(config) if config else 'embedded demo defaults'})",
@@ -160,7 +168,29 @@ def _run(settings, config: Path | None) -> None:
         f"  run logs        : {Path(s.runlog.dir).resolve()}",
         f"  metrics         : {url}/metrics   runs: {url}/v1/runs/<run_id>   ready: {url}/ready",
     ]
+    if workers > 1:
+        lines.append(f"  workers         : {workers} processes (run state in {s.store.kind})")
     typer.echo("\n".join(lines), err=False)
+    if workers > 1:  # the supervisor: each worker builds its app from the same file (router.server.workers)
+        import os
+
+        from router.server.workers import worker_env
+
+        os.environ.update(worker_env(config, server or {}))
+        uvicorn.run(
+            "router.server.workers:app_from_env",
+            factory=True,
+            host=s.server.host,
+            port=s.server.port,
+            loop="uvloop",
+            http="httptools",
+            workers=workers,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+        )
+        return
+    assert app is not None
     uvicorn.run(
         app,
         host=s.server.host,
