@@ -69,6 +69,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import realistic_report  # noqa: E402
+import stall_report  # noqa: E402
 from sut_procs import (  # noqa: E402
     check_modules,
     core_busy,
@@ -168,13 +169,28 @@ def _commit(tree: Path) -> str:
 
 
 def _start_sidecar(
-    a: argparse.Namespace, work: Path, label: str, tree: Path, python: str, bundle: Path, bport: int, ov: dict
+    a: argparse.Namespace,
+    work: Path,
+    label: str,
+    tree: Path,
+    python: str,
+    bundle: Path,
+    bport: int,
+    ov: dict,
+    workers: int = 1,
 ) -> System:
     port = free_port()
+    if tree.resolve() == ROOT and not a.no_stalls:  # this checkout's sidecars: the stall monitor on
+        ov = {"runtime.stall_monitor": True, "runtime.stall_path": str(work / f"stalls-{label}.json"), **ov}
     cfg = work / f"{label}.yaml"
     cfg.write_text(yaml.safe_dump(_config(a, bport, bundle, work / f"logs-{label}", ov)))
     err = work / f"{label}.err"
-    proc = start_runroute(python, tree, cfg, port, err, cwd=work)
+    if workers > 1:
+        proc = start_runroute(
+            python, tree, cfg, port, err, cwd=work, cores=a.workers_cores, extra=("--workers", str(workers))
+        )
+    else:
+        proc = start_runroute(python, tree, cfg, port, err, cwd=work)
     sysm = System(label, "runroute", f"http://127.0.0.1:{port}", "auto", proc.pid, proc, str(tree), python)
     sysm.overrides = ov
     try:
@@ -249,6 +265,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ref-bundle", type=Path, default=None)
     ap.add_argument("--variant", action="append", default=[])
     ap.add_argument("--no-mini", action="store_true")
+    ap.add_argument("--no-stalls", action="store_true", help="leave the sidecars' stall monitor off")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="also run this checkout's sidecar as `serve --workers N` (store: Redis at --redis-url)",
+    )
+    ap.add_argument("--workers-cores", default="0,1", help="taskset cores of the --workers sidecar")
+    ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     ap.add_argument("--bundle", type=Path, default=ROOT / "runroute-bundle")
     ap.add_argument("--prime-concurrency", type=int, default=32)
     ap.add_argument("--idle-max", type=float, default=20.0)
@@ -288,6 +313,15 @@ def _start_all(a: argparse.Namespace, work: Path, bport: int, systems: list[Syst
     for spec in a.variant:
         label, ov = _parse_variant(spec)
         systems.append(_start_sidecar(a, work, label, ROOT, sys.executable, a.bundle, bport, ov))
+    if a.workers > 1:  # serve --workers N: run state in Redis under a key prefix of this bench run's own
+        ov = {
+            "store.kind": "redis",
+            "store.redis_url": a.redis_url,
+            "store.key_prefix": f"rrbench-{os.getpid()}:",
+        }
+        label = f"w{a.workers}"
+        ov["runtime.stall_path"] = str(work / f"stalls-{label}-pid{{pid}}.json")  # one per worker
+        systems.append(_start_sidecar(a, work, label, ROOT, sys.executable, a.bundle, bport, ov, a.workers))
     if a.ref_tree is not None:
         label = f"ref@{_commit(a.ref_tree)}"
         bundle = a.ref_bundle or a.bundle
@@ -366,7 +400,18 @@ def main(argv: list[str] | None = None) -> int:
     for label, note in crashed.items():
         console.print(f"[red]{label} exited during the run[/]: {note}", soft_wrap=True)
         decisions[label] = [f"(exited during the run: {note})"]
-    return _report(a, systems, cells, out, decisions, round(time.monotonic() - t_start, 1))
+    rc = _report(a, systems, cells, out, decisions, round(time.monotonic() - t_start, 1))
+    stalls: dict[str, Any] = {}
+    for s in systems:
+        if s.stateful:  # one file per sidecar; per worker process for serve --workers
+            stalls[s.label] = stall_report.load(work / f"stalls-{s.label}.json")
+            for f in sorted(work.glob(f"stalls-{s.label}-pid*.json")):
+                stalls[f"{s.label}/{f.stem.rsplit('-', 1)[1]}"] = stall_report.load(f)
+    found = {k: v for k, v in stalls.items() if v is not None}
+    if found:  # written by each sidecar at its shutdown (priming included)
+        stall_report.show(found, console)
+        (out / "stalls.json").write_text(json.dumps(found, indent=1))
+    return rc
 
 
 def _crash_note(s: System, work: Path) -> str:

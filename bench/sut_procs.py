@@ -201,11 +201,20 @@ def start_mini(python: str, peers: Path, port: int, upstream: str, cores: str = 
 
 
 def start_runroute(
-    python: str, tree: Path, config: Path, port: int, err: Path, cwd: Path, cores: str = "1"
+    python: str,
+    tree: Path,
+    config: Path,
+    port: int,
+    err: Path,
+    cwd: Path,
+    cores: str = "1",
+    extra: tuple[str, ...] = (),
 ) -> subprocess.Popen:
-    """``runroute serve`` from ``tree`` (first on PYTHONPATH, cwd a scratch folder), stderr to ``err``."""
+    """``runroute serve`` from ``tree`` (first on PYTHONPATH, cwd a scratch folder), stderr to ``err``;
+    ``extra``: more ``serve`` arguments (``--workers N``)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     cmd = ["taskset", "-c", cores, python, "-c", _BOOT, "serve", "--config", str(config), "--port", str(port)]
+    cmd += list(extra)
     with open(err, "w") as fh:
         return subprocess.Popen(
             cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=fh, preexec_fn=die_with_parent

@@ -32,7 +32,8 @@ times over) so that young collections run less often.
 
 Knobs (``runtime.*`` in the sidecar's settings): ``stall_monitor`` (bool, False), ``stall_threshold_ms``
 (20), ``stall_beat_ms`` (5), ``stall_check_ms`` (10), ``stall_top`` (20), ``stall_depth`` (12 frames),
-``stall_path`` (JSON file, None), ``stall_write_s`` (30; 0 = only at stop), ``gc_freeze`` (True),
+``stall_path`` (JSON file, None; ``{pid}`` in it becomes the process id: one file per
+``serve --workers`` process), ``stall_write_s`` (30; 0 = only at stop), ``gc_freeze`` (True),
 ``gc_threshold0`` (None = Python's default), ``gc_threshold1`` / ``gc_threshold2`` (None = default).
 """
 
@@ -246,9 +247,9 @@ class StallMonitor:
 
     def write(self) -> None:
         """Write :meth:`report` to ``stall_path`` (atomically: a temp file, then a rename)."""
-        path = self.cfg.stall_path
-        if path is None:
+        if self.cfg.stall_path is None:
             return
+        path = Path(str(self.cfg.stall_path).replace("{pid}", str(os.getpid())))  # one file per worker
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
