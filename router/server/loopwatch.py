@@ -97,10 +97,14 @@ def tune_gc(cfg: RuntimeSettings) -> dict[str, Any]:
 
 
 def _site(stack: list[str]) -> str:
-    """The innermost frame of this project's code in ``stack`` (else the innermost frame)."""
+    """The innermost frame of this project's code in ``stack`` below the process's entry (the CLI
+    that started the server); else the innermost frame (the loop's own or a library's code: with no
+    project frame running, the loop thread was waiting for the GIL or for the CPU)."""
     for line in reversed(stack):
         path = line.split('"', 2)[1] if line.count('"') >= 2 else line
         parts = Path(path).parts
+        if "commands" in parts[-2:-1] or parts[-1:] == ("cli.py",):
+            break  # the entry: everything inside it is the server's loop
         if any(p in _PROJECT for p in parts[-3:-1]):
             return line.split("\n", 1)[0].strip()
     return stack[-1].split("\n", 1)[0].strip() if stack else "(no sample: shorter than stall_check_ms)"
