@@ -71,13 +71,7 @@ class _RowPredictor:
     """One LightGBM booster bound to one float64 row buffer through the C API's single-row fast path
     (``LGBM_BoosterPredictForMatSingleRowFast``: the prediction config is prepared once, each call is
     one C call, ~10x less overhead than ``Booster.predict``, which rebuilds a predictor per call).
-    Output is the transformed prediction (probability for the binary objective). Not thread-safe.
-
-    The call keeps the GIL (the function is bound through ``ctypes.PyDLL``; a ``CDLL`` call releases
-    it): a one-row prediction takes microseconds, and releasing the GIL for it let any other thread
-    (the run-log writer's encoding, the task embedding) take the GIL, so the event loop waited at
-    least a switch interval to get it back on every prediction; the sidecar's stall monitor put 24-37%
-    of the event loop's stalled time in this call (``bench/overhead.py --realistic``)."""
+    Output is the transformed prediction (probability for the binary objective). Not thread-safe."""
 
     def __init__(self, booster: Any, row: np.ndarray) -> None:
         import ctypes
@@ -110,8 +104,7 @@ class _RowPredictor:
             ctypes.byref(self._out_len),
             self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_double)),
         )
-        # the same library, called without releasing the GIL (class docstring)
-        self._fn = ctypes.PyDLL(_LIB._name).LGBM_BoosterPredictForMatSingleRowFast
+        self._fn = _LIB.LGBM_BoosterPredictForMatSingleRowFast
 
     def __call__(self) -> float:
         self._check(self._fn(*self._args))
