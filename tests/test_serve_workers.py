@@ -5,8 +5,9 @@
 - With ``store.kind: redis`` (this module's private redis-server, as the multi-router tests use),
   two workers share run state: requests go out on fresh connections, several at once, so the kernel
   hands them to both workers; every run keeps one tier and one replica and its step numbers count
-  0, 1, 2, ... with no gap or repeat, and the run logs (one file per worker pid) show runs whose
-  steps were served by both workers.
+  0, 1, 2, ... with no gap or repeat, the run logs (one file per worker pid) show runs whose
+  steps were served by both workers, and every ``/metrics`` scrape, whichever worker answers it,
+  counts all the steps (one merged view).
 """
 
 from __future__ import annotations
@@ -75,6 +76,17 @@ def _step(url: str, run_id: str, n: int, model: str = "auto") -> dict:
     }
 
 
+def _chat_requests(text: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "runroute_requests_total" and s.labels.get("handler") == "/v1/chat/completions"
+    )
+
+
 def test_two_workers_keep_each_run_on_one_replica(tmp_path, redis_proc, fakes, bundle_dir) -> None:
     cfg_path = tmp_path / "runroute.yaml"
     cfg_path.write_text(yaml.safe_dump(router_config(tmp_path, fakes, bundle_dir, redis_proc.url)))
@@ -114,6 +126,11 @@ def test_two_workers_keep_each_run_on_one_replica(tmp_path, redis_proc, fakes, b
                 }
                 for rid, f in jobs.items():
                     served[rid].append(f.result())
+        time.sleep(2.5)  # every worker shares its series every second
+        for _ in range(4):  # scrapes on fresh connections reach either worker: the same totals
+            text = httpx.get(url + "/metrics", timeout=10).text
+            assert _chat_requests(text) == len(served) * 6, text[:2000]
+            assert 'runroute_store_degraded{pid="' in text  # gauges per worker
     finally:
         proc.terminate()
         proc.wait(30)
@@ -135,3 +152,28 @@ def test_two_workers_keep_each_run_on_one_replica(tmp_path, redis_proc, fakes, b
     assert len(by_pid) == 2, {k: len(v) for k, v in by_pid.items()}
     a, b = by_pid.values()
     assert a & b, "no run had steps on both workers"
+
+
+def test_merged_metrics_sum_counters_and_keep_gauges_per_worker(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from router.server.metrics import RouterMetrics
+    from router.server.metrics_workers import WorkerMetrics
+
+    a, b = RouterMetrics(), RouterMetrics()
+    a.request_served("/v1/runs", 200)
+    b.request_served("/v1/runs", 200)
+    b.request_served("/v1/runs", 404)
+    (tmp_path / "metrics-1.prom").write_text(b.render(None)[0].decode())  # pid 1 is alive (init)
+    (tmp_path / "metrics-999999999.prom").write_text(b.render(None)[0].decode())  # a dead worker
+    share = WorkerMetrics(a, tmp_path)
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(share.render(None)[0].decode())
+        for s in fam.samples
+    }
+    ok = ("runroute_requests_total", (("code", "200"), ("handler", "/v1/runs"), ("tier", "none")))
+    missing = ("runroute_requests_total", (("code", "404"), ("handler", "/v1/runs"), ("tier", "none")))
+    assert got[ok] == 2.0 and got[missing] == 1.0  # summed over the live workers, the dead one left out
+    pids = {dict(k[1]).get("pid") for k in got if k[0] == "runroute_store_degraded"}
+    assert pids == {"1", str(os.getpid())}

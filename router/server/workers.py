@@ -18,8 +18,9 @@ What the workers share, and how:
 - **Run logs**: one file per worker (the writer names its files ``runlog-<pid>-...``), in the same
   directory; the readers (``features.runlog``, ``runroute summarize``, training) merge the files of
   a directory.
-- **Metrics**: each worker answers ``/metrics`` with its own counters (not yet one merged view:
-  a scrape reaches whichever worker accepts the connection).
+- **Metrics**: one view. Each worker writes its series to a folder the supervisor made
+  (:data:`ENV_METRICS`) every second; the worker a scrape reaches answers the merge (counters and
+  histograms summed, gauges per worker with a ``pid`` label: :mod:`router.server.metrics_workers`).
 
 Knobs: ``N`` (``--workers``; 1 = one process, no supervisor, as before).
 """
@@ -31,10 +32,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV_CONFIG", "ENV_SERVER", "WorkersError", "check_workers", "worker_env", "app_from_env"]
+__all__ = [
+    "ENV_CONFIG",
+    "ENV_METRICS",
+    "ENV_SERVER",
+    "WorkersError",
+    "check_workers",
+    "worker_env",
+    "app_from_env",
+]
 
 ENV_CONFIG = "_RUNROUTE_WORKER_CONFIG"  # not RUNROUTE_*: the settings would read it as a field
 ENV_SERVER = "_RUNROUTE_WORKER_SERVER"
+ENV_METRICS = "_RUNROUTE_WORKER_METRICS"  # the folder the workers share their series through
 
 
 class WorkersError(ValueError):
@@ -53,9 +63,13 @@ def check_workers(settings: Any, n: int) -> None:
         )
 
 
-def worker_env(config: Path | None, server: dict[str, Any]) -> dict[str, str]:
+def worker_env(config: Path | None, server: dict[str, Any], metrics_dir: Path) -> dict[str, str]:
     """The environment entries :func:`app_from_env` reads in each worker."""
-    return {ENV_CONFIG: "" if config is None else str(Path(config).resolve()), ENV_SERVER: json.dumps(server)}
+    return {
+        ENV_CONFIG: "" if config is None else str(Path(config).resolve()),
+        ENV_SERVER: json.dumps(server),
+        ENV_METRICS: str(metrics_dir),
+    }
 
 
 def app_from_env() -> Any:
@@ -66,4 +80,11 @@ def app_from_env() -> Any:
     path = os.environ.get(ENV_CONFIG) or None
     server = json.loads(os.environ.get(ENV_SERVER) or "{}")
     settings = RouterSettings.load(path, **({"server": server} if server else {}))
-    return create_app(settings)
+    app = create_app(settings)
+    if os.environ.get(ENV_METRICS):
+        from router.server.metrics_workers import WorkerMetrics
+
+        share = WorkerMetrics(app.state.metrics, Path(os.environ[ENV_METRICS])).start()
+        app.state.metrics.render = share.render  # the /metrics route answers the merged view
+        app.state.metrics_share = share
+    return app

@@ -173,22 +173,28 @@ def _run(settings, config: Path | None, workers: int = 1, server: dict[str, obje
     typer.echo("\n".join(lines), err=False)
     if workers > 1:  # the supervisor: each worker builds its app from the same file (router.server.workers)
         import os
+        import shutil
+        import tempfile
 
         from router.server.workers import worker_env
 
-        os.environ.update(worker_env(config, server or {}))
-        uvicorn.run(
-            "router.server.workers:app_from_env",
-            factory=True,
-            host=s.server.host,
-            port=s.server.port,
-            loop="uvloop",
-            http="httptools",
-            workers=workers,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-        )
+        shared = Path(tempfile.mkdtemp(prefix="runroute-metrics-"))  # the workers' merged /metrics
+        os.environ.update(worker_env(config, server or {}, shared))
+        try:
+            uvicorn.run(
+                "router.server.workers:app_from_env",
+                factory=True,
+                host=s.server.host,
+                port=s.server.port,
+                loop="uvloop",
+                http="httptools",
+                workers=workers,
+                log_level="warning",
+                access_log=False,
+                lifespan="on",
+            )
+        finally:
+            shutil.rmtree(shared, ignore_errors=True)
         return
     assert app is not None
     uvicorn.run(
