@@ -25,6 +25,12 @@ def load(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def _pct(rep: dict[str, Any], key: str) -> str:
+    if key not in rep or not rep["stalled_ms"]:
+        return "?"
+    return f"{100 * rep[key] / rep['stalled_ms']:.0f}%"
+
+
 def show(reports: dict[str, dict[str, Any]], console: Console, top: int = 5, sites: int = 6) -> None:
     """Print every system's stall totals, sites and longest stalls."""
     for label, rep in reports.items():
@@ -32,7 +38,10 @@ def show(reports: dict[str, dict[str, Any]], console: Console, top: int = 5, sit
         console.print(
             f"[bold]{label}[/] event-loop stalls >= {rep['threshold_ms']:g} ms: {rep['stalls']} in "
             f"{secs:.0f} s, {rep['stalled_ms']:.0f} ms stalled ({100 * rep['stalled_ms'] / 1000 / secs:.1f}% "
-            f"of the time); loop lag p50 <= {rep['lag_p50_ms']} ms, p99 <= {rep['lag_p99_ms']} ms",
+            f"of the time); loop lag p50 <= {rep['lag_p50_ms']} ms, p99 <= {rep['lag_p99_ms']} ms; during "
+            f"the stalls the loop thread used {_pct(rep, 'stalled_loop_cpu_ms')} of the time on the CPU, the "
+            f"process's other threads {_pct(rep, 'stalled_other_threads_cpu_ms')} (the rest: the core went to "
+            "other processes)",
             soft_wrap=True,
         )
         t = Table(title=f"{label}: where the stalled time went (innermost project frame)")

@@ -39,6 +39,29 @@ def test_a_blocking_callback_is_caught_with_its_stack(tmp_path: Path) -> None:
     assert "_blocking_step_work" in top["site"] or "time.sleep" in top["site"]
     assert rep["sites"][0]["ms"] >= 140 and rep["sites"][0]["share"] > 0.5
     assert rep["beats"] > 5
+    assert top["loop_cpu_ms"] < 50  # a sleeping loop thread used no CPU: it was waiting
+
+
+def _spin_cpu(seconds: float) -> None:
+    t = time.thread_time()
+    while time.thread_time() - t < seconds:  # CPU time, not wall time: the same on a loaded machine
+        pass
+
+
+def test_a_busy_stall_shows_the_loop_threads_cpu() -> None:
+    mon = StallMonitor(RuntimeSettings(stall_monitor=True, stall_threshold_ms=30, stall_check_ms=5))
+
+    async def busy() -> None:
+        mon.start()
+        await asyncio.sleep(0.05)
+        _spin_cpu(0.1)
+        await asyncio.sleep(0.05)
+        mon.stop()
+
+    asyncio.run(busy())
+    top = mon.report()["top"][0]
+    assert top["loop_cpu_ms"] >= 95 and top["ms"] >= top["loop_cpu_ms"] - 5
+    assert mon.report()["stalled_loop_cpu_ms"] >= 95
 
 
 def test_an_idle_loop_records_no_stall() -> None:

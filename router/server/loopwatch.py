@@ -13,7 +13,11 @@ Stall monitor (:class:`StallMonitor`, off by default):
    the first sample of a stall and counts the samples (a stall seen by 5 samples lasted about
    5 x ``check_ms``). A stall the watchdog never caught (shorter than ``check_ms``) has no stack.
 3. When the heartbeat next runs and its lateness is at least ``threshold_ms`` it records the stall:
-   its length, the wall time it ended and its stack. The longest ``top`` stalls are kept (a min-heap);
+   its length, the wall time it ended, its stack, and the CPU time the loop's thread used meanwhile
+   (``time.thread_time``) beside the CPU of the process's other threads (``time.process_time``
+   minus it): a stall the loop thread spent on the CPU is its own work; one where it used little
+   while other threads used much is the GIL held elsewhere; one where neither ran is the OS giving
+   the core to other processes. The longest ``top`` stalls are kept (a min-heap);
    per stack *site* (the innermost frame inside this project, else the innermost frame) a count and
    the total milliseconds, so the shares of the sources add up. Lateness below the threshold feeds a
    small histogram (``lag_ms`` buckets) so p50/p99 of the loop's lag are there too.
@@ -126,6 +130,9 @@ class StallMonitor:
         self.beats = 0
         self.stalls = 0
         self.stalled_ms = 0.0
+        self.loop_cpu_ms = 0.0  # CPU the loop's thread used during the stalls
+        self.other_cpu_ms = 0.0  # CPU the process's other threads used during the stalls
+        self._cpu = self._pcpu = 0.0
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
@@ -140,6 +147,7 @@ class StallMonitor:
         self._tid = threading.get_ident()
         self.started_at = time.time()
         self._last = time.perf_counter()
+        self._cpu, self._pcpu = time.thread_time(), time.process_time()
         self._last_write = self._last
         self._handle = self._loop.call_later(self.beat_s, self._beat)
         self._thread = threading.Thread(target=self._watch, name="runroute-stallwatch", daemon=True)
@@ -147,9 +155,12 @@ class StallMonitor:
 
     def _beat(self) -> None:
         now = time.perf_counter()
+        cpu, pcpu = time.thread_time(), time.process_time()
         late = now - self._last - self.beat_s
         prev = self._last
         self._last = now
+        d_cpu, d_pcpu = cpu - self._cpu, pcpu - self._pcpu
+        self._cpu, self._pcpu = cpu, pcpu
         self.beats += 1
         ms = max(0.0, late) * 1000.0
         k = 0
@@ -159,7 +170,7 @@ class StallMonitor:
         if late >= self.threshold_s:
             sample = self._sample
             stack, n = (sample[1], sample[2]) if sample is not None and sample[0] == prev else ([], 0)
-            self._record(ms, stack, n)
+            self._record(ms, stack, n, d_cpu * 1000.0, max(0.0, d_pcpu - d_cpu) * 1000.0)
         if self._loop is not None:
             self._handle = self._loop.call_later(self.beat_s, self._beat)
         if self.cfg.stall_path is not None and self.cfg.stall_write_s > 0:
@@ -167,15 +178,20 @@ class StallMonitor:
                 self._last_write = now
                 self.write()
 
-    def _record(self, ms: float, stack: list[str], samples: int) -> None:
+    def _record(
+        self, ms: float, stack: list[str], samples: int, loop_cpu_ms: float = 0.0, other_cpu_ms: float = 0.0
+    ) -> None:
         self.stalls += 1
         self.stalled_ms += ms
+        self.loop_cpu_ms += loop_cpu_ms
+        self.other_cpu_ms += other_cpu_ms
         site = _site(stack)
         s = self.sites.setdefault(site, [0, 0.0])
         s[0] += 1
         s[1] += ms
         self._seq += 1
         item = {"ms": round(ms, 2), "ended_at": round(time.time(), 3), "samples": samples, "site": site}
+        item["loop_cpu_ms"], item["other_threads_cpu_ms"] = round(loop_cpu_ms, 2), round(other_cpu_ms, 2)
         item["stack"] = stack
         if len(self._top) < self.cfg.stall_top:
             heapq.heappush(self._top, (ms, self._seq, item))
@@ -226,6 +242,8 @@ class StallMonitor:
             "beats": self.beats,
             "stalls": self.stalls,
             "stalled_ms": round(self.stalled_ms, 1),
+            "stalled_loop_cpu_ms": round(self.loop_cpu_ms, 1),
+            "stalled_other_threads_cpu_ms": round(self.other_cpu_ms, 1),
             "lag_ms_buckets": [*LAG_BUCKETS_MS, "inf"],
             "lag_counts": list(self.lag_counts),
             "lag_p50_ms": self.lag_quantile(0.5),
