@@ -83,7 +83,7 @@ def test_systems_started_before_a_failure_reach_the_callers_list(realistic, tmp_
         a = argparse.Namespace(
             no_mini=True, variant=[], ref_tree=tree, ref_bundle=None, bundle=tmp_path / "b"
         )
-        a.ref_python = sys.executable
+        a.ref_python, a.workers = sys.executable, 1
         systems: list = []
         with pytest.raises(SystemExit):
             realistic._start_all(a, tmp_path, 1, systems)
