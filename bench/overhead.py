@@ -50,7 +50,7 @@ import yaml
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sut_procs import free_port, stop, wait_ready  # noqa: E402
+from sut_procs import die_with_parent, exit_on_signals, free_port, stop, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT.parent / "shared" / "bench-peers"
@@ -92,6 +92,7 @@ def main() -> int:
 
     if shutil.which("taskset") is None:
         raise SystemExit("overhead: needs taskset (util-linux) for CPU pinning")
+    exit_on_signals()  # SIGTERM/SIGHUP run the finally blocks: no sidecar outlives the bench
     py = sys.executable
     work = Path(tempfile.mkdtemp(prefix="runroute-overhead-"))
     out = a.out or work / "results.jsonl"
@@ -108,6 +109,7 @@ def main() -> int:
         ["taskset", "-c", "0", py, str(a.peers / "fake_backend.py"), "--port", str(bport)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
     )
     sut = None
     try:
@@ -135,6 +137,7 @@ def main() -> int:
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=open(work / "sut.err", "w"),  # noqa: SIM115
+            preexec_fn=die_with_parent,
         )
         wait_ready(f"http://127.0.0.1:{rport}/ready", 60)
         common = [
@@ -210,6 +213,7 @@ def main() -> int:
                 env={**env, "UPSTREAM": f"http://127.0.0.1:{bport}"},
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,
             )
             try:
                 wait_ready(f"http://127.0.0.1:{mport}/v1/models", 30)

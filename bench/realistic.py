@@ -69,10 +69,13 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import realistic_report  # noqa: E402
+import stall_report  # noqa: E402
 from sut_procs import (  # noqa: E402
     check_modules,
     core_busy,
     cpu_seconds,
+    die_with_parent,
+    exit_on_signals,
     free_port,
     start_backend,
     start_mini,
@@ -166,17 +169,36 @@ def _commit(tree: Path) -> str:
 
 
 def _start_sidecar(
-    a: argparse.Namespace, work: Path, label: str, tree: Path, python: str, bundle: Path, bport: int, ov: dict
+    a: argparse.Namespace,
+    work: Path,
+    label: str,
+    tree: Path,
+    python: str,
+    bundle: Path,
+    bport: int,
+    ov: dict,
+    workers: int = 1,
 ) -> System:
     port = free_port()
+    if tree.resolve() == ROOT and not a.no_stalls:  # this checkout's sidecars: the stall monitor on
+        ov = {"runtime.stall_monitor": True, "runtime.stall_path": str(work / f"stalls-{label}.json"), **ov}
     cfg = work / f"{label}.yaml"
     cfg.write_text(yaml.safe_dump(_config(a, bport, bundle, work / f"logs-{label}", ov)))
     err = work / f"{label}.err"
-    proc = start_runroute(python, tree, cfg, port, err, cwd=work)
+    if workers > 1:
+        proc = start_runroute(
+            python, tree, cfg, port, err, cwd=work, cores=a.workers_cores, extra=("--workers", str(workers))
+        )
+    else:
+        proc = start_runroute(python, tree, cfg, port, err, cwd=work)
     sysm = System(label, "runroute", f"http://127.0.0.1:{port}", "auto", proc.pid, proc, str(tree), python)
     sysm.overrides = ov
-    wait_ready(f"{sysm.url}/ready", 90, proc)
-    sysm.modules = check_modules(err, tree)
+    try:
+        wait_ready(f"{sysm.url}/ready", 90, proc)
+        sysm.modules = check_modules(err, tree)
+    except BaseException:  # a sidecar that failed to start (or the wrong tree's) is stopped here
+        stop(proc)
+        raise
     return sysm
 
 
@@ -189,18 +211,25 @@ def _loadgen(a: argparse.Namespace, s: System, state: Path, extra: list[str]) ->
 
 def _run_lines(cmd: list[str], timeout_s: float, on_line: Any = None) -> dict[str, Any]:
     """Run a load-generator process; feed its 'progress' lines to ``on_line``; return its result."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent
+    )
     result: dict[str, Any] = {}
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("progress ") and on_line is not None:
-            on_line(*map(int, line.split()[1:3]))
-        elif line.startswith("result "):
-            result = json.loads(line[7:])
-        if time.monotonic() > deadline:
-            proc.kill()
-            break
+    try:
+        for line in proc.stdout:
+            if line.startswith("progress ") and on_line is not None:
+                on_line(*map(int, line.split()[1:3]))
+            elif line.startswith("result "):
+                result = json.loads(line[7:])
+            if time.monotonic() > deadline:
+                proc.kill()
+                break
+    except BaseException:  # interrupted: the load generator goes with the bench
+        proc.kill()
+        proc.wait(5)
+        raise
     _out, err = proc.communicate(timeout=30)
     if proc.returncode != 0:
         result["loadgen_rc"] = proc.returncode
@@ -236,6 +265,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ref-bundle", type=Path, default=None)
     ap.add_argument("--variant", action="append", default=[])
     ap.add_argument("--no-mini", action="store_true")
+    ap.add_argument("--no-stalls", action="store_true", help="leave the sidecars' stall monitor off")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="also run this checkout's sidecar as `serve --workers N` (store: Redis at --redis-url)",
+    )
+    ap.add_argument("--workers-cores", default="0,1", help="taskset cores of the --workers sidecar")
+    ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     ap.add_argument("--bundle", type=Path, default=ROOT / "runroute-bundle")
     ap.add_argument("--prime-concurrency", type=int, default=32)
     ap.add_argument("--idle-max", type=float, default=20.0)
@@ -260,9 +298,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def _start_all(a: argparse.Namespace, work: Path, bport: int) -> list[System]:
+def _start_all(a: argparse.Namespace, work: Path, bport: int, systems: list[System]) -> list[System]:
+    """Start every system, appending each to ``systems`` as soon as its process exists, so that the
+    caller's ``finally`` stops the ones already started when a later one fails to start."""
     backend_url = f"http://127.0.0.1:{bport}"
-    systems = [System("direct", "direct", backend_url, "fake-model")]
+    systems.append(System("direct", "direct", backend_url, "fake-model"))
     if not a.no_mini:
         mport = free_port()
         mini = start_mini(sys.executable, a.peers, mport, backend_url)
@@ -273,6 +313,15 @@ def _start_all(a: argparse.Namespace, work: Path, bport: int) -> list[System]:
     for spec in a.variant:
         label, ov = _parse_variant(spec)
         systems.append(_start_sidecar(a, work, label, ROOT, sys.executable, a.bundle, bport, ov))
+    if a.workers > 1:  # serve --workers N: run state in Redis under a key prefix of this bench run's own
+        ov = {
+            "store.kind": "redis",
+            "store.redis_url": a.redis_url,
+            "store.key_prefix": f"rrbench-{os.getpid()}:",
+        }
+        label = f"w{a.workers}"
+        ov["runtime.stall_path"] = str(work / f"stalls-{label}-pid{{pid}}.json")  # one per worker
+        systems.append(_start_sidecar(a, work, label, ROOT, sys.executable, a.bundle, bport, ov, a.workers))
     if a.ref_tree is not None:
         label = f"ref@{_commit(a.ref_tree)}"
         bundle = a.ref_bundle or a.bundle
@@ -284,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     if a.report_from is not None:
         return _report_from(a.report_from)
+    exit_on_signals()  # SIGTERM/SIGHUP run the finally below: no sidecar outlives the bench
     work = Path(tempfile.mkdtemp(prefix="runroute-realistic-"))
     out = a.out or work
     out.mkdir(parents=True, exist_ok=True)
@@ -295,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             ["taskset", "-c", "0", sys.executable, str(HERE / "proto_backend.py"), "--port", str(bport)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
         )
     else:
         backend = start_backend(sys.executable, a.peers, bport)
@@ -305,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     try:
         wait_ready(f"http://127.0.0.1:{bport}/health", 30, backend)
-        systems = _start_all(a, work, bport)
+        _start_all(a, work, bport, systems)
         for s in systems:
             where = f"packages from {Path(s.modules[0]).parents[1]}" if s.modules else ""
             console.print(f"[bold]{s.label}[/] {s.url} pid={s.pid or '-'} {where}", soft_wrap=True)
@@ -349,7 +400,18 @@ def main(argv: list[str] | None = None) -> int:
     for label, note in crashed.items():
         console.print(f"[red]{label} exited during the run[/]: {note}", soft_wrap=True)
         decisions[label] = [f"(exited during the run: {note})"]
-    return _report(a, systems, cells, out, decisions, round(time.monotonic() - t_start, 1))
+    rc = _report(a, systems, cells, out, decisions, round(time.monotonic() - t_start, 1))
+    stalls: dict[str, Any] = {}
+    for s in systems:
+        if s.stateful:  # one file per sidecar; per worker process for serve --workers
+            stalls[s.label] = stall_report.load(work / f"stalls-{s.label}.json")
+            for f in sorted(work.glob(f"stalls-{s.label}-pid*.json")):
+                stalls[f"{s.label}/{f.stem.rsplit('-', 1)[1]}"] = stall_report.load(f)
+    found = {k: v for k, v in stalls.items() if v is not None}
+    if found:  # written by each sidecar at its shutdown (priming included)
+        stall_report.show(found, console)
+        (out / "stalls.json").write_text(json.dumps(found, indent=1))
+    return rc
 
 
 def _crash_note(s: System, work: Path) -> str:

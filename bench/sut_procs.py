@@ -15,11 +15,17 @@ child's working directory is a scratch folder, so another checkout's code (``--r
 not this checkout's editable install; :func:`check_modules` refuses a child whose packages came from
 elsewhere.
 
+Cleanup on every exit path: every launcher starts its child with ``PR_SET_PDEATHSIG`` (Linux: the
+kernel sends the child SIGTERM when the bench process dies, even by SIGKILL), and
+:func:`exit_on_signals` turns SIGTERM / SIGHUP into ``SystemExit`` so that the benches' ``finally``
+blocks stop what they started (the default action would end the bench with its children running).
+
 Knobs: every launcher takes the interpreter, the port, the cores (``taskset -c``) and a file for stderr.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -33,6 +39,8 @@ __all__ = [
     "check_modules",
     "core_busy",
     "cpu_seconds",
+    "die_with_parent",
+    "exit_on_signals",
     "free_port",
     "start_backend",
     "start_mini",
@@ -54,6 +62,27 @@ _BOOT = (
     "sys.argv = ['runroute', *sys.argv[1:]]\n"
     "app()\n"
 )
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` of the benches' children: SIGTERM to the child when the bench dies (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the finally blocks are the only cleanup
+        pass
+
+
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP raise ``SystemExit`` in the bench, so its ``finally`` blocks run."""
+
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit)
 
 
 def free_port() -> int:
@@ -152,6 +181,7 @@ def start_backend(python: str, peers: Path, port: int, cores: str = "0") -> subp
         cwd=peers,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
     )
 
 
@@ -166,17 +196,29 @@ def start_mini(python: str, peers: Path, port: int, upstream: str, cores: str = 
         env={**os.environ, "UPSTREAM": upstream},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
     )
 
 
 def start_runroute(
-    python: str, tree: Path, config: Path, port: int, err: Path, cwd: Path, cores: str = "1"
+    python: str,
+    tree: Path,
+    config: Path,
+    port: int,
+    err: Path,
+    cwd: Path,
+    cores: str = "1",
+    extra: tuple[str, ...] = (),
 ) -> subprocess.Popen:
-    """``runroute serve`` from ``tree`` (first on PYTHONPATH, cwd a scratch folder), stderr to ``err``."""
+    """``runroute serve`` from ``tree`` (first on PYTHONPATH, cwd a scratch folder), stderr to ``err``;
+    ``extra``: more ``serve`` arguments (``--workers N``)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     cmd = ["taskset", "-c", cores, python, "-c", _BOOT, "serve", "--config", str(config), "--port", str(port)]
+    cmd += list(extra)
     with open(err, "w") as fh:
-        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=fh)
+        return subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=fh, preexec_fn=die_with_parent
+        )
 
 
 def check_modules(err: Path, tree: Path) -> list[str]:

@@ -7,7 +7,9 @@ folds by group (task or run id: never by row, so steps of one run never sit on b
 fit on the other folds scores each fold, and a monotone map (isotonic regression, or Platt's
 sigmoid) is fit from those scores to the labels. The final model is then fit on all rows and its
 scores go through the map. The map is stored as two arrays (``calib_x_``, ``calib_y_``) so serving
-applies it with one ``np.interp``.
+applies it with one ``np.interp``; it is made strictly increasing (ties of the isotonic steps broken
+by the raw score, 1e-6 of probability: :func:`strictly_increasing`), so that a threshold for a
+frontier share can separate any two runs.
 
 Knobs:
 - ``n_estimators``, ``learning_rate``, ``num_leaves``, ``min_child_samples``, ``max_bin``,
@@ -34,6 +36,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 __all__ = [
     "EscalationClassifier",
     "fit_calibration_map",
+    "strictly_increasing",
     "group_folds",
     "lgb_params",
     "lgb_dataset",
@@ -217,8 +220,28 @@ class EscalationClassifier(ClassifierMixin, BaseEstimator):
         return float(np.interp(raw[0], self.calib_x_, self.calib_y_))
 
 
+TIE_BREAK = 1e-6  # weight of the raw score in the calibrated p (strictly_increasing)
+
+
+def strictly_increasing(
+    xs: np.ndarray, ys: np.ndarray, tie: float = TIE_BREAK
+) -> tuple[np.ndarray, np.ndarray]:
+    """The map ``(xs, ys)`` extended to raw scores 0 and 1 and made strictly increasing:
+    ``(1 - tie) * ys + tie * xs``. An isotonic map is a step function: its flat steps gave whole
+    blocks of runs the same calibrated p (one step held up to ~15% of the runs' maxima), so a
+    frontier-share threshold could only land on a step's edge (30% asked, 46% or 32% got, whichever
+    edge the fitted steps happened to put nearest). Breaking the ties by the raw score (at most
+    ``tie`` = 1e-6 of probability) lets the threshold resolve single runs; the calibration is
+    unchanged to six decimals."""
+    lo, hi = int(xs[0] > 0.0), int(xs[-1] < 1.0)
+    xs = np.concatenate([[0.0]] * lo + [xs] + [[1.0]] * hi)
+    ys = np.concatenate([ys[:1]] * lo + [ys] + [ys[-1:]] * hi)
+    return xs, (1.0 - tie) * ys + tie * xs
+
+
 def fit_calibration_map(method: str, raw: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Calibration map as (x, y) knots for ``np.interp``."""
+    """Calibration map as (x, y) knots for ``np.interp``, strictly increasing on [0, 1]
+    (:func:`strictly_increasing`: ties broken by the raw score)."""
     if method == "none":
         return np.array([0.0, 1.0]), np.array([0.0, 1.0])
     if method == "isotonic":
@@ -229,7 +252,7 @@ def fit_calibration_map(method: str, raw: np.ndarray, y: np.ndarray) -> tuple[np
         ys = np.asarray(iso.y_thresholds_, dtype=np.float64)
         if len(xs) == 1:
             xs, ys = np.array([0.0, 1.0]), np.array([ys[0], ys[0]])
-        return xs, ys
+        return strictly_increasing(xs, ys)
     from sklearn.linear_model import LogisticRegression
 
     eps = 1e-6
@@ -237,4 +260,4 @@ def fit_calibration_map(method: str, raw: np.ndarray, y: np.ndarray) -> tuple[np
     lr = LogisticRegression(C=1e4).fit(z.reshape(-1, 1), y)
     grid = np.linspace(0.0, 1.0, 513)
     gz = np.log(np.clip(grid, eps, 1 - eps) / (1 - np.clip(grid, eps, 1 - eps)))
-    return grid, lr.predict_proba(gz.reshape(-1, 1))[:, 1]
+    return strictly_increasing(grid, lr.predict_proba(gz.reshape(-1, 1))[:, 1])

@@ -121,3 +121,40 @@ def test_dask_training_logs_to_mlflow_like_serial(trained):
     assert rep["mlflow"]["model_uri"].startswith("models:/") or "runs:/" in rep["mlflow"]["model_uri"]
     assert json.loads((trained["tmp"] / "dask-report.json").read_text())["n_steps"] == rep["n_steps"]
     assert any("DaskLGBMClassifier" in m for m in trained["said"])
+
+
+def test_dask_frontier_share_at_parity_with_serial(trained):
+    """Issue 26: both modes meet the target frontier share of runs on their out-of-fold scores and
+    escalate the same share of the held-out runs within 2 points. Before the calibration map broke
+    its isotonic ties, a threshold could only sit on a step's edge (30% asked: 46% serial vs 32% Dask
+    on one log, 21% vs 47% on another)."""
+    s, d = trained["serial"].report["thresholds"], trained["dask"].report["thresholds"]
+    for t in (s, d):
+        assert t["expected_frontier_share"] == pytest.approx(t["target_frontier_share"], abs=0.01)
+        assert t["p_frontier_up"] - t["p_frontier_down"] >= 0.05 - 1e-9  # a real hysteresis band
+    # the held-out runs here are ~230: one run is 0.4 points, and the binomial SE of a share near 30%
+    # is ~3 points, so the bound is 2 points or 2 SE, whichever is wider (bench/dask_scale.py prints
+    # the figure on larger logs; the issue's gap was 26 points)
+    n_held = trained["serial"].holdout.meta["run_id"].nunique()
+    se = (0.3 * 0.7 / n_held) ** 0.5
+    gap = abs(s["holdout_frontier_share"] - d["holdout_frontier_share"])
+    assert gap <= max(0.02, 2 * se), (gap, n_held, s, d)
+    for t in (s, d):
+        assert abs(t["holdout_frontier_share"] - t["target_frontier_share"]) <= 2 * se, t
+
+
+def test_train_summary_has_the_same_labels_in_both_modes(trained):
+    import re
+
+    from runroute.commands.train import summary_lines
+
+    def labels(res: Any) -> list[str]:
+        lines = summary_lines(res.report, "v", "dir")[1:]  # the bundle line names the folder
+        keep = [ln for ln in lines if not ln.startswith(("mlflow", "benefit "))]  # per-domain verdicts
+        return [re.sub(r"\d[\d.]*%?", "#", ln) for ln in keep]
+
+    ls, ld = labels(trained["serial"]), labels(trained["dask"])
+    assert ls == ld, (ls, ld)
+    raw = summary_lines(trained["dask"].report, "v", "dir")
+    assert any(ln.startswith("escalation held-out  AUC") for ln in raw)
+    assert any(ln.startswith("frontier share of runs: target") and "held-out" in ln for ln in raw)

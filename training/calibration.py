@@ -10,8 +10,9 @@
   ``p_frontier_up`` = the per-run maximum (out-of-fold) p whose share of runs at or above it is
   closest to the target (the maxima have ties: isotonic maps are step functions).
   ``p_frontier_down`` (the hysteresis floor: a frontier run comes back only below it) is the same
-  choice for ``target + band``, so that it is <= ``p_frontier_up``; when ties in the per-run
-  maxima make the two equal, ``p_frontier_down = p_frontier_up - min_gap``.
+  choice for ``target + band``, so that it is <= ``p_frontier_up``; when the two fall within
+  ``min_gap`` of each other (one step of an isotonic map, whose ties the escalation model breaks by
+  1e-6 of probability), ``p_frontier_down = p_frontier_up - min_gap``.
 
 Knobs: ``n_bins``; ``target_frontier_share`` (0-1); ``band`` (hysteresis width in run share);
 ``horizon_steps`` (only steps with index < horizon count: escalations decided late save little);
@@ -90,7 +91,7 @@ def choose_thresholds(
 
     up = min(q_for(target_frontier_share), 1.0)
     down = min(q_for(min(1.0, target_frontier_share + band)), up)
-    if band > 0 and down >= up:  # ties in the per-run maxima (isotonic steps): keep a real band
+    if band > 0 and up - down < min_gap:  # one isotonic step (ties broken by 1e-6): keep a real band
         down = max(0.0, up - min_gap)
     return {
         "p_frontier_up": up,

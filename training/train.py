@@ -59,6 +59,7 @@ __all__ = [
     "sized_config",
     "Fitted",
     "finish_training",
+    "holdout_frontier_share",
 ]
 
 Progress = Callable[[str], None]
@@ -350,7 +351,8 @@ def finish_training(
         target_frontier_share=cfg.target_frontier_share,
         band=cfg.threshold_band,
     )
-    report["thresholds"] = th
+    th_report: dict[str, float | None] = dict(th)
+    report["thresholds"] = th_report
     bundle = ModelBundle(
         escalation=esc,
         cache_reuse=cache,
@@ -374,6 +376,7 @@ def finish_training(
     t = lap("benefit_s", t)
     if len(held):
         report["holdout"] = bundle_scores(bundle, held)
+        th_report["holdout_frontier_share"] = holdout_frontier_share(esc, held, th["p_frontier_up"])
     if "escalation" not in report:  # evaluate=False: headline from the held-out split, if any
         report["escalation"] = dict(report.get("holdout", {}).get("escalation", {}))
     gain = esc.booster_.feature_importance(importance_type="gain")
@@ -424,6 +427,20 @@ def finish_training(
 
         write_benefit_report(report["benefit"], cfg.benefit_report_dir)
     return result
+
+
+def holdout_frontier_share(esc: Any, held: Any, up: float) -> float | None:
+    """Share of the held-out runs a run-stable policy escalates at ``up``: runs whose maximum
+    calibrated p over their steps reaches it (the rule :func:`training.calibration.choose_thresholds`
+    sets ``up`` by, on out-of-fold scores; here the final model on rows it never saw). The same
+    figure in serial and Dask training, so the two can be compared; None without held-out steps."""
+    if not len(held):
+        return None
+    import pandas as pd
+
+    p = esc.predict_proba(held.X)[:, 1]
+    mx = pd.Series(p).groupby(held.meta["run_id"].astype(str).to_numpy()).max()
+    return float((mx.to_numpy() >= up).mean())
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -46,6 +45,7 @@ from starlette.responses import Response
 from models.predictor import ConstantPredictor
 from router.server.bundles import BundleHolder
 from router.server.errors import error_response
+from router.server.loopwatch import StallMonitor, tune_gc
 from router.server.metrics import RouterMetrics
 from router.server.proxy import Proxy
 from router.server.routes import Parts, register_routes
@@ -211,6 +211,8 @@ def create_app(
         context=RunContext(s.context, embed_fn),
     )
 
+    stalls = StallMonitor(s.runtime) if s.runtime.stall_monitor else None
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await up.start()
@@ -232,11 +234,14 @@ def create_app(
             prefix_share.start()
         # the bundle, settings and imported modules live for the whole process: move them out of the
         # collector's generations so a full collection under load does not walk them (tail latency)
-        gc.collect()
-        gc.freeze()
+        tune_gc(s.runtime)
+        if stalls is not None:
+            stalls.start()
         try:
             yield
         finally:
+            if stalls is not None:
+                stalls.stop()
             await proxy.lifecycle.stop()
             if prefix_share is not None:
                 await prefix_share.stop()
@@ -278,6 +283,7 @@ def create_app(
     app.state.settings = s
     app.state.admission = admission
     app.state.tracing = tracing
+    app.state.stalls = stalls
 
     parts = Parts(
         proxy=proxy,

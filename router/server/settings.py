@@ -78,6 +78,9 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   ``RUNROUTE_ADMISSION__SLO_SHORT_STEP_S=1.5``, ``RUNROUTE_ADMISSION__REPLICA_TOKENS_PER_S=4000``.
 - ``tracing``: OpenTelemetry spans per step, off by default (:class:`TracingSettings`).
 - ``metrics``: ``deprecated_names`` (the 0.1 metric names as aliases for one release).
+- ``runtime`` (:mod:`router.server.loopwatch`): the event-loop stall monitor (``stall_monitor``,
+  off by default; ``stall_threshold_ms``, ``stall_path``, ...) and the collector (``gc_freeze``,
+  ``gc_threshold0..2``).
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from router.policy.admission import AdmissionConfig
+from router.server.loopwatch import RuntimeSettings
 from router.server.runcontext import RunContextSettings
 from router.server.settings_tiers import (
     FrontierTier,
@@ -389,6 +393,7 @@ class RouterSettings(BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     ui: UiSettings = Field(default_factory=UiSettings)
     context: RunContextSettings = Field(default_factory=RunContextSettings)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
 
     @field_validator("policy", mode="before")
     @classmethod

@@ -96,6 +96,9 @@ def register(app: typer.Typer) -> None:
             help="embedded defaults only: the fake backends answer with a final text once a request "
             "carries this many tool results (0 = always another tool call)",
         ),
+        workers: int = typer.Option(
+            1, "--workers", help="worker processes behind the port (> 1 needs store.kind: redis)"
+        ),
     ) -> None:
         """Serve the routing sidecar: POST /v1/chat/completions with model "auto"."""
         import contextlib
@@ -131,7 +134,7 @@ def register(app: typer.Typer) -> None:
                     settings = _demo_settings(stack, server, max_tool_turns)
             except SettingsError as e:
                 raise CliError(str(e)) from None
-            _run(settings, config, max_tool_turns)
+            _run(settings, config, max_tool_turns, workers, server)
 
 
 def _demo_settings(stack, server: dict[str, object], max_tool_turns: int = DEFAULT_MAX_TOOL_TURNS):
@@ -187,12 +190,23 @@ def _explore_line(s) -> str:
     return f"{explore.rate:.0%} of runs (policy.explore.rate: 0 turns it off)"
 
 
-def _run(settings, config: Path | None, max_tool_turns: int = DEFAULT_MAX_TOOL_TURNS) -> None:
+def _run(
+    settings,
+    config: Path | None,
+    max_tool_turns: int = DEFAULT_MAX_TOOL_TURNS,
+    workers: int = 1,
+    server: dict[str, object] | None = None,
+) -> None:
     import uvicorn
 
     from router.server.app import create_app
+    from router.server.workers import WorkersError, check_workers
 
     s = settings
+    try:
+        check_workers(s, workers)
+    except WorkersError as e:
+        raise CliError(str(e)) from None
     if s.bundle.path is not None or s.bundle.mlflow_uri is not None:
         # fail fast with one line (the app loads it again in its lifespan, where errors are tracebacks)
         from router.server.bundles import load_bundle
@@ -202,10 +216,9 @@ def _run(settings, config: Path | None, max_tool_turns: int = DEFAULT_MAX_TOOL_T
         except (ValueError, OSError) as e:  # BundleError is a ValueError
             raise CliError(f"cannot load bundle {s.bundle.path or s.bundle.mlflow_uri}: {e}") from None
     try:
-        app = create_app(s)
-    except (
-        ValueError
-    ) as e:  # a config the app refuses at build time (e.g. tracing.exporter otlp without its package)
+        # a config the app refuses at build time (e.g. tracing.exporter otlp without its package)
+        app = create_app(s) if workers == 1 else None
+    except ValueError as e:
         raise CliError(f"config: {e}") from None
     url = f"http://{s.server.host}:{s.server.port}"
     lines = [
@@ -234,7 +247,35 @@ def _run(settings, config: Path | None, max_tool_turns: int = DEFAULT_MAX_TOOL_T
         lines.append(
             f"  fakes           : end a tool loop after {max_tool_turns} tool results (--max-tool-turns)"
         )
+    if workers > 1:
+        lines.append(f"  workers         : {workers} processes (run state in {s.store.kind})")
     typer.echo("\n".join(lines), err=False)
+    if workers > 1:  # the supervisor: each worker builds its app from the same file (router.server.workers)
+        import os
+        import shutil
+        import tempfile
+
+        from router.server.workers import worker_env
+
+        shared = Path(tempfile.mkdtemp(prefix="runroute-metrics-"))  # the workers' merged /metrics
+        os.environ.update(worker_env(config, server or {}, shared))
+        try:
+            uvicorn.run(
+                "router.server.workers:app_from_env",
+                factory=True,
+                host=s.server.host,
+                port=s.server.port,
+                loop="uvloop",
+                http="httptools",
+                workers=workers,
+                log_level="warning",
+                access_log=False,
+                lifespan="on",
+            )
+        finally:
+            shutil.rmtree(shared, ignore_errors=True)
+        return
+    assert app is not None
     uvicorn.run(
         app,
         host=s.server.host,

@@ -160,31 +160,7 @@ def register(app: typer.Typer) -> None:
                     res = run_training(cfg, progress=say)
             except ValueError as e:
                 raise CliError(str(e)) from None
-        r = res.report
-        esc = r.get("escalation", {})
-        lines = [
-            f"bundle {res.bundle.version} -> {res.bundle_dir}",
-            f"runs {r['n_runs']}  steps {r['n_steps']}  spec {r['feature_spec_version']}",
-        ]
-        if "auc" in esc:
-            base = esc.get("baselines", {})
-            lines.append(
-                "escalation  AUC {:.3f}  Brier {:.4f}  ECE {:.3f}  | ".format(
-                    esc["auc"], esc["brier"], esc["ece"]
-                )
-                + "  ".join(f"{b}: AUC {v['auc']:.3f} Brier {v['brier']:.4f}" for b, v in base.items())
-            )
-        if "cache_reuse" in r:
-            lines.append(f"cache reuse MAE {r['cache_reuse']['mae_tokens']:.0f} tokens")
-        if "remaining_steps" in r:
-            lines.append(f"remaining steps pinball p50 {r['remaining_steps']['pinball_p50']:.3f}")
-        th = r["thresholds"]
-        lines.append(f"thresholds up {th['p_frontier_up']:.3f} down {th['p_frontier_down']:.3f}")
-        for dom, d in (r.get("benefit") or {}).get("domains", {}).items():
-            lines.append(f"benefit {dom}: {d['mode']} ({d['reason']})")
-        if "mlflow" in r:
-            mf = r["mlflow"]
-            lines.append(f"mlflow {mf['model_uri']}  champion v{mf['champion']} ({mf['promotion_reason']})")
+        lines = summary_lines(res.report, res.bundle.version, res.bundle_dir)
         typer.echo("\n".join(lines))
 
 
@@ -203,3 +179,53 @@ def _train_dask(
             prog.update(task, completed=k, total=n, description=f"features: partition {k}/{n}")
 
         return train_on_dask(cfg, client, npartitions=partitions, progress=say, on_task=on_task)
+
+
+def summary_lines(r: dict[str, Any], version: str, bundle_dir: Any) -> list[str]:
+    """The summary ``runroute train`` prints. The same figures carry the same labels in serial and
+    ``--dask`` runs: the held-out split's (both modes have it) and the frontier share of runs
+    (target, out-of-fold, held-out); the grouped CV's only where it ran (serial with evaluation),
+    labelled ``CV``."""
+    lines = [
+        f"bundle {version} -> {bundle_dir}",
+        f"runs {r['n_runs']}  steps {r['n_steps']}  spec {r['feature_spec_version']}",
+    ]
+    esc = r.get("escalation", {})
+    if "n_folds" in r and "auc" in esc:
+        base = esc.get("baselines", {})
+        lines.append(
+            "escalation CV ({} folds)  AUC {:.3f}  Brier {:.4f}  ECE {:.3f}  | ".format(
+                r["n_folds"], esc["auc"], esc["brier"], esc["ece"]
+            )
+            + "  ".join(f"{b}: AUC {v['auc']:.3f} Brier {v['brier']:.4f}" for b, v in base.items())
+        )
+        if "cache_reuse" in r:
+            lines.append(f"cache reuse CV MAE {r['cache_reuse']['mae_tokens']:.0f} tokens")
+        if "remaining_steps" in r:
+            lines.append(f"remaining steps CV pinball p50 {r['remaining_steps']['pinball_p50']:.3f}")
+    held = r.get("holdout", {})
+    if "auc" in held.get("escalation", {}):
+        he = held["escalation"]
+        lines.append(
+            "escalation held-out  AUC {:.3f}  Brier {:.4f}  ECE {:.3f}".format(
+                he["auc"], he["brier"], he["ece"]
+            )
+        )
+    if "cache_reuse" in held:
+        lines.append(f"cache reuse held-out MAE {held['cache_reuse']['mae_tokens']:.0f} tokens")
+    if "remaining_steps" in held:
+        lines.append(f"remaining steps held-out pinball p50 {held['remaining_steps']['pinball_p50']:.3f}")
+    th = r["thresholds"]
+    lines.append(f"thresholds up {th['p_frontier_up']:.3f} down {th['p_frontier_down']:.3f}")
+    share = "frontier share of runs: target {:.1%}  out-of-fold {:.1%}".format(
+        th["target_frontier_share"], th["expected_frontier_share"]
+    )
+    if th.get("holdout_frontier_share") is not None:
+        share += "  held-out {:.1%}".format(th["holdout_frontier_share"])
+    lines.append(share)
+    for dom, d in (r.get("benefit") or {}).get("domains", {}).items():
+        lines.append(f"benefit {dom}: {d['mode']} ({d['reason']})")
+    if "mlflow" in r:
+        mf = r["mlflow"]
+        lines.append(f"mlflow {mf['model_uri']}  champion v{mf['champion']} ({mf['promotion_reason']})")
+    return lines

@@ -1,0 +1,103 @@
+"""The event-loop stall monitor (router/server/loopwatch.py) and the collector knobs."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from router.server.loopwatch import RuntimeSettings, StallMonitor, tune_gc
+
+
+def _blocking_step_work(seconds: float) -> None:
+    time.sleep(seconds)  # stands in for synchronous work on the loop (it holds the loop's thread)
+
+
+async def _serve_with_a_stall(mon: StallMonitor, seconds: float) -> None:
+    mon.start()
+    await asyncio.sleep(0.05)
+    _blocking_step_work(seconds)
+    await asyncio.sleep(0.05)
+    mon.stop()
+
+
+def test_a_blocking_callback_is_caught_with_its_stack(tmp_path: Path) -> None:
+    path = tmp_path / "stalls.json"
+    cfg = RuntimeSettings(stall_monitor=True, stall_threshold_ms=30, stall_check_ms=5, stall_path=path)
+    mon = StallMonitor(cfg)
+    asyncio.run(_serve_with_a_stall(mon, 0.15))
+    rep = json.loads(path.read_text())  # written at stop
+    assert rep["stalls"] >= 1
+    top = rep["top"][0]
+    assert 140 <= top["ms"] < 1000
+    assert top["samples"] >= 2  # the watchdog saw it while it lasted
+    assert any("_blocking_step_work" in line for line in top["stack"])
+    assert "_blocking_step_work" in top["site"] or "time.sleep" in top["site"]
+    assert rep["sites"][0]["ms"] >= 140 and rep["sites"][0]["share"] > 0.5
+    assert rep["beats"] > 5
+    assert top["loop_cpu_ms"] < 50  # a sleeping loop thread used no CPU: it was waiting
+
+
+def _spin_cpu(seconds: float) -> None:
+    t = time.thread_time()
+    while time.thread_time() - t < seconds:  # CPU time, not wall time: the same on a loaded machine
+        pass
+
+
+def test_a_busy_stall_shows_the_loop_threads_cpu() -> None:
+    mon = StallMonitor(RuntimeSettings(stall_monitor=True, stall_threshold_ms=30, stall_check_ms=5))
+
+    async def busy() -> None:
+        mon.start()
+        await asyncio.sleep(0.05)
+        _spin_cpu(0.1)
+        await asyncio.sleep(0.05)
+        mon.stop()
+
+    asyncio.run(busy())
+    top = mon.report()["top"][0]
+    assert top["loop_cpu_ms"] >= 95 and top["ms"] >= top["loop_cpu_ms"] - 5
+    assert mon.report()["stalled_loop_cpu_ms"] >= 95
+
+
+def test_an_idle_loop_records_no_stall() -> None:
+    mon = StallMonitor(RuntimeSettings(stall_monitor=True, stall_threshold_ms=50))
+
+    async def idle() -> None:
+        mon.start()
+        await asyncio.sleep(0.2)
+        mon.stop()
+
+    asyncio.run(idle())
+    rep = mon.report()
+    assert rep["stalls"] == 0 and rep["top"] == []
+    assert rep["beats"] >= 10 and rep["lag_p50_ms"] is not None and rep["lag_p50_ms"] < 50
+
+
+def test_top_keeps_the_longest(tmp_path: Path) -> None:
+    mon = StallMonitor(RuntimeSettings(stall_monitor=True, stall_top=2))
+    for ms in (25.0, 80.0, 40.0, 200.0, 30.0):
+        mon._record(ms, [], 0)
+    assert [t["ms"] for t in mon.report()["top"]] == [200.0, 80.0]
+    assert mon.report()["stalls"] == 5
+
+
+def test_tune_gc_sets_threshold_and_freezes() -> None:
+    before = gc.get_threshold()
+    try:
+        got = tune_gc(RuntimeSettings(gc_threshold0=5000))
+        assert gc.get_threshold()[0] == 5000 and got["frozen"] > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
+def test_runtime_settings_refuse_bad_values() -> None:
+    with pytest.raises(ValueError):
+        RuntimeSettings(stall_threshold_ms=0)
+    with pytest.raises(ValueError):
+        RuntimeSettings(gc_threshold0=0)
