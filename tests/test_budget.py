@@ -17,7 +17,8 @@ def _spend(bq: BudgetQuantile, scores: np.ndarray, domain: str = "d") -> float:
     esc = 0
     for i, s in enumerate(scores.tolist()):
         s = tie_break(s, f"r{i}")
-        e = s > bq.threshold(domain)
+        thr = bq.threshold(domain)
+        e = thr is not None and s > thr
         esc += e
         bq.observe(domain, s, e)
     return esc / len(scores)
@@ -74,7 +75,7 @@ def test_ties_and_missing_scores():
     bq2 = BudgetQuantile(FrontierBudget(share=0.25, window=50, min_window=5), [])
     for _ in range(10):
         bq2.observe("d", float("nan"), False)  # no prediction: counted in the share, not the window
-    assert bq2.n_scores("d") == 10 and bq2.threshold("d") == math.inf
+    assert bq2.n_scores("d") == 10 and bq2.threshold("d") is None  # no score, no prior: no threshold
     assert bq2.realised_share("d") == 0.0 and bq2.level("d") > 0.25  # catch-up: under-spent so far
 
 
@@ -106,3 +107,58 @@ def test_leave_one_domain_out_share_on_the_shipped_pairs():
         assert r.success["always-local"].mean <= r.success["always-frontier"].mean
         for b in ("per-step-threshold", "random-mixing"):
             assert r.diff_vs[b].low <= r.diff_vs[b].mean <= r.diff_vs[b].high
+
+
+def test_the_simulator_runs_a_budgeted_learned_policy_on_its_share(small_bundle):
+    """The step engine keeps the budget's state (router.core.budget): the learned policy with
+    ``frontier_budget`` escalates the budget's share of runs per domain in the what-if simulator, where
+    the same policy on its fixed thresholds escalates none (the small bundle's P stays low)."""
+    from features.runlog import read_runlog
+    from features.samples import sample_path
+    from models.bundle import ModelBundle
+    from router.policy.config import build_policy
+    from router.sim.profiles import load_profile
+    from router.sim.whatif import SimConfig, Simulator, Workload
+
+    log = read_runlog(sample_path("paired/tau2bench_all.parquet"))
+    runs = log.runs[log.runs["task_id"].astype(str).str.split("/").str[0].isin(["airline", "retail"])]
+    runs = runs.groupby(runs["task_id"].astype(str).str.split("/").str[0]).head(150)
+    steps = log.steps[log.steps["run_id"].isin(set(runs["run_id"]))]
+    wl = Workload.from_frames(steps, runs)
+    starts = np.arange(len(wl.runs)) * 20.0  # one run at a time: every run ends before the next starts
+    bundle = ModelBundle.load(small_bundle)
+    share = {}
+    for label, extra in (("fixed", {}), ("budget", {"frontier_budget": {"share": 0.2, "window": 100}})):
+        pol = build_policy({"kind": "learned", "name": label, **extra}, bundle)
+        res = Simulator(
+            wl, pol, SimConfig(profile=load_profile(None, "a100"), log_steps=True), starts, predictor=bundle
+        ).run()
+        esc: dict[str, bool] = {}
+        for r in res.records:
+            esc[r.run_id] = esc.get(r.run_id, False) or r.tier == "frontier"
+        dom = {s.run_id: s.domain for s in wl.runs}
+        share[label] = {
+            d: float(np.mean([v for k, v in esc.items() if dom[k] == d])) for d in ("airline", "retail")
+        }
+    assert share["fixed"] == {"airline": 0.0, "retail": 0.0}
+    for d, s in share["budget"].items():
+        assert abs(s - 0.2) <= 0.05, (d, s)
+
+
+def test_engine_state_leaves_spills_and_fallbacks_out():
+    from router.core.budget import BudgetTracker
+
+    cfg = FrontierBudget(share=0.5, window=50, min_window=1)
+    bt = BudgetTracker()
+    bt.threshold("p", cfg, "d")
+    bt.step("p", cfg, "spilled", "d", 0.9, "frontier", "admission-spill-max-runs")
+    bt.ended("spilled")  # a spilled run never enters the window
+    assert bt.states["p"].n_scores("d") == 0
+    bt.step("p", cfg, "failed-over", "d", 0.1, "frontier", "fallback-upstream")
+    bt.ended("failed-over")
+    bt.step("p", cfg, "escalated", "d", 0.2, "local", "first-local")
+    bt.step("p", cfg, "escalated", "d", 0.8, "frontier", "escalate")
+    bt.ended("escalated")
+    st = bt.states["p"]
+    assert st.n_scores("d") == 2 and bt.realised_share("p", "d") == 0.5  # the fallback is not an escalation
+    assert st.threshold("d") == pytest.approx(0.8, abs=1e-6)  # k = round(3 * 0.5) = 2 of {0.1, 0.8}

@@ -29,8 +29,9 @@ traffic, re-estimated as traffic arrives:
   ``scope = "global"``: one window for all traffic.
 - **Warm start.** A domain with fewer than ``min_window`` scores of its own uses, in this order, the
   global window (all traffic, when it has ``min_window`` scores), else the ``prior`` scores given at
-  construction (the bundle's calibration scores: training runs' final running max), else ``+inf``
-  (nothing escalates until evidence exists). A domain with no model of its own is ordered by the
+  construction (e.g. training runs' final running max), else no threshold at all: the policy keeps
+  its own calibrated thresholds (the bundle's, chosen at training for a target share) until the
+  first ``min_window`` runs have ended. A domain with no model of its own is ordered by the
   prior's score under the same budget: the rule does not care which model scored.
 
 The state (:class:`BudgetQuantile`) is plain data mutated only by :meth:`BudgetQuantile.observe`,
@@ -54,7 +55,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["FrontierBudget", "BudgetQuantile", "conformal_threshold", "tie_break"]
+__all__ = ["FrontierBudget", "BudgetQuantile", "conformal_threshold", "tie_break", "budget_of"]
 
 GLOBAL = "*"
 
@@ -82,6 +83,18 @@ class FrontierBudget(BaseModel):
     catch_up: float = Field(
         default=20.0, ge=0, description="units over which a share deficit is repaid (0: off)"
     )
+
+
+def budget_of(policy: object) -> FrontierBudget | None:
+    """The ``frontier_budget`` of a policy, looking through wrappers (``base``: exploration)."""
+    for _ in range(4):
+        fb = getattr(policy, "frontier_budget", None)
+        if isinstance(fb, FrontierBudget):
+            return fb
+        policy = getattr(policy, "base", None)
+        if policy is None:
+            return None
+    return None
 
 
 def tie_break(score: float, key: str) -> float:
@@ -158,8 +171,10 @@ class BudgetQuantile:
         q = b + (b * len(w) - w.n_escalated) / self.cfg.catch_up
         return 0.0 if q < 0.0 else (1.0 if q > 1.0 else q)
 
-    def threshold(self, domain: str | None) -> float:
-        """The current threshold of ``domain`` (escalate iff score > threshold)."""
+    def threshold(self, domain: str | None) -> float | None:
+        """The current threshold of ``domain`` (escalate iff score > threshold); None while there is
+        no evidence at all (no window, no prior scores): the policy then keeps its own calibrated
+        thresholds (the bundle's, chosen at training for ``target_frontier_share``)."""
         q, rule = self.level(domain), self.cfg.rule
         own = self._windows.get(self._key(domain))
         if own is not None and len(own.ordered) >= self.cfg.min_window:
@@ -167,6 +182,8 @@ class BudgetQuantile:
         pooled = self._windows.get(GLOBAL)
         if pooled is not None and len(pooled.ordered) >= self.cfg.min_window:
             return conformal_threshold(pooled.ordered, q, rule)
+        if not self._prior:
+            return None
         return conformal_threshold(self._prior, q, rule)
 
     def realised_share(self, domain: str | None) -> float | None:

@@ -29,6 +29,7 @@ Knobs: ``share`` (the budget), ``window`` / ``min_window`` (of the budget), ``n_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,7 +91,8 @@ def budget_run(scores: np.ndarray, bq: BudgetQuantile, domain: str, run_id: str)
     k: int | None = None
     for j, s in enumerate(scores.tolist()):
         run_max = max(run_max, tie_break(s, run_id))
-        if k is None and run_max > bq.threshold(domain):
+        thr = bq.threshold(domain)
+        if k is None and run_max > (math.inf if thr is None else thr):
             k = j
     bq.observe(domain, float(run_max), k is not None)
     return k
