@@ -5,7 +5,9 @@ cost per run in USD (bottom) against the realised frontier share of runs, for th
 per-step-threshold held to the same share and random mixing, each with its 95% task-bootstrap band
 (:class:`training.eval.budget_eval.DomainBudgetResult`, one per budget on the grid).
 
-Knobs: none (figure size and 110 dpi fixed so reports compare across runs).
+:func:`budget_stage` (the demo's stage) prints the leave-one-domain-out table at one budget and
+draws the curve. Knobs: ``share``, ``grid``, ``n_estimators``, ``seed`` (figure size and 110 dpi
+fixed so reports compare across runs).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from training.eval.budget_eval import DomainBudgetResult
 
-__all__ = ["plot_budget_curve"]
+__all__ = ["plot_budget_curve", "budget_stage"]
 
 _SHOWN = (("budgeted", "tab:blue"), ("per-step-threshold", "tab:orange"), ("random-mixing", "tab:gray"))
 
@@ -50,3 +52,60 @@ def plot_budget_curve(curves: Mapping[str, Sequence[DomainBudgetResult]], path: 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def budget_stage(
+    out: Path,
+    *,
+    share: float = 0.2,
+    grid: Sequence[float] = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6),
+    n_estimators: int = 80,
+    seed: int = 0,
+    console: object = None,
+) -> dict[str, object]:
+    """The demo's budget stage: leave-one-domain-out on the shipped paired sample
+    (:func:`training.eval.budget_eval.domain_scores`), the per-domain table at ``share`` printed,
+    the budget curve over ``grid`` drawn to ``out/budget_curve.png``; returns the figures (JSON)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from features.runlog import read_runlog
+    from features.samples import sample_path
+    from training.eval.budget_eval import domain_scores, evaluate_budget
+
+    con = console if isinstance(console, Console) else Console(width=160)
+    scored = domain_scores(
+        read_runlog(sample_path("paired/tau2bench_all.parquet")), n_estimators=n_estimators, seed=seed
+    )
+    tab = Table(title=f"frontier budget {share:.0%} of runs, leave-one-domain-out (shipped tau2 pairs)")
+    for c in ("domain", "runs", "realised share", "budgeted", "per-step-thr.", "random mix", "vs best (SE)"):
+        tab.add_column(c)
+    rows: dict[str, object] = {}
+    curves = {}
+    for d in scored:
+        r = evaluate_budget(d, share, seed=seed)
+        best = r.best_baseline
+        diff = r.diff_vs[best]
+        tab.add_row(
+            d.domain,
+            str(r.runs),
+            f"{r.realised_share:.3f}",
+            *(f"{r.success[k].mean:.3f} [{r.success[k].low:.3f}, {r.success[k].high:.3f}]" for k in _KEYS),
+            f"{best}: {diff.mean:+.3f} ({diff.se:.3f})",
+        )
+        rows[d.domain] = {
+            "runs": r.runs,
+            "realised_share": r.realised_share,
+            "success": {k: r.success[k].mean for k in _KEYS},
+            "best_baseline": best,
+            "diff": diff.mean,
+            "diff_se": diff.se,
+        }
+        curves[d.domain] = [evaluate_budget(d, b, seed=seed) for b in grid]
+    con.print(tab)
+    png = plot_budget_curve(curves, out / "budget_curve.png")
+    con.print(f"budget curve: {png}")
+    return {"share": share, "domains": rows, "png": str(png)}
+
+
+_KEYS = ("budgeted", "per-step-threshold", "random-mixing")
