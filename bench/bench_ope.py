@@ -13,9 +13,11 @@ What it does (``python bench/bench_ope.py [--runs 2000] [--repeats 1]``):
    *truth* is its expected net value per run (value of success x success - cost), success and cost
    on the same arrivals, served by the simulator.
 3. :func:`training.eval.ope_eval.evaluate_policies` estimates each from the logs (IPS, SNIPS, DR,
-   95% bootstrap intervals); the bench prints, per candidate, truth, estimates, whether the truth
+   95% bootstrap intervals, clipped to the feasible range; a candidate below the minimum ESS is
+   refused and listed apart); the bench prints, per candidate, truth, estimates, whether the truth
    lies inside each interval and the DR half-width, then the count of candidates whose DR interval
-   holds the truth, and the OPE throughput (runs evaluated per second: logged runs x policies
+   holds the truth (and the share of all (candidate, world) pairs: each draw is one world built from
+   the real tau2 trajectories), the estimates outside the feasible range, and the OPE throughput (runs evaluated per second: logged runs x policies
    replayed / wall seconds of the evaluation, the DR model fit included). ``--repeats`` redraws
    the logs (new arrivals and outcomes) to count coverage over more draws. A PNG of estimates vs
    truth goes to ``--out``.
@@ -72,6 +74,8 @@ def main() -> int:
     v = world.value_of_success
     rows, points, rates = [], [], []
     hits_total = n_total = 0
+    refused: list[tuple[int, str, str]] = []
+    outside = clipped = 0
     for rep_i in range(a.repeats):
         seed = a.seed * 100 + rep_i
         runs, steps, starts = world.arrivals(
@@ -121,8 +125,11 @@ def main() -> int:
             backends=sim_backends(scfg),
             n_boot=a.boot,
             seed=seed,
+            skip_unsupported=True,  # a candidate below the minimum ESS is refused, counted apart
         )
         wall = time.perf_counter() - t
+        for k, why in rep.refused.items():
+            refused.append((rep_i, k, why))
         n_pol = len(rep.candidates) + len([r for r in rep.references if r not in rep.candidates])
         rates.append(rep.n_runs * n_pol / wall)
         for k, r in rep.candidates.items():
@@ -131,6 +138,11 @@ def main() -> int:
             dr = r.estimates["dr"]["net"]
             hits_total += cov["dr"]
             n_total += 1
+            clipped += int(r.diagnostics.get("clipped", 0))
+            for e in ("ips", "snips", "dr"):
+                for m, (lo_b, hi_b) in (("success", (0.0, 1.0)), ("net", (-np.inf, v))):
+                    x = r.estimates[e][m]
+                    outside += any(y is not None and not lo_b <= y <= hi_b for y in (x.value, x.lo, x.hi))
             rows.append(
                 (
                     rep_i,
@@ -178,7 +190,15 @@ def main() -> int:
     con.print(tab)
     hw = [r[5].half_width for r in rows]
     con.print(
-        f"DR interval holds the truth for {hits_total} of {n_total} candidate-draws (target: >= 4 of 5 per draw)"
+        f"DR interval holds the truth for {hits_total} of {n_total} (candidate, world) pairs "
+        f"({hits_total / max(n_total, 1):.0%}; target >= 90% over >= 20 pairs); "
+        f"{len(refused)} pair(s) refused below the minimum ESS"
+    )
+    for rep_i, k, why in refused:
+        con.print(f"  refused: draw {rep_i} {k}: {why}")
+    con.print(
+        f"estimates outside the feasible range (success in [0, 1], net <= {v:g}): {outside}; "
+        f"points clipped into it: {clipped}"
     )
     con.print(
         f"DR 95% CI half-width at {a.runs} logged runs: median {np.median(hw):.4f}, range {min(hw):.4f}-{max(hw):.4f} USD per run"

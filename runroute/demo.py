@@ -21,7 +21,11 @@ Algorithm of :func:`run_demo` (every knob is a field of :class:`DemoConfig`, all
 6. **Loop** (``loop.enabled``): the learning loop on a simulated deployment of the tau2 pairs
    (:func:`training.eval.loop.run_loop`, demo-sized: ``loop.days`` x ``loop.runs_per_day``, with
    exploration on), written with its plots under ``<out>/loop/`` and printed.
-7. **Report**: the typed scorecard (:class:`training.eval.scorecard.Scorecard`) is written with
+7. **Budget** (``budget_share``): the frontier budget leave-one-domain-out on the shipped paired
+   sample (:func:`training.eval.budget_plot.budget_stage`): per held-out domain the realised share
+   and success against per-step-threshold and random mixing at the same share; the budget curve
+   ``budget_curve.png`` (success and cost against frontier share, 95% bands) and ``budget.json``.
+8. **Report**: the typed scorecard (:class:`training.eval.scorecard.Scorecard`) is written with
    ``report.md`` and the PNG plots (:func:`training.eval.report.write_report`) and printed.
 """
 
@@ -83,6 +87,14 @@ class DemoConfig(BaseModel):
     )
     live: LiveSettings = Field(default_factory=LiveSettings, description="the live sidecar segment")
     loop: LoopStage = Field(default_factory=lambda: LoopStage(), description="the learning-loop stage")
+    budget_share: float | None = Field(
+        default=0.2,
+        gt=0,
+        lt=1,
+        description="the budget stage: leave-one-domain-out on the shipped paired sample at this frontier "
+        "share, and the budget curve (budget_curve.png); None: skip",
+    )
+    budget_trees: int = Field(default=80, ge=1, description="trees of the budget stage's escalation models")
     limit_tau2_tasks: int | None = Field(default=None, description="tests: use only this many tau2 tasks")
     limit_taubench_runs: int | None = Field(default=None, description="tests: cap the tau-bench runs")
 
@@ -180,6 +192,7 @@ def run_demo(cfg: DemoConfig, console: Any = None) -> dict[str, Any]:
         "simulate synthetic",
         "live",
         "loop",
+        "budget",
         "report",
     ]
     if cfg.busy_arrival_rate is not None:
@@ -290,6 +303,16 @@ def run_demo(cfg: DemoConfig, console: Any = None) -> dict[str, Any]:
         st.start("loop")
         if cfg.loop.enabled:
             loop_demo(cfg.loop, out / "loop", cfg.seed, st.say, con)
+        st.done()
+
+        st.start("budget")
+        if cfg.budget_share is not None:
+            from training.eval.budget_plot import budget_stage
+
+            budget = budget_stage(
+                out, share=cfg.budget_share, n_estimators=cfg.budget_trees, seed=cfg.seed, console=st.console
+            )
+            (out / "budget.json").write_text(json.dumps(budget, indent=1))
         st.done()
 
         st.start("report")

@@ -43,7 +43,11 @@ def test_demo_writes_report_scorecard_and_plots(demo_out):
     for name in ("report.md", "scorecard.json"):
         assert (out / name).stat().st_size > 0
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert len(pngs) == 9 and all((out / p).stat().st_size > 5000 for p in pngs)
+    assert len(pngs) == 10 and all((out / p).stat().st_size > 5000 for p in pngs)
+    assert "budget_curve.png" in pngs  # the budget stage's curve (training.eval.budget_plot)
+    budget = json.loads((out / "budget.json").read_text())
+    assert set(budget["domains"]) == {"airline", "retail", "telecom"}
+    assert all(abs(d["realised_share"] - 0.2) <= 0.05 for d in budget["domains"].values())
     on_disk = json.loads((out / "scorecard.json").read_text())
     assert set(on_disk["sets"]) == {"tau2-airline-heldout", "synthetic-heldout", "synthetic-heldout-busy"}
     assert on_disk["sets"]["synthetic-heldout-busy"]["sim"]["arrival_rate"] == 1.0

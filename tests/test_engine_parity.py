@@ -279,6 +279,13 @@ def _upstream(clock: Clock, script: dict):
 
 
 CONVS = _conversations()
+# the frontier budget: thresholds from the engine's online quantile (router.core.budget), checked
+# beside POLICIES (the coverage bound below counts POLICIES only)
+BUDGETED = {
+    "kind": "learned",
+    "name": "learned-budget",
+    "frontier_budget": {"share": 0.5, "window": 10, "min_window": 1},
+}
 POLICIES = [
     {"kind": "always-local"},
     {"kind": "always-frontier"},
@@ -316,7 +323,7 @@ def test_simulator_and_live_sidecar_decide_alike_for_every_policy(tmp_path, bund
     explored: set = set()
     verdicts: set[str] = set()
     with serve_in_thread(_upstream(clock, script)) as upstream:
-        for pol in POLICIES:
+        for pol in [*POLICIES, BUDGETED]:
             cfg = dict(pol)
             if pol["kind"] in ("learned", "per-step-threshold"):
                 # thresholds inside this workload's predictions, so both escalate and stay happen
@@ -336,6 +343,9 @@ def test_simulator_and_live_sidecar_decide_alike_for_every_policy(tmp_path, bund
             settings = _settings(tmp_path / pol.get("name", pol["kind"]), upstream, cfg, bundle, spill)
             res = _simulate(cfg, b, workload, _admission(settings))
             want = {(r.run_id, r.step): (r.tier, r.replica, r.reason, r.admission) for r in res.records}
+            if pol is BUDGETED:  # the budget's threshold let some runs escalate and kept others local
+                assert {"escalate", "first-frontier"} & {v[2] for v in want.values()}, want
+                assert {"first-local"} & {v[2] for v in want.values()}, want
             sim_rejected = {
                 run.run_id for run, st in zip(workload.runs, res.run_status, strict=True) if st == 2
             }

@@ -42,7 +42,10 @@ logged about a decision, happens here, synchronously, in this order:
    marked unhealthy (reason ``fallback-<kind>``; pinned there).
 8. **finish** (:meth:`StepEngine.finish`): the step becomes a :class:`~features.prefix.StepView` of
    the run (served steps only), the traffic model is credited, the cache mark is taken, a frontier
-   step of an exploring run is charged to the exploration budget, and the run-log
+   step of an exploring run is charged to the exploration budget, the step's score and tier go to
+   the frontier budget's state (:mod:`router.core.budget`; a policy with ``frontier_budget`` reads
+   its threshold at step 3 as ``Snapshot.budget_threshold``, the run's final score enters the
+   window when the run ends), and the run-log
    :class:`features.schema.Step` record (with the decision's propensity and explore flag) is
    returned (when asked for).
 9. **races and unserved starts** (adapters with a shared store): :meth:`StepEngine.adopt` when
@@ -77,6 +80,7 @@ from features.extract import FEATURE_SPEC_VERSION, extract
 from features.prefix import RunPrefix, StepView
 from models.types import Predictions
 from router.core.admission import SPILLED_REASON, AdmissionGate
+from router.core.budget import BudgetTracker
 from router.core.explore import ExploreBudget, step_price_usd
 from router.core.moves import EngineMoves
 from router.core.prefix_cache import max_hit_blocks
@@ -85,6 +89,7 @@ from router.core.record import LazyFeatures, StepRequest, StepResult, step_recor
 from router.core.runs import CacheReading, RunTrack
 from router.core.traffic import StepToken, TrafficModel
 from router.policy.admission import AdmissionDecision, LoadSnapshot
+from router.policy.budget import FrontierBudget, budget_of
 from router.policy.explore import ExplorePolicy
 from router.policy.filters import DEFAULT_WEIGHTS, ScoreWeights, make_decision, place
 from router.policy.snapshot import build_snapshot
@@ -121,6 +126,10 @@ class StepPlan:
     cache_start: CacheReading | None = None
     warm_tokens: int = 0  # the router's belief of this run's prefix on the chosen backend
     explore_budget: ExploreBudget | None = None  # the deciding policy's exploration budget
+    frontier_budget: FrontierBudget | None = None  # the deciding policy's frontier budget
+    policy_name: str = ""
+    budget_realised: float | None = None  # realised share in the budget's window (metrics)
+    budget_domain: str = "*"  # the window it was read from
 
 
 class StepEngine(EngineMoves):
@@ -150,6 +159,7 @@ class StepEngine(EngineMoves):
         self.cache_lags = cache_lags
         self.spec_version = FEATURE_SPEC_VERSION
         self.explore_budgets: dict[str, ExploreBudget] = {}  # policy name -> its budget
+        self.frontier_budgets = BudgetTracker()  # router.core.budget: the budget's online quantiles
 
     def explore_budget(self, policy: Policy) -> ExploreBudget | None:
         """The exploration budget of ``policy`` (None: it does not explore or has no cap)."""
@@ -267,12 +277,20 @@ class StepEngine(EngineMoves):
         budget = self.explore_budget(policy)
         if budget is not None and run.tier is None:
             snap.explore_allowed = budget.open(now)
+        fb = budget_of(policy)
+        if fb is not None:
+            snap.budget_threshold = self.frontier_budgets.threshold(policy.name, fb, track.domain)
         if run.admitted == "spill":
             decision = self._frontier(snap, SPILLED_REASON) or policy.decide(snap)
         else:
             decision = policy.decide(snap)
         plan = StepPlan(track.run_id, step, now, req, prefix, x, preds, snap, decision)
         plan.explore_budget = budget
+        plan.frontier_budget, plan.policy_name = fb, policy.name
+        if fb is not None:
+            dom = track.domain if fb.scope == "domain" and track.domain is not None else "*"
+            plan.budget_domain = dom
+            plan.budget_realised = self.frontier_budgets.realised_share(policy.name, track.domain)
         gate = self.admission
         if gate is not None and any(b.name == decision.backend and b.healthy for b in backends):
             if run.admitted is None:
@@ -439,6 +457,16 @@ class StepEngine(EngineMoves):
                         step_price_usd(b, prompt, cached or 0, res.completion_tokens), now
                     )
                     break
+        if plan.frontier_budget is not None:
+            self.frontier_budgets.step(
+                plan.policy_name,
+                plan.frontier_budget,
+                track.run_id,
+                track.domain,
+                d.scores.get("p_frontier"),
+                tier if ok else None,
+                d.reason,
+            )
         if not record:
             return None
         return step_record(
@@ -469,5 +497,6 @@ class StepEngine(EngineMoves):
         """A run ended (client, idle expiry, simulator): give back admission bookkeeping.
 
         Returns True when the run holds a local slot the adapter must release in its counter."""
+        self.frontier_budgets.ended(run.run_id)
         tracked = self.admission.released(run.run_id) if self.admission is not None else False
         return run.admitted == "admit-local" or tracked

@@ -11,7 +11,8 @@ Kinds and their knobs (every field below is documented on its class):
   calibrated ``thresholds``; without a bundle they are required), ``value_of_success_usd`` (the cost/quality knob), ``benefit_up`` / ``benefit_down`` (the hysteresis
   on the uplift when the bundle's benefit model answers for the run's domain),
   ``min_dwell_steps``, ``max_switches``, ``off_boundary_ratio``, ``frontier_cache_hit``,
-  ``output_token_share``, ``local_gpu_usd_per_hour``, ``latency_usd_per_s``.
+  ``output_token_share``, ``local_gpu_usd_per_hour``, ``latency_usd_per_s``, ``frontier_budget``
+  (:class:`router.policy.budget.FrontierBudget`: the share the user allows the frontier; None = off).
 - ``always-local`` (``sticky``), ``always-frontier``, ``session-sticky``, ``stall-escalation``,
   ``oracle``: no knobs beyond ``scoring``.
 - ``per-step-threshold``: ``threshold`` (None = the bundle's ``p_frontier_up``).
@@ -39,6 +40,7 @@ from router.policy.baselines import (
     SessionStickyPolicy,
     StallEscalationPolicy,
 )
+from router.policy.budget import FrontierBudget
 from router.policy.explore import ExploreConfig, ExplorePolicy
 from router.policy.filters import ScoreWeights
 from router.policy.learned import LearnedPolicy
@@ -188,6 +190,12 @@ class LearnedConfig(_Base):
         description="per signal kind posted on the run: added to P before the economics "
         "(router.policy.trouble; empty = off)",
     )
+    frontier_budget: FrontierBudget | None = Field(
+        default=None,
+        description="the user's frontier budget (router.policy.budget): share of runs or steps, per "
+        "domain or global; the threshold becomes an online conformal quantile of the policy's own "
+        "scores (None = the fixed thresholds above)",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> LearnedConfig:
@@ -226,6 +234,7 @@ class LearnedConfig(_Base):
             benefit_up=self.benefit_up,
             benefit_down=self.benefit_down,
             trouble=TroubleTerm(self.trouble_boost) if self.trouble_boost else None,
+            frontier_budget=self.frontier_budget,
         )
 
 

@@ -54,11 +54,16 @@ remaining frontier input tokens served from provider prompt caching), ``output_t
 (share of remaining tokens that are output), ``local_gpu_usd_per_hour``, ``latency_usd_per_s``
 (price of a second of prefill latency; 0 = money only), ``scoring`` (replica weights),
 ``trouble_boost`` (:mod:`router.policy.trouble`: signals posted on the run raise ``p`` before the
-economics; off by default).
+economics; off by default), ``frontier_budget`` (:mod:`router.policy.budget`: with a budget the
+engine passes ``Snapshot.budget_threshold``; ``up`` becomes that threshold (escalate iff
+``p > threshold``), ``down`` is capped at it, and the economics no longer hold a move: no
+``benefit > 0`` at the first step, no ``hold-cost``, no ``hold-not-boundary``; dwell and the switch
+cap still apply. The model orders runs, the budget decides how many escalate).
 """
 
 from __future__ import annotations
 
+from router.policy.budget import FrontierBudget, tie_break
 from router.policy.filters import DEFAULT_WEIGHTS, ScoreWeights, make_decision, place, place_requested
 from router.policy.trouble import TroubleTerm
 from router.policy.types import BackendState, Decision, Snapshot, Tier
@@ -85,6 +90,7 @@ class LearnedPolicy:
         "benefit_up",
         "benefit_down",
         "trouble",
+        "frontier_budget",
     )
 
     def __init__(
@@ -105,6 +111,7 @@ class LearnedPolicy:
         benefit_up: float = 0.0,
         benefit_down: float = 0.0,
         trouble: TroubleTerm | None = None,
+        frontier_budget: FrontierBudget | None = None,
     ):
         if not 0.0 <= p_frontier_down <= p_frontier_up <= 1.0:
             raise ValueError(
@@ -130,6 +137,7 @@ class LearnedPolicy:
         self.benefit_up = float(benefit_up)
         self.benefit_down = float(benefit_down)
         self.trouble = trouble if trouble is not None and trouble.terms else None  # router.policy.trouble
+        self.frontier_budget = frontier_budget  # router.policy.budget; the engine sets the threshold
 
     def _sides(self, snap: Snapshot) -> tuple[BackendState | None, BackendState | None]:
         """The local and frontier backends the economics are priced on.
@@ -206,9 +214,14 @@ class LearnedPolicy:
         p, benefit, cost_up, cost_down, rem = self.economics(snap)
         uplift = snap.predictions.benefit is not None
         up, down = (self.benefit_up, self.benefit_down) if uplift else (self.up, self.down)
+        thr = snap.budget_threshold if self.frontier_budget is not None else None
+        pb = p
+        if thr is not None:  # the budget decides how many escalate; the score only orders runs
+            up, down = thr, min(down, thr)
+            pb = tie_break(p, run.run_id)  # the window holds tie-broken scores (router.policy.budget)
         want: Tier
         if run.tier is None:
-            if p >= up and benefit > 0.0:
+            if (pb > up) if thr is not None else (p >= up and benefit > 0.0):
                 want, reason = "frontier", "first-frontier"
             else:
                 want, reason = "local", "first-local"
@@ -216,12 +229,13 @@ class LearnedPolicy:
         else:
             want, reason = run.tier, "pinned"
             if run.tier == "local":
-                move, gain, cost, target, code = p >= up, benefit, cost_up, "frontier", "escalate"
+                esc = pb > up if thr is not None else p >= up
+                move, gain, cost, target, code = esc, benefit, cost_up, "frontier", "escalate"
             else:
                 move, gain, cost, target, code = p < down, -benefit, cost_down, "local", "de-escalate"
             net = gain - cost
             if move:
-                if net <= 0.0:
+                if net <= 0.0 and thr is None:  # under a budget the budget has priced the move
                     reason = "hold-cost"
                 elif run.switches >= self.max_switches:
                     reason = "hold-cap"
@@ -230,7 +244,7 @@ class LearnedPolicy:
                     and snap.step_index - run.last_switch_step < self.min_dwell
                 ):
                     reason = "hold-dwell"
-                elif not snap.at_tool_boundary and gain < self.off_boundary_ratio * cost:
+                elif thr is None and not snap.at_tool_boundary and gain < self.off_boundary_ratio * cost:
                     reason = "hold-not-boundary"
                 else:
                     want, reason = target, code  # type: ignore[assignment]

@@ -87,6 +87,9 @@ class Snapshot:
     label_needs_frontier: bool | None = None  # only the oracle reads this (evaluation only)
     requested_model: str | None = None  # a concrete model named by the client bypasses the policy
     explore_allowed: bool = True  # the step engine's exploration budget has room (router.core.explore)
+    # the frontier budget's current threshold for this run's domain (router.core.budget; None: the
+    # policy has no budget): a budgeted policy escalates iff its score > this
+    budget_threshold: float | None = None
 
 
 @dataclass(slots=True)

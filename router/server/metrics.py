@@ -140,6 +140,13 @@ class RouterMetrics:
             self.child(self.flaps, "policy").inc()
             if d.tier == "frontier":
                 self.child(self.escalations, d.reason).inc()
+        fb = plan.frontier_budget
+        if fb is not None:
+            self.child(self.budget_share, plan.policy_name).set(fb.share)
+            if plan.budget_realised is not None:
+                self.child(self.budget_realised, plan.policy_name, plan.budget_domain).set(
+                    plan.budget_realised
+                )
 
     def fell_back(self, from_tier: str, decision: Any) -> None:
         """A step retried on another backend after an upstream failure."""

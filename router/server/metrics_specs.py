@@ -47,6 +47,22 @@ SPECS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("runs_started", "counter", "runroute_runs_started", "Runs admitted, by first tier", ("tier",)),
     MetricSpec(
+        "budget_share",
+        "gauge",
+        "runroute_frontier_budget_share",
+        "The frontier budget the policy holds to (policy.frontier_budget.share: share of runs or steps); "
+        "absent without a budget",
+        ("policy",),
+    ),
+    MetricSpec(
+        "budget_realised",
+        "gauge",
+        "runroute_frontier_budget_realised_share",
+        "Realised frontier share over the budget's window of recent runs (or steps), by policy and domain "
+        "('*': all traffic, or a run without a domain)",
+        ("policy", "domain"),
+    ),
+    MetricSpec(
         "escalations",
         "counter",
         "runroute_escalations",

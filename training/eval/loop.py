@@ -24,7 +24,10 @@ Algorithm of :func:`run_loop`, per domain of the paired data (:class:`~training.
    DR net value (:func:`training.eval.loop_promote.crossfit`: never on tasks its model was trained
    on; the deployment's future traffic brings new tasks), else by its in-sample DR estimate. The
    best candidate is promoted iff its DR net beats the champion's by more than the candidate's CI
-   half-width. Decision and both estimates go to MLflow (one run per day). The
+   half-width; otherwise the day records by how much the margin fell short of it (``shortfall``).
+   Each day also records the realised frontier share of its runs (``realised_share``: the logging
+   policy, exploration included; ``champion_share``: the champion alone on the same arrivals).
+   Decision and both estimates go to MLflow (one run per day). The
    simulated truth of every candidate (its expected net on the training tasks) is recorded beside
    its estimates.
 6. **Evaluate** every day on the evaluation tasks (each served ``eval_reps`` times, no
@@ -328,6 +331,10 @@ def _run_domain(
                 sum(c for c, e in zip(served.cost, served.explored, strict=True) if e)
             ),
             "logged_net_per_run": float(served.net(v).mean()),
+            # realised frontier share of the day's runs: the logging policy (exploration included)
+            # and the champion alone on the same arrivals
+            "realised_share": float(served.escalated().mean()),
+            "champion_share": float(plain.escalated().mean()),
         }
         # retrain on every log so far; OPE on the recent window (estimates vs truth); promote by the
         # task-grouped cross-fitted OPE (a candidate is never scored on tasks its model saw)
@@ -385,10 +392,14 @@ def _run_domain(
         b = scored[best]
         margin = (b.value or 0.0) - (ch.value or 0.0)
         promote = b.half_width is not None and margin > b.half_width
+        # not promoted: by how much the margin fell short of the half-width it had to beat
+        shortfall = None if promote or b.half_width is None else float(b.half_width - margin)
+        day.update(shortfall=shortfall)
         day.update(
             ope=ope, truth=truth, best=best, margin=margin, half_width=b.half_width, promoted=bool(promote),
             crossfit={k: x.as_dict() for k, x in cross.items()} if cross is not None else None,
-            decision=f"{best}: DR net {b.value:.4f} ({cfg.promotion}) vs champion {ch.value:.4f} (margin {margin:+.4f}, half-width {b.half_width:.4f})",
+            decision=f"{best}: DR net {b.value:.4f} ({cfg.promotion}) vs champion {ch.value:.4f} (margin {margin:+.4f}, half-width {b.half_width:.4f})"
+            + (f"; the margin fell short of the half-width by {shortfall:.4f}" if shortfall is not None else ""),
             ope_wall_s=rep.wall_s, ope_runs=rep.n_runs, benefit_rows=model.n_rows_, refused=rep.refused,
         )  # fmt: skip
         mlflow_day(tracking, dom, d, day, ch, b)
@@ -396,7 +407,8 @@ def _run_domain(
             champ_cfg, champ_pred, champ_label = dict(cands[best], name="champion"), pred, f"{best} (day {d})"
         day["wall_s"] = round(time.perf_counter() - td, 1)
         say(
-            f"{dom} day {d}: eval net {day['eval']['net']:.4f}; {'PROMOTED' if promote else 'kept'} — {day['decision']} ({day['wall_s']}s)"
+            f"{dom} day {d}: eval net {day['eval']['net']:.4f}; frontier share {day['realised_share']:.3f} "
+            f"(champion alone {day['champion_share']:.3f}); {'PROMOTED' if promote else 'kept'} — {day['decision']} ({day['wall_s']}s)"
         )
         days.append(day)
     final = _figures(world.serve(*ev, build_policy(champ_cfg, bundle), champ_pred, scfg), v)

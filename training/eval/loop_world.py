@@ -7,7 +7,8 @@ Algorithm:
   (frontier) model in a paired run log (shipped tau2 pairs: ``task_id`` ``<domain>/<n>``). A task
   keeps the weak model's logged trajectory (its steps: tokens, tool calls, pauses; the first weak
   run when there are several) and the recorded success rates ``p_weak`` / ``p_strong`` (means over
-  the task's runs of each model); ``needs_frontier`` = ``p_weak < 0.5 <= p_strong``.
+  all the task's trials of each player, :func:`training.eval.trials.task_success`, the outcome
+  model bench and OPE read too); ``needs_frontier`` = ``p_weak < 0.5 <= p_strong``.
 - **Arrivals** (:meth:`World.arrivals`): ``n`` runs drawn with replacement from a task list, each a
   copy of its task's trajectory under a fresh run id, starting at Poisson times (``rate`` per
   second, seeded).
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from training.eval.outcome import Prices, RunRecord, parse_variant, records_from_frames, run_costs
+from training.eval.trials import task_success
 
 __all__ = ["Task", "World", "Served", "sim_config", "sim_backends"]
 
@@ -146,11 +148,8 @@ class World:
         runs = runs[runs["task_id"].notna() & runs["outcome"].isin(["success", "failure"])]
         if domain is not None:
             runs = runs[runs["task_id"].astype(str).str.startswith(f"{domain}/")]
-        ok = (runs["outcome"] == "success").astype(float)
-        rate = {
-            m: ok[runs["model"] == m].groupby(runs["task_id"][runs["model"] == m]).mean()
-            for m in (weak_model, strong_model)
-        }
+        # the one outcome model (training.eval.trials): mean over all of a player's trials on a task
+        rate = {m: task_success(runs, m)["p"] for m in (weak_model, strong_model)}
         weak_runs = runs[runs["model"] == weak_model].drop_duplicates("task_id")
         with_steps = set(steps["run_id"].astype(str))
         tasks: dict[str, Task] = {}

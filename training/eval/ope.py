@@ -23,7 +23,12 @@ so memory stays O(block x runs)). The effective sample size is ``(sum W)^2 / sum
 Metrics (:func:`estimate`): any set of per-step reward arrays (``success``: 1 at a successful
 run's last step; ``cost``: USD per step; ``escalated``: 1 at a run's first frontier step) plus
 linear combinations of them computed on the same bootstrap replicates (``net = v * success -
-cost``). Knobs: ``n_boot``, ``alpha`` (0.05: 95% intervals), ``seed``, ``block``.
+cost``). **Feasible range**: ``bounds`` (metric -> (lo, hi), either side may be infinite) clips the
+point and every bootstrap replicate to what the metric can be (a success rate in [0, 1], a net
+value at most ``v``): IPS and DR are unbiased but not bounded, and a weight of 30 on one run can put
+an estimate of success at 1.2; ``diagnostics["clipped"]`` counts the (estimator, metric) points
+that were clipped. Knobs: ``n_boot``, ``alpha`` (0.05: 95% intervals), ``seed``, ``block``,
+``bounds``.
 """
 
 from __future__ import annotations
@@ -168,11 +173,13 @@ def estimate(
     n_boot: int = 1000,
     alpha: float = 0.05,
     seed: int = 0,
+    bounds: Mapping[str, tuple[float, float]] | None = None,
 ) -> tuple[dict[str, dict[str, Estimate]], dict[str, np.ndarray], dict[str, float]]:
     """Every estimator of every metric (and linear ``combos``: name -> {metric: coefficient}).
 
     Returns ``(estimates[estimator][metric], replicates["<estimator>:<metric>"], diagnostics)``;
-    diagnostics: ``ess``, ``matched_runs`` (runs with W > 0), ``n_runs``, ``max_weight``."""
+    diagnostics: ``ess``, ``matched_runs`` (runs with W > 0), ``n_runs``, ``max_weight``,
+    ``clipped`` (points moved into ``bounds``)."""
     n = t.n_runs
     if n == 0:
         raise ValueError("no logged runs to evaluate on")
@@ -198,7 +205,9 @@ def estimate(
     est: dict[str, dict[str, Estimate]] = {e: {} for e in ESTIMATORS}
     replicates: dict[str, np.ndarray] = {}
     den_sum = float(first["snips_den"].sum())
+    clipped = 0
     for m, c in per.items():
+        b_lo, b_hi = (bounds or {}).get(m, (-np.inf, np.inf))
         for e in ESTIMATORS:
             if e == "snips":
                 point = float(c["snips_num"].sum() / den_sum) if den_sum > 0 else None
@@ -206,6 +215,10 @@ def estimate(
             else:
                 point = float(c[e].mean())
                 rep = reps[f"{e}:{m}"] / np.maximum(reps["__n"], 1.0)
+            if point is not None and not b_lo <= point <= b_hi:
+                clipped += 1
+                point = float(min(max(point, b_lo), b_hi))
+            rep = np.clip(rep, b_lo, b_hi)
             ok = rep[np.isfinite(rep)]
             lo, hi = (
                 (float(np.percentile(ok, q[0])), float(np.percentile(ok, q[1]))) if ok.size else (None, None)
@@ -218,5 +231,6 @@ def estimate(
         "ess": float(W.sum() ** 2 / np.sum(W**2)) if np.sum(W**2) > 0 else 0.0,
         "matched_runs": float(np.sum(W > 0)),
         "max_weight": float(W.max()) if len(W) else 0.0,
+        "clipped": float(clipped),
     }
     return est, replicates, diag

@@ -18,7 +18,12 @@ Algorithm of :func:`evaluate_policies`:
    always-local / always-frontier as the ends (:func:`training.eval.curves.aiq`), its interval from
    the same replicates.
 
-Knobs: ``prices``, ``value_of_success``, ``backends``, ``n_boot``, ``alpha``, ``seed``, ``dm``
+4. **Inside the truth**: every estimate and interval is clipped to its metric's feasible range
+   (:data:`METRIC_BOUNDS`; net value at most ``value_of_success``); a candidate whose effective
+   sample size is below ``min_ess`` is refused (:class:`OPEError` naming the ESS: a handful of
+   matched runs carry the whole estimate and its bootstrap interval is not to be trusted).
+
+Knobs: ``prices``, ``value_of_success``, ``backends``, ``n_boot``, ``alpha``, ``seed``, ``min_ess``, ``dm``
 (fit the DR model; False: DR = IPS), ``max_unsupported_share``, ``skip_unsupported`` (leave a refused candidate out, with the reason
 in ``OPEReport.refused``, instead of raising), ``references`` (False: skip the
 reference policies and AIQ).
@@ -39,6 +44,14 @@ from training.eval.outcome import Prices
 __all__ = ["CandidateResult", "OPEReport", "evaluate_policies", "OPEError", "METRICS", "step_table"]
 
 METRICS = ("success", "cost", "escalated", "net")
+# feasible range of each metric per run (net's upper end is value_of_success, set per call)
+METRIC_BOUNDS: dict[str, tuple[float, float]] = {
+    "success": (0.0, 1.0),
+    "escalated": (0.0, 1.0),
+    "cost": (0.0, float("inf")),
+    "net": (float("-inf"), float("inf")),
+}
+MIN_ESS = 10.0
 REFS = ("always-local", "always-frontier")
 
 
@@ -129,6 +142,7 @@ def evaluate_policies(
     seed: int = 0,
     dm: bool = True,
     max_unsupported_share: float = 0.02,
+    min_ess: float = MIN_ESS,
     references: bool = True,
     skip_unsupported: bool = False,
     progress: Callable[[str], None] | None = None,
@@ -169,7 +183,14 @@ def evaluate_policies(
             n_boot=n_boot,
             alpha=alpha,
             seed=seed,
+            bounds={**METRIC_BOUNDS, "net": (float("-inf"), value_of_success)},
         )
+        if diag["ess"] < min_ess:
+            raise OPEError(
+                f"candidate {name!r}: effective sample size {diag['ess']:.1f} of {logged.n_runs} runs is "
+                f"below {min_ess:g}; its estimate rests on too few matched runs to be trusted (explore more, "
+                "or evaluate a closer candidate)"
+            )
         diag.update(
             deviated_runs=float(rep.deviated_runs),
             unsupported_runs=float(rep.unsupported_runs),

@@ -7,10 +7,12 @@ any replay), and this module turns them into a success and a cost per run.
 
 Outcome model (explicit and simple; :class:`OutcomeModel` variants say how sensitive it is):
 
-1. A run whose steps all stay local gets the **weak** model's logged outcome.
+1. A run whose steps all stay local gets the **weak** model's logged outcome (its own trial).
 2. A run first sent to the frontier at step ``k`` (the *escalation step*; ``k = 0`` for a run that
-   starts there) gets the **strong** model's outcome with weight ``w`` and the weak one's with
-   ``1 - w`` (an expected value, no random draw). ``w`` by variant (``kind``):
+   starts there) gets the **strong** model's *expected* success on the task (the mean over all the
+   strong player's trials there, :mod:`training.eval.trials`; never a majority vote, so a 1-1 tie
+   counts 0.5) with weight ``w`` and the weak one's with ``1 - w`` (an expected value, no random
+   draw). ``w`` by variant (``kind``):
 
    - ``escalate-anytime`` (the base model): ``w = 1``: the strong model rescues the run whenever it
      takes over;
@@ -38,7 +40,8 @@ Outcome model (explicit and simple; :class:`OutcomeModel` variants say how sensi
    sustained throughput (:class:`Prices`).
 
 Scorecard figures (:func:`policy_outcomes`): ``success_rate``: mean success over runs with both
-outcomes known; ``success_se``: its binomial standard error; ``cost_usd``: total over all runs;
+outcomes known; ``success_se`` / ``success_ci_low`` / ``success_ci_high``: its task-bootstrap
+standard error and 95% interval (:func:`training.eval.trials.bootstrap_mean_ci`); ``cost_usd``: total over all runs;
 escalation rate, recall / precision of needs-frontier runs (a run is *flagged* when any of its steps
 ran on the frontier). The frontier-relative figures (cost at 95% of always-frontier success, AIQ)
 are in :mod:`training.eval.curves`.
@@ -56,6 +59,8 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from training.eval.trials import bootstrap_mean_ci, strong_expectation
 
 __all__ = [
     "Prices",
@@ -213,6 +218,16 @@ class RunRecord:
     strong_success: bool | None = None
     needs_frontier: bool | None = None
     first_error_step: int | None = None
+    task_id: str | None = None  # the group of the task bootstrap (None: the run is its own task)
+    strong_p: float | None = None  # expected strong success over its trials (training.eval.trials)
+    strong_trials: int = 0  # the strong trials behind strong_p (0: the one strong_outcome label)
+
+    @property
+    def strong_expected(self) -> float | None:
+        """Expected strong success: ``strong_p`` when known, else the 0/1 ``strong_success`` label."""
+        if self.strong_p is not None:
+            return self.strong_p
+        return None if self.strong_success is None else (1.0 if self.strong_success else 0.0)
 
     @property
     def n_steps(self) -> int:
@@ -263,7 +278,10 @@ def records_from_frames(runs: Any, steps: Any) -> dict[str, RunRecord]:
     """RunRecords for every run with steps (``runs``/``steps``: run-log frames, ``RunLog.runs/.steps``).
 
     weak outcome = ``outcome``; strong outcome = ``strong_outcome`` (None where not paired);
-    ``first_error_step`` = first step whose ``tool_result_errors`` holds a True.
+    ``first_error_step`` = first step whose ``tool_result_errors`` holds a True. Where ``runs``
+    also holds the strong player's own runs, ``strong_p`` = its mean success over all its trials on
+    the task (:func:`training.eval.trials.strong_expectation`; never a majority vote), and
+    ``task_id`` groups the task bootstrap.
     """
     import pandas as pd
 
@@ -274,11 +292,17 @@ def records_from_frames(runs: Any, steps: Any) -> dict[str, RunRecord]:
     if runs is not None and len(runs):
         cols = {
             c: runs[c].tolist() if c in runs.columns else [None] * len(runs)
-            for c in ("outcome", "strong_outcome", "needs_frontier")
+            for c in ("outcome", "strong_outcome", "needs_frontier", "task_id")
         }
+        expect = strong_expectation(runs)
         for i, rid in enumerate(runs["run_id"].tolist()):
             nf = cols["needs_frontier"][i]
+            tid = cols["task_id"][i]
+            sp, sn = expect.get(str(rid), (None, 0))
             meta[rid] = {
+                "task_id": None if tid is None or (isinstance(tid, float) and math.isnan(tid)) else str(tid),
+                "strong_p": sp,
+                "strong_trials": sn,
                 "weak_success": _outcome(cols["outcome"][i]),
                 "strong_success": _outcome(cols["strong_outcome"][i]),
                 "needs_frontier": None
@@ -353,7 +377,7 @@ def run_success(rec: RunRecord, tiers: np.ndarray, variant: Any = None) -> float
     weak = 1.0 if rec.weak_success else 0.0
     if k is None:
         return weak
-    strong = 1.0 if rec.strong_success else 0.0
+    strong = rec.strong_expected or 0.0
     w = v.weight(k, t, rec)
     return w * strong + (1.0 - w) * weak
 
@@ -385,6 +409,7 @@ def policy_outcomes(
     if missing:
         raise ValueError(f"{len(missing)} run(s) have no tiers (first: {missing[0]})")
     succ: dict[str, list[float]] = {v.kind: [] for v in vs}
+    head_tasks: list[str] = []
     cost = local = frontier = 0.0
     escalated = served = frontier_steps = steps = tier_switches = 0
     tp = fp = fn = 0
@@ -411,19 +436,24 @@ def policy_outcomes(
             tp += flagged and rec.needs_frontier
             fp += flagged and not rec.needs_frontier
             fn += (not flagged) and rec.needs_frontier
-        for v in vs:
+        for j, v in enumerate(vs):
             s = run_success(rec, t, v)
             if s is not None:
                 succ[v.kind].append(s)
+                if j == 0:
+                    head_tasks.append(rec.task_id if rec.task_id is not None else rid)
     n = len(records)
     head = succ[vs[0].kind]
     rate = float(np.mean(head)) if head else None
-    se = math.sqrt(rate * (1 - rate) / len(head)) if head and rate is not None else None
+    ci = bootstrap_mean_ci(head, head_tasks) if head else None
     return {
         "runs": n,
         "quality_runs": len(head),
         "success_rate": rate,
-        "success_se": se,
+        "success_se": None if ci is None else ci.se,
+        "success_ci_low": None if ci is None else ci.low,
+        "success_ci_high": None if ci is None else ci.high,
+        "success_tasks": 0 if ci is None else ci.n_tasks,
         "success_by_variant": {k: (float(np.mean(v)) if v else None) for k, v in succ.items()},
         "cost_usd": cost,
         "local_cost_usd": local,

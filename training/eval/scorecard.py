@@ -162,7 +162,13 @@ class PolicyRow(_Card):
     runs: int = _f("runs of the set")
     quality_runs: int = _f("runs with both outcomes known (the denominator of `success_rate`)")
     success_rate: float | None = _f("mean expected success under the base (first) outcome variant")
-    success_se: float | None = _f("binomial standard error of `success_rate`")
+    success_se: float | None = _f("task-bootstrap standard error of `success_rate`")
+    success_ci_low: float | None = _f(
+        "2.5th percentile of `success_rate` over task-bootstrap resamples (`training.eval.trials`)",
+        default=None,
+    )
+    success_ci_high: float | None = _f("97.5th percentile of the same bootstrap", default=None)
+    success_tasks: int = _f("tasks (bootstrap groups) behind `success_rate`", default=0)
     success_by_variant: dict[str, float | None] = _f(
         "`success_rate` under each outcome variant", each="variant"
     )

@@ -1,0 +1,164 @@
+"""The frontier budget (router.policy.budget): the conformal rank rule, catch-up, warm start, and the
+leave-one-domain-out share on the shipped paired data."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.policy.budget import BudgetQuantile, FrontierBudget, conformal_threshold, tie_break
+
+
+def _spend(bq: BudgetQuantile, scores: np.ndarray, domain: str = "d") -> float:
+    esc = 0
+    for i, s in enumerate(scores.tolist()):
+        s = tie_break(s, f"r{i}")
+        thr = bq.threshold(domain)
+        e = thr is not None and s > thr
+        esc += e
+        bq.observe(domain, s, e)
+    return esc / len(scores)
+
+
+def test_rank_rule_is_exact_for_exchangeable_scores():
+    # P(next > s_(k)) = (n + 1 - k) / (n + 1): checked by averaging over many exchangeable draws
+    rng = np.random.default_rng(0)
+    n, b = 19, 0.2
+    for rule, lo, hi in (
+        ("nearest", b - 1 / (2 * (n + 1)), b + 1 / (2 * (n + 1))),
+        ("cap", b - 1 / (n + 1), b),
+    ):
+        hits = 0
+        trials = 4000
+        for _ in range(trials):
+            x = rng.random(n + 1)
+            hits += x[-1] > conformal_threshold(sorted(x[:-1].tolist()), b, rule)
+        assert lo - 0.02 <= hits / trials <= hi + 0.02, rule
+    assert conformal_threshold([], 0.2) == math.inf
+    assert conformal_threshold([0.1, 0.2], 0.99) == -math.inf
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.floats(0, 1), min_size=1, max_size=60),
+    st.floats(0.01, 0.98),
+    st.floats(0.001, 0.01),
+)
+def test_a_larger_budget_never_raises_the_threshold(scores, share, more):
+    xs = sorted(scores)
+    for rule in ("nearest", "cap"):
+        assert conformal_threshold(xs, min(share + more, 0.99), rule) <= conformal_threshold(xs, share, rule)
+
+
+@pytest.mark.parametrize("share", [0.05, 0.2, 0.5])
+def test_unseen_domain_lands_on_the_budget_whatever_its_score_scale(share):
+    # the prior (training domains) scores around 0.8; the new domain's around 0.1: a fixed threshold
+    # from training would escalate nothing there, the budget still spends its share
+    rng = np.random.default_rng(1)
+    prior = rng.beta(8, 2, size=500)
+    bq = BudgetQuantile(FrontierBudget(share=share, window=200), prior)
+    realised = _spend(bq, rng.beta(2, 18, size=600), "new")
+    assert abs(realised - share) <= 0.03
+    assert bq.realised_share("new") == pytest.approx(share, abs=0.03)
+    # the fixed threshold learned on the prior escalates ~none of the new domain
+    assert float((rng.beta(2, 18, size=600) > np.quantile(prior, 1 - share)).mean()) < 0.01
+
+
+def test_ties_and_missing_scores():
+    bq = BudgetQuantile(FrontierBudget(share=0.25, window=100), [])
+    # one value for every run (a tree model out of its domain): the tie-break still spends the budget
+    assert abs(_spend(bq, np.full(400, 0.3)) - 0.25) <= 0.03
+    bq2 = BudgetQuantile(FrontierBudget(share=0.25, window=50, min_window=5), [])
+    for _ in range(10):
+        bq2.observe("d", float("nan"), False)  # no prediction: counted in the share, not the window
+    assert bq2.n_scores("d") == 10 and bq2.threshold("d") is None  # no score, no prior: no threshold
+    assert bq2.realised_share("d") == 0.0 and bq2.level("d") > 0.25  # catch-up: under-spent so far
+
+
+def test_domains_are_walls_and_global_scope_pools():
+    rng = np.random.default_rng(2)
+    bq = BudgetQuantile(FrontierBudget(share=0.2, window=200), [])
+    _spend(bq, rng.random(300), "a")
+    _spend(bq, rng.random(300) * 0.1, "b")
+    assert bq.threshold("a") > 0.5 > 0.1 > bq.threshold("b")
+    g = BudgetQuantile(FrontierBudget(share=0.2, window=200, scope="global"), [])
+    _spend(g, rng.random(300), "a")
+    assert g.threshold("b") == g.threshold("a")
+
+
+def test_leave_one_domain_out_share_on_the_shipped_pairs():
+    """Budget 20% of runs on each shipped domain the escalation model never saw: the realised share is
+    within 5 points of it (the issue's check; quality vs the baselines is reported by
+    bench/budget_lodo.py, not asserted)."""
+    from features.runlog import read_runlog
+    from features.samples import sample_path
+    from training.eval.budget_eval import domain_scores, evaluate_budget
+
+    log = read_runlog(sample_path("paired/tau2bench_all.parquet"))
+    scored = domain_scores(log, n_estimators=30)
+    assert [d.domain for d in scored] == ["airline", "retail", "telecom"]
+    for d in scored:
+        r = evaluate_budget(d, 0.2)
+        assert abs(r.realised_share - 0.2) <= 0.05, (d.domain, r.realised_share)
+        assert r.success["always-local"].mean <= r.success["always-frontier"].mean
+        for b in ("per-step-threshold", "random-mixing"):
+            assert r.diff_vs[b].low <= r.diff_vs[b].mean <= r.diff_vs[b].high
+
+
+def test_the_simulator_runs_a_budgeted_learned_policy_on_its_share(small_bundle):
+    """The step engine keeps the budget's state (router.core.budget): the learned policy with
+    ``frontier_budget`` escalates the budget's share of runs per domain in the what-if simulator, where
+    the same policy on its fixed thresholds escalates none (the small bundle's P stays low)."""
+    from features.runlog import read_runlog
+    from features.samples import sample_path
+    from models.bundle import ModelBundle
+    from router.policy.config import build_policy
+    from router.sim.profiles import load_profile
+    from router.sim.whatif import SimConfig, Simulator, Workload
+
+    log = read_runlog(sample_path("paired/tau2bench_all.parquet"))
+    runs = log.runs[log.runs["task_id"].astype(str).str.split("/").str[0].isin(["airline", "retail"])]
+    runs = runs.groupby(runs["task_id"].astype(str).str.split("/").str[0]).head(150)
+    steps = log.steps[log.steps["run_id"].isin(set(runs["run_id"]))]
+    wl = Workload.from_frames(steps, runs)
+    starts = np.arange(len(wl.runs)) * 20.0  # one run at a time: every run ends before the next starts
+    bundle = ModelBundle.load(small_bundle)
+    share = {}
+    for label, extra in (("fixed", {}), ("budget", {"frontier_budget": {"share": 0.2, "window": 100}})):
+        pol = build_policy({"kind": "learned", "name": label, **extra}, bundle)
+        res = Simulator(
+            wl, pol, SimConfig(profile=load_profile(None, "a100"), log_steps=True), starts, predictor=bundle
+        ).run()
+        esc: dict[str, bool] = {}
+        for r in res.records:
+            esc[r.run_id] = esc.get(r.run_id, False) or r.tier == "frontier"
+        dom = {s.run_id: s.domain for s in wl.runs}
+        share[label] = {
+            d: float(np.mean([v for k, v in esc.items() if dom[k] == d])) for d in ("airline", "retail")
+        }
+    assert share["fixed"] == {"airline": 0.0, "retail": 0.0}
+    for d, s in share["budget"].items():
+        assert abs(s - 0.2) <= 0.05, (d, s)
+
+
+def test_engine_state_leaves_spills_and_fallbacks_out():
+    from router.core.budget import BudgetTracker
+
+    cfg = FrontierBudget(share=0.5, window=50, min_window=1)
+    bt = BudgetTracker()
+    bt.threshold("p", cfg, "d")
+    bt.step("p", cfg, "spilled", "d", 0.9, "frontier", "admission-spill-max-runs")
+    bt.ended("spilled")  # a spilled run never enters the window
+    assert bt.states["p"].n_scores("d") == 0
+    bt.step("p", cfg, "failed-over", "d", 0.1, "frontier", "fallback-upstream")
+    bt.ended("failed-over")
+    bt.step("p", cfg, "escalated", "d", 0.2, "local", "first-local")
+    bt.step("p", cfg, "escalated", "d", 0.8, "frontier", "escalate")
+    bt.ended("escalated")
+    st = bt.states["p"]
+    assert st.n_scores("d") == 2 and bt.realised_share("p", "d") == 0.5  # the fallback is not an escalation
+    assert st.threshold("d") == pytest.approx(0.8, abs=1e-6)  # k = round(3 * 0.5) = 2 of {0.1, 0.8}
