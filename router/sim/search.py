@@ -125,7 +125,7 @@ def find(
     slo: SLO,
     *,
     dimension: str = "replicas",
-    kv_cache_gb: Sequence[float] = (16.0,),
+    kv_cache_gb: Sequence[float] | None = None,
     replicas: Sequence[int] = (1,),
     max_replicas: int = 64,
     kv_values: Sequence[float] = KV_LADDER,
@@ -140,6 +140,7 @@ def find(
 ) -> dict[str, Any]:
     """The searches of the module docstring; returns one entry per key with its probes."""
     unc: dict[str, Any] = {"seed_starts": tuple(seed_starts), "n_boot": n_boot, "level": level}
+    kv_cache_gb = list(kv_cache_gb) if kv_cache_gb else [base.kv_cache_gb]
     if dimension == "replicas,kv":
         first = find(
             workload, policies, base, starts, slo, dimension="replicas", kv_cache_gb=[max(kv_cache_gb)],

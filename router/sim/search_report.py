@@ -31,6 +31,12 @@ def precheck_lines(check: dict[str, Any]) -> list[str]:
     ]
 
 
+def _probe_value(p: dict[str, Any]) -> str:
+    """A probe's worst target value (its interval's upper bound when measured), else its short-step p95."""
+    v = p.get("worst_value_s", p.get("short_step_latency_s_p95"))
+    return "-" if v is None else f"{v:.3f}" + (f" ({p['worst_target']})" if p.get("worst_target") else "")
+
+
 def render_search(result: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -50,14 +56,13 @@ def render_search(result: dict[str, Any], console: Any = None) -> None:
         "short p95 s",
         "TTFT p95 s",
         "sims",
-        "probes (value: short p95)",
+        "probes (value: worst target, s; x = fails)",
     ):
-        t.add_column(name, justify="left" if name in ("policy", "probes (value: short p95)") else "right")
+        t.add_column(name, justify="left" if name.startswith(("policy", "probes")) else "right")
     rows = result["results"] + result.get("kv_at_fewest_replicas", [])
     for e in rows:
         probes = ", ".join(
-            f"{p['value']:g}: {p['short_step_latency_s_p95'] if p['short_step_latency_s_p95'] is not None else '-'}"
-            f"{'' if p['holds'] else ' x'}"
+            f"{p['value']:g}: {_probe_value(p)}{'' if p['holds'] else ' x'}"
             for p in sorted(e["probes"], key=lambda p: p["value"])
         )
         t.add_row(
