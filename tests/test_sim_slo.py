@@ -210,3 +210,25 @@ def test_target_key_round_trips() -> None:
     for text in ("ttft_p95@<=8k", "ttft_p95@>32k", "itl_p90@8k-32k", "run_p95", "short_p95"):
         t = next(iter(parse_slo(f"{text}=1s").all_targets()))
         assert t.key == text and isinstance(t, Target)
+
+
+def test_cached_backend_states_equal_a_full_rebuild_at_every_step(monkeypatch) -> None:
+    """The change list (router.sim.node) must never leave a stale replica state for the policy."""
+    from router.sim.simulator import Simulator
+
+    steps, runs = frame(_runs(30, long_every=5), starts=[0.3 * i for i in range(30)])
+    w = Workload.from_frames(steps, runs)
+    st = run_starts("trace", len(w.runs), logged_starts=w.logged_starts())
+    cfg = SimConfig(profile=PROF, frontier=FRONT, replicas=6, kv_cache_gb=1.0)
+    orig = Simulator._backends
+    checked = []
+
+    def both(self, run, t):
+        got = orig(self, run, t)
+        assert got[:-1] == [self._local_state(r, t) for r in self.replicas]
+        checked.append(1)
+        return got
+
+    monkeypatch.setattr(Simulator, "_backends", both)
+    res = Simulator(w, build_policy("always-local"), cfg, st).run()
+    assert len(checked) == len(res.outcome) == 60

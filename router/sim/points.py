@@ -113,7 +113,6 @@ def simulate_point(p: Point) -> PointResult:
         det["intervals"] = {name: pooled[t.key] for name, t in INTERVAL_TARGETS.items()}
         det["seeds"] = len(per_std)
         det["interval_level"] = p.level
-        det["sim_cpu_s_all_seeds"] = round(cpu, 4)
     if per_slo:
         det["slo"] = pool(per_slo, p.level)
     return PointResult(p.label, p.tag, card, det, steps, wall, cpu)
