@@ -232,3 +232,27 @@ def test_cached_backend_states_equal_a_full_rebuild_at_every_step(monkeypatch) -
     monkeypatch.setattr(Simulator, "_backends", both)
     res = Simulator(w, build_policy("always-local"), cfg, st).run()
     assert len(checked) == len(res.outcome) == 60
+
+
+def test_cli_lists_profiles_and_warns_on_an_slo_below_its_floor(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from features.samples import sample_path
+    from runroute.cli import _typer_app
+
+    r = CliRunner().invoke(_typer_app, ["whatif", "--profile"])
+    assert r.exit_code == 0, r.output
+    assert "a100-llama-3-8b" in r.output and "johnmusgrave.com" in r.output and "58.2" in r.output
+    out = tmp_path / "g.json"
+    args = ["whatif", "--runs", str(sample_path("mooncake_20min.parquet")), "--limit-runs", "60"]
+    args += ["--replicas", "2", "--policy", "always-local", "--no-kv-double", "--boot", "20"]
+    args += ["--slo", "ttft_p95@>32k=2s,ttft_p95@<=8k=30s", "--json", str(out)]
+    r = CliRunner().invoke(_typer_app, args)
+    assert r.exit_code == 0, r.output
+    assert "ttft_p95@>32k=2s cannot be met by any number of replicas" in r.output
+    assert "note: KV cache 58.2 GB per replica: derived from a100-llama-3-8b" in r.output
+    data = json.loads(out.read_text())
+    (det,) = data["details"]
+    iv = det["slo"]["ttft_p95@<=8k"]
+    assert iv["lo"] <= iv["value"] <= iv["hi"] and det["intervals"]["ttft_s_p95"]["n"] > 0
+    assert {f["target"] for f in data["slo_floors"]} == {"ttft_p95@>32k", "ttft_p95@<=8k"}
