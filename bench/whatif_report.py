@@ -144,6 +144,10 @@ def main() -> None:
             answered = {
                 e["policy"]: e["replicas"] for e in report["fewest_replicas"]["results"] if e["replicas"]
             }
+            for e in report["fewest_replicas"]["results"]:  # no answer: the probe that came closest
+                if not e["replicas"] and e["probes"] and e["policy"] not in answered:
+                    best = min(e["probes"], key=lambda p: p.get("worst_value_s") or float("inf"))
+                    answered[e["policy"]] = int(best["value"])
             # the operating point where the question is asked: each policy's answered count
             counts_of = {
                 pol: args.kv_replicas or [answered.get(pol) or start]
@@ -505,7 +509,7 @@ def plot_report(rep: dict[str, Any], path: Path) -> None:
     n_op = rows[0]["replicas"] if rows else 0
     a2.set(
         ylabel="cross-turn cache hit (%)",
-        title=f"2. KV tiers and formats (session-sticky at its answer, x{n_op})",
+        title=f"2. KV tiers and formats (session-sticky at its answer or closest probe, x{n_op})",
     )
     ax2 = a2.twinx()
     key = next(iter(targets))

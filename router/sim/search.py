@@ -201,7 +201,9 @@ def find(
             )  # fmt: skip
         for (key, i), r in zip(todo, run_points(pts, map=map, progress=progress), strict=True):
             lad = ladders[key]
-            lad.record(i, slo.holds(r.scorecard, r.details), r.scorecard, slo.score(r.scorecard, r.details))
+            # the plateau watch reads the values (medians), not the upper bounds: a bound's noise is no floor
+            mid = {**r.details, "slo": _bound(r.details, "value")} if "slo" in r.details else r.details
+            lad.record(i, slo.holds(r.scorecard, r.details), r.scorecard, slo.score(r.scorecard, mid))
             pr = lad.probes[-1]
             pr["runs_rejected_kv_too_small"] = r.details["runs_rejected_kv_too_small"]
             pr["steps_local"] = r.details["steps_local"]
@@ -259,11 +261,14 @@ def find(
     }
 
 
+def _bound(det: dict[str, Any], bound: str) -> dict[str, Any]:
+    """``details["slo"]`` with each target judged on ``bound`` (lo: optimistic, value: the median)."""
+    return {k: {**m, "hi": m[bound]} for k, m in (det.get("slo") or {}).items()}
+
+
 def _holds_at(slo: SLO, card: dict[str, Any], det: dict[str, Any], bound: str) -> bool:
-    """Whether the SLO holds judged on the intervals' ``bound`` (lo: optimistic, value: the median)."""
-    meas = det.get("slo") or {}
-    alt = {k: {**m, "hi": m[bound]} for k, m in meas.items()}
-    return slo.holds(card, {**det, "slo": alt})
+    """Whether the SLO holds judged on the intervals' ``bound``."""
+    return slo.holds(card, {**det, "slo": _bound(det, bound)})
 
 
 def indistinguishable(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
