@@ -7,15 +7,19 @@ Usage::
 
 Sections (each a set of ordinary what-if points through ``router.sim.points.run_points``):
 
-1. **Fewest replicas** (``router.sim.search.find``) holding short-step p95 <= ``--slo-s`` (2 s) on the
-   Mooncake conversation trace (the full hour from ``../shared/data/mooncake`` when present, else the
-   shipped 20-minute sample), per policy, with the number of simulations; the capacity pre-check and
-   its warnings (1 replica included).
-2. **KV tiers and formats** on the same trace at ``--kv-replicas`` counts (default: the pre-check's
-   suggested start and twice it), session-sticky and always-local: GPU-only fp16 vs a CPU tier of 4x
-   the GPU KV, fp8, 2-bit (int2), fp8 + the CPU tier: hit rate (all tiers and per tier), short-step /
-   TTFT / step p95; then per variant the fewest replicas holding the looser ``--slo2-s`` (10 s)
-   short-step p95 (bisection); the KV-format accuracy note.
+1. **Fewest replicas** (``router.sim.search.find``) holding ``--slo`` (``ttft_p95@<=8k=2s``: TTFT of the
+   steps whose prompt fits 8k tokens) on the Mooncake conversation trace (the full hour from
+   ``../shared/data/mooncake`` when present, else the shipped 20-minute sample), per policy, each probe
+   with a ``--level`` interval (``--boot`` run-bootstrap replicates; trace arrivals are fixed, so one
+   seed), the answer on the interval's upper bound, the range inside the noise, the SLO floors with
+   their cause (``router.sim.slo.floors``), the capacity pre-check and its warnings; frontier-only
+   policies answer 0 replicas.
+2. **KV tiers and formats** on the same trace at the operating point the question is asked: each
+   policy's answered replica count from section 1 (``--kv-replicas`` overrides), session-sticky and
+   always-local: GPU-only fp16 vs a CPU tier of 4x the GPU KV, fp8, 2-bit (int2), fp8 + the CPU tier:
+   hit rate (all tiers and per tier), short-step / TTFT / step p95 with intervals; then per variant
+   the fewest replicas holding ``--slo2`` (default the same SLO) by bisection with intervals, and which
+   variants' answers are indistinguishable; the KV-format accuracy note.
 3. **Disaggregation break-even** (``router.sim.breakeven.sweep``): the synthetic table over context
    length x burstiness x link bandwidth x TPOT SLO, and the same comparison on the Mooncake trace.
 4. **Speculative decoding**: the measured prompt-lookup acceptance per step kind
@@ -59,9 +63,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runroute-report/whatif"))
     ap.add_argument("--gpu", default="a100")
-    ap.add_argument("--slo-s", type=float, default=2.0)
-    ap.add_argument("--kv-cache-gb", type=float, default=16.0)
-    ap.add_argument("--slo2-s", type=float, default=10.0, help="the looser SLO of the per-variant searches")
+    ap.add_argument("--slo", default="ttft_p95@<=8k=2s", help="the SLO of the searches (router.sim.slo)")
+    ap.add_argument(
+        "--kv-cache-gb", type=float, default=None, help="KV per replica (default: derived from the profile)"
+    )
+    ap.add_argument("--slo2", default=None, help="the SLO of the per-variant searches (default --slo)")
+    ap.add_argument("--boot", type=int, default=200, help="run-bootstrap replicates per simulation")
+    ap.add_argument("--level", type=float, default=0.9, help="the intervals' coverage")
     ap.add_argument("--kv-replicas", type=int, nargs="*", default=None)
     ap.add_argument("--spec-load", type=float, default=0.5)
     ap.add_argument("--quick", action="store_true")
@@ -82,17 +90,22 @@ def main() -> None:
     from router.sim.points import Point, run_points
     from router.sim.precheck import capacity_check, warning_lines
     from router.sim.profiles import load_profile
-    from router.sim.search import SLO, find
+    from router.sim.search import find, indistinguishable
     from router.sim.search_report import precheck_lines, render_search
     from router.sim.simconfig import kv_quant_note
+    from router.sim.slo import floor_lines, floors, parse_slo
     from router.sim.specdec import eagle, load_acceptance, prompt_lookup
     from router.sim.whatif import SimConfig, Workload
 
     con = Console(width=160)
     t_all = time.perf_counter()
     prof = load_profile(None, args.gpu)
-    base = SimConfig(profile=prof, kv_cache_gb=args.kv_cache_gb, slo_short_s=args.slo_s)
-    report: dict[str, Any] = {"node_profile": prof.name, "kv_cache_gb": args.kv_cache_gb, "quick": args.quick}
+    kv_gb = args.kv_cache_gb or prof.default_kv_cache_gb() or 16.0
+    slo = parse_slo(args.slo)
+    slo2 = parse_slo(args.slo2) if args.slo2 else slo
+    unc = {"n_boot": args.boot, "level": args.level}
+    base = SimConfig(profile=prof, kv_cache_gb=kv_gb, slo_short_s=slo.short_p95_s or 5.0)
+    report: dict[str, Any] = {"node_profile": prof.name, "kv_cache_gb": kv_gb, "quick": args.quick}
     old = args.out.with_suffix(".json")
     if secs != {1, 2, 3, 4} and old.exists():
         report = {**json.loads(old.read_text()), **report}
@@ -115,23 +128,31 @@ def main() -> None:
         }
         if 1 in secs:
             found = find(
-                work,
-                pols,
-                base,
-                starts,
-                SLO(short_p95_s=args.slo_s),
-                start=check["suggested_start_replicas"],
-                progress=tick,
+                work, pols, base, starts, slo, start=check["suggested_start_replicas"], progress=tick, **unc
             )
             found["capacity_check"] = check
-            found["capacity_warnings"] = warning_lines(check, args.slo_s)
+            found["slo_floors"] = floors(work, prof, slo)
+            found["capacity_warnings"] = warning_lines(check, slo.short_p95_s) + floor_lines(
+                found["slo_floors"]
+            )
             found["trace"] = src
             report["fewest_replicas"] = found
 
         # 2. KV tiers and formats --------------------------------------------------------------------
         if 2 in secs:
             start = check["suggested_start_replicas"]
-            counts = args.kv_replicas or [start, 2 * start]
+            answered = {
+                e["policy"]: e["replicas"] for e in report["fewest_replicas"]["results"] if e["replicas"]
+            }
+            for e in report["fewest_replicas"]["results"]:  # no answer: the probe that came closest
+                if not e["replicas"] and e["probes"] and e["policy"] not in answered:
+                    best = min(e["probes"], key=lambda p: p.get("worst_value_s") or float("inf"))
+                    answered[e["policy"]] = int(best["value"])
+            # the operating point where the question is asked: each policy's answered count
+            counts_of = {
+                pol: args.kv_replicas or [answered.get(pol) or start]
+                for pol in ("session-sticky", "always-local")
+            }
             variants = {
                 "gpu-fp16": {},
                 "gpu-fp16+cpu4x": {"cpu_kv_x": 4.0},
@@ -140,9 +161,9 @@ def main() -> None:
                 "gpu-fp8+cpu4x": {"kv_dtype": "fp8", "cpu_kv_x": 4.0},
             }
             pts = [
-                Point(work, replace(base, replicas=n, **kw), pols[pol], pol, starts, tag=name)
-                for n in counts
+                Point(work, replace(base, replicas=n, **kw), pols[pol], pol, starts, tag=name, slo=slo, **unc)
                 for pol in ("session-sticky", "always-local")
+                for n in counts_of[pol]
                 for name, kw in variants.items()
             ]
             kv_rows = []
@@ -163,25 +184,43 @@ def main() -> None:
                         "step_latency_s_p95": c["step_latency_s_p95"],
                         "run_completion_s_p50": c["run_completion_s_p50"],
                         "accuracy_note": kv_quant_note(p.config.kv_dtype),
+                        "intervals": d.get("intervals"),
+                        "slo": d.get("slo"),
                     }
                 )
-            loose = SLO(short_p95_s=args.slo2_s)
             local = {k: pols[k] for k in ("always-local", "session-sticky")}
             by_variant = {}
+            every = []
             for name, kw in variants.items():
-                res = find(work, local, replace(base, **kw), starts, loose, start=start, progress=tick)
+                s0 = answered.get("always-local") or start
+                res = find(work, local, replace(base, **kw), starts, slo2, start=s0, progress=tick, **unc)
                 by_variant[name] = [
                     {
-                        k: e[k]
-                        for k in ("policy", "replicas", "short_step_latency_s_p95", "simulations", "floor_s")
-                    }
+                        k: e.get(k)
+                        for k in (
+                            "policy",
+                            "replicas",
+                            "optimistic",
+                            "interval_at_answer",
+                            "simulations",
+                            "floor_s",
+                            "floor_metric",
+                            "frontier_only",
+                        )
+                    }  # fmt: skip
                     for e in res["results"]
                 ]
+                every += [{**e, "policy": f"{e['policy']} {name}"} for e in res["results"]]
             report["kv_tiers_and_formats"] = {
                 "trace": src,
                 "cpu_kv_gbps": base.cpu_kv_gbps,
+                "operating_points": counts_of,
                 "rows": kv_rows,
-                "fewest_replicas": {"slo": loose.describe(), "by_variant": by_variant},
+                "fewest_replicas": {
+                    "slo": slo2.describe(),
+                    "by_variant": by_variant,
+                    "indistinguishable": indistinguishable(every),
+                },
             }
 
         # 3. disaggregation break-even ---------------------------------------------------------------
@@ -276,6 +315,30 @@ def main() -> None:
     )
 
 
+def _answer_text(e: dict[str, Any]) -> str:
+    """One search answer in words: the count (frontier only: 0), its noise range and interval, or why none."""
+    if e["replicas"] is None:
+        why = (
+            f"{e.get('floor_metric')} stopped improving at {e['floor_s']:.2f} s (a floor)"
+            if e.get("floor_s") is not None
+            else "not met up to the largest count searched"
+        )
+        return f"no replica count holds it ({why}; {e['simulations']} simulations)"
+    if e.get("frontier_only"):
+        return f"0 replicas (frontier only; {e['simulations']} simulations)"
+    iv = "; ".join(
+        f"{k} {m['value']:.2f} s [{m['lo']:.2f}, {m['hi']:.2f}]"
+        for k, m in (e.get("interval_at_answer") or {}).items()
+        if m["value"] is not None
+    )
+    rng = (
+        f", {e['optimistic']:g}-{e['replicas']:g} inside the noise"
+        if e.get("optimistic") is not None and e["optimistic"] < e["replicas"]
+        else ""
+    )
+    return f"{e['replicas']} replicas on the upper bound ({iv}{rng}; {e['simulations']} simulations)"
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a and b else None
 
@@ -318,12 +381,14 @@ def print_report(rep: dict[str, Any], con: Any, precheck_lines: Any, render_sear
     fr = kv["fewest_replicas"]
     for name, es in fr["by_variant"].items():
         for e in es:
-            ans = e["replicas"] if e["replicas"] is not None else f"none (floor {e['floor_s']})"
-            con.print(
-                f"  fewest replicas holding {fr['slo']} with {name}, {e['policy']}: {ans} "
-                f"(p95 {e['short_step_latency_s_p95']}, {e['simulations']} simulations)",
-                highlight=False,
-            )
+            con.print(f"  {name}, {e['policy']}: {_answer_text(e)}", highlight=False)
+    for pair in fr.get("indistinguishable", []):
+        a, b = pair["a"], pair["b"]
+        con.print(
+            f"  indistinguishable: {a['policy']} ({pair['range_a'][0]:g}-{pair['range_a'][1]:g}) vs {b['policy']} "
+            f"({pair['range_b'][0]:g}-{pair['range_b'][1]:g}): the ranges overlap",
+            highlight=False,
+        )
     for note in sorted({r["accuracy_note"] for r in kv["rows"] if r["accuracy_note"]}):
         con.print(f"NOTE: {note}", highlight=False)
     be = rep["disaggregation"]
@@ -390,28 +455,50 @@ def plot_report(rep: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(19, 5.5))
+    fig, axes = plt.subplots(2, 2, figsize=(19, 11))
+    (a1, a2), (a4, a3) = axes
     f = rep["fewest_replicas"]
+    targets = f["slo_targets"]["targets"]
     for e in f["results"]:
-        pts = sorted(
-            (p["value"], p["short_step_latency_s_p95"]) for p in e["probes"] if p["short_step_latency_s_p95"]
-        )
-        a1.plot(
-            [x for x, _ in pts],
-            [y for _, y in pts],
+        pts = []
+        for p in sorted(e["probes"], key=lambda p: p["value"]):
+            k = p.get("worst_target")
+            m = (p.get("slo") or {}).get(k) if k else None
+            if m is None or m["value"] is None:
+                continue
+            pts.append((p["value"], m["value"], m["lo"], m["hi"]))
+        if not pts:
+            continue
+        lab = f"{e['policy']}: {'0 (frontier only)' if e.get('frontier_only') else e['replicas'] or 'none'}"
+        ln = a1.errorbar(
+            [x[0] for x in pts],
+            [x[1] for x in pts],
+            yerr=[[x[1] - x[2] for x in pts], [x[3] - x[1] for x in pts]],
             marker="o",
-            label=f"{e['policy']} ({e['simulations']} sims)",
+            capsize=3,
+            label=f"{lab} ({e['simulations']} sims)",
         )
-    a1.axhline(f["slo_targets"]["short_p95_s"], color="grey", ls="--", label="SLO")
+        ans = e["replicas"]
+        if ans is not None:
+            at = next((x for x in pts if x[0] == (ans or 1)), None)
+            if at is not None:
+                a1.scatter([ans], [at[1]], s=300, marker="*", color=ln[0].get_color(), zorder=5)
+    for t, v in targets.items():
+        a1.axhline(v, color="grey", ls="--", lw=1.2, label=f"SLO {t} = {v:g} s")
+    for fl in f.get("slo_floors", []):
+        if fl.get("floor_s_perfect_cache") is not None:
+            a1.axhline(fl["floor_s_perfect_cache"], color="k", ls=":", lw=1.2,
+                       label=f"floor {fl['target']} {fl['floor_s_perfect_cache']:.2f} s (no queueing)")  # fmt: skip
+    lvl = f.get("interval_level") or 0.9
     a1.set(
         yscale="log",
         xlabel="local replicas",
-        ylabel="short-step p95 (s, log)",
-        title="1. Replica search (Mooncake)",
+        ylabel=f"SLO metric, s (log; bars {100 * lvl:.0f}% interval)",
+        title=f"1. Replica search: {f['slo']} (answers starred)",
     )
-    a1.legend(fontsize=8)
-    rows = [r for r in rep["kv_tiers_and_formats"]["rows"] if r["policy"] == "session-sticky"]
-    rows = [r for r in rows if r["replicas"] == max(x["replicas"] for x in rows)]
+    a1.legend(fontsize=7)
+    kv = rep["kv_tiers_and_formats"]
+    rows = [r for r in kv["rows"] if r["policy"] == "session-sticky"]
     x = range(len(rows))
     gpu = [100 * (r["cache_hit_rate_gpu"] or 0) for r in rows]
     cpu = [100 * (r["cache_hit_rate_cpu"] or 0) for r in rows]
@@ -419,15 +506,53 @@ def plot_report(rep: dict[str, Any], path: Path) -> None:
     a2.bar(x, cpu, bottom=gpu, label="CPU-tier hit %")
     a2.plot(x, [100 * (r["cache_hit_upper_bound"] or 0) for r in rows], "k--", label="upper bound %")
     a2.set_xticks(list(x), [r["variant"] for r in rows], rotation=20, fontsize=8)
+    n_op = rows[0]["replicas"] if rows else 0
     a2.set(
         ylabel="cross-turn cache hit (%)",
-        title=f"2. KV tiers and formats (session-sticky x{rows[0]['replicas']})",
+        title=f"2. KV tiers and formats (session-sticky at its answer or closest probe, x{n_op})",
     )
     ax2 = a2.twinx()
-    ax2.plot(x, [r["short_step_latency_s_p95"] for r in rows], "ro-", label="short-step p95 (s)")
-    ax2.set_ylabel("short-step p95 (s)")
+    key = next(iter(targets))
+    ys, lo, hi = [], [], []
+    for r in rows:
+        m = (r.get("slo") or {}).get(key) or {
+            "value": r["ttft_s_p95"],
+            "lo": r["ttft_s_p95"],
+            "hi": r["ttft_s_p95"],
+        }
+        ys.append(m["value"] or 0)
+        lo.append((m["value"] or 0) - (m["lo"] or 0))
+        hi.append((m["hi"] or 0) - (m["value"] or 0))
+    ax2.errorbar(
+        list(x), ys, yerr=[lo, hi], fmt="ro-", capsize=4, label=f"{key} (s, {100 * lvl:.0f}% interval)"
+    )
+    ax2.axhline(targets[key], color="r", ls="--", lw=1, label=f"SLO {targets[key]:g} s")
+    ax2.set_ylabel(f"{key} (s)")
     a2.legend(loc="upper left", fontsize=8)
     ax2.legend(loc="upper right", fontsize=8)
+    fr = kv["fewest_replicas"]
+    names = list(fr["by_variant"])
+    for j, pol in enumerate(("always-local", "session-sticky")):
+        for i, name in enumerate(names):
+            e = next((e for e in fr["by_variant"][name] if e["policy"] == pol), None)
+            if e is None:
+                continue
+            y = i + (0.15 if j else -0.15)
+            c = f"C{j}"
+            if e["replicas"] is None:
+                a4.scatter([0], [y], marker="x", color=c)
+                a4.annotate("none (floor)", (0.5, y), fontsize=7, color=c, va="center")
+                continue
+            lo_v = e.get("optimistic") or e["replicas"]
+            a4.plot([lo_v, e["replicas"]], [y, y], color=c, lw=6, alpha=0.4)
+            a4.scatter([e["replicas"]], [y], color=c, marker="*", s=120, label=pol if i == 0 else None)
+    a4.set_yticks(range(len(names)), names, fontsize=8)
+    a4.set(
+        xlabel="fewest replicas (star: upper bound meets the SLO; bar: range inside the noise)",
+        title=f"2b. Per-variant answers: {fr['slo']}",
+    )
+    a4.legend(fontsize=8)
+    a4.grid(True, axis="x", alpha=0.3)
     sp = rep["speculative_decoding"]["rows"]
     traces = sorted({r["trace"] for r in sp})
     modes = [m for m in dict.fromkeys(r["mode"] for r in sp) if m != "off"]

@@ -142,7 +142,7 @@ def test_cli_find_prints_fewest_replicas_simulations_and_the_overload_warning(tm
     assert "simulations" in r.output and "fewest replicas" in r.output
     data = json.loads(out_json.read_text())
     by = {e["policy"]: e for e in data["results"]}
-    assert by["always-frontier"]["replicas"] == 1
+    assert by["always-frontier"]["replicas"] == 0 and by["always-frontier"]["frontier_only"]
     assert by["always-local"]["simulations"] >= 1 and data["capacity_check"]["per_replicas"][0]["overloaded"]
     assert out_png.read_bytes()[:4] == b"\x89PNG"
     bad = CliRunner().invoke(_typer_app, ["whatif", "--runs", str(MOONCAKE), "--find", "replicas"])

@@ -20,6 +20,7 @@ import numpy as np
 from router.policy.types import Policy
 from router.sim.points import MapFn, Point, PointResult, run_points
 from router.sim.simconfig import SimConfig
+from router.sim.slo import SLO
 from router.sim.workload import Workload
 
 __all__ = ["GridPoint", "run_grid", "answers"]
@@ -44,20 +45,28 @@ def run_grid(
     compare_always_on: bool = False,
     progress: Callable[[str], None] | None = None,
     map: MapFn = builtins.map,  # noqa: A002 - builtin map, a Dask client's map, a pool's map
+    seed_starts: Sequence[np.ndarray] = (),
+    n_boot: int = 0,
+    level: float = 0.9,
+    slo: SLO | None = None,
 ) -> dict[str, Any]:
     """Every (policy x replicas x KV) point on the same ``starts``; returns scorecards, details, answers.
 
     ``policies`` maps a label to a factory (a fresh policy object per point); ``admission_factory``
     likewise makes a fresh admission hook per simulation (controllers keep hysteresis state). With
     ``base.scale_to_zero`` and ``compare_always_on`` each point also runs always-on (``always_on``).
-    Points run through :func:`router.sim.points.run_points` with ``map``.
+    Points run through :func:`router.sim.points.run_points` with ``map``. ``seed_starts`` / ``n_boot`` /
+    ``level`` / ``slo``: intervals per point (:mod:`router.sim.points`, ``details["intervals"]``).
     """
+    unc: dict[str, Any] = {"seed_starts": tuple(seed_starts), "n_boot": n_boot, "level": level, "slo": slo}
     points: list[Point] = []
     for label, factory in policies.items():
         for n in replicas:
             for kv in kv_cache_gb:
                 cfg = replace(base, replicas=int(n), kv_cache_gb=float(kv))
-                points.append(Point(workload, cfg, factory, label, starts, predictor, admission_factory))
+                points.append(
+                    Point(workload, cfg, factory, label, starts, predictor, admission_factory, **unc)
+                )
                 if compare_always_on and base.scale_to_zero:
                     cfg2 = replace(cfg, scale_to_zero=False)
                     points.append(

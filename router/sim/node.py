@@ -48,6 +48,10 @@ Algorithm (one replica):
   ``decode`` (requests arrive prefilled, their KV transferred: blocks are reserved unhashed and
   they decode from the next iteration on).
 
+- **Change list** (``watch``): a replica whose router-visible state (running, waiting, KV usage, on/off)
+  may have changed appends itself once to ``watch`` (a list the simulator owns and clears), so the
+  simulator rebuilds only those replicas' backend states per step, not all of them.
+
 Knobs (constructor): ``profile`` (coefficients and limits), ``kv_capacity_blocks``, ``block_tokens``,
 ``scale_to_zero``, ``wake_s`` (low, high seconds), ``idle_reap_s`` (None = never), ``fast_forward``
 (False steps every decode iteration as its own event: the reference the fast path is tested against),
@@ -194,6 +198,13 @@ class Replica:
         self._reap_gen = 0
         self.iterations = 0
         self._releases = 0  # KV releases so far (a failed admission is retried only after one)
+        self.watch: list[Replica] | None = None  # the simulator's change list (module docstring)
+        self.marked = False  # already on ``watch`` since the simulator last read it
+
+    def _touch(self) -> None:
+        if not self.marked and self.watch is not None:
+            self.marked = True
+            self.watch.append(self)
 
     # ------------------------------------------------------------------ observation (router's view)
     def kv_usage(self) -> float:
@@ -231,6 +242,7 @@ class Replica:
             return False
         t = self.loop.now
         self.waiting.append(req)
+        self._touch()
         self._reap_gen += 1
         if self.state == "off":
             self.state = "waking"
@@ -257,6 +269,7 @@ class Replica:
 
     def _woken(self, _: Any) -> None:
         self.state = "on"
+        self._touch()
         if not self.busy:
             self._start(self.loop.now)
 
@@ -335,6 +348,7 @@ class Replica:
 
     # ------------------------------------------------------------------ iterations
     def _start(self, t: float) -> None:
+        self._touch()
         p = self.p
         budget = p.token_budget
         running = self.running
@@ -472,6 +486,7 @@ class Replica:
         if gen != self._reap_gen or self.busy or self.waiting or self.state != "on":
             return
         t = self.loop.now
+        self._touch()
         self.billed_s += t - self.on_since
         self.state = "off"
         self._releases += 1

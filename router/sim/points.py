@@ -11,7 +11,14 @@ default; a Dask client's ``map`` + ``gather``, a process pool's ``map``...) to
 (:mod:`router.sim.grid`), the searches (:mod:`router.sim.search`) and the break-even sweep
 (:mod:`router.sim.breakeven`) all go through it.
 
-Knobs: ``map`` (how points are mapped), ``progress`` (a callback per finished point).
+Uncertainty (:mod:`router.sim.slo`): a point with ``seed_starts`` is simulated once more per extra
+arrival seed (config seed + k, the k-th start times); with ``n_boot`` > 0 every simulation's metrics get
+``n_boot`` run-bootstrap replicates, and ``details["intervals"]`` (short-step, TTFT, step and run p95,
+and the ``slo`` targets in ``details["slo"]``) holds the median over seeds and the pooled ``level``
+interval. The scorecard is the first seed's, so a point without extra seeds reports what it did before.
+
+Knobs: ``map`` (how points are mapped), ``progress`` (a callback per finished point); per point
+``seed_starts``, ``n_boot`` (0 = no intervals), ``level`` (0.9), ``slo``.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from router.policy.types import Policy
 from router.sim.scorecard import details, scorecard
 from router.sim.simconfig import SimConfig
 from router.sim.simulator import Simulator
+from router.sim.slo import SLO, Target, measure, pool
 from router.sim.workload import Workload
 
 __all__ = ["Point", "PointResult", "simulate_point", "run_points", "MapFn"]
@@ -44,6 +52,10 @@ class Point:
     predictor: Any = None
     admission_factory: Callable[[], Any] | None = None
     tag: str = ""  # the caller's name for this point (e.g. "always_on", a sweep cell)
+    slo: SLO | None = None  # targets measured with intervals into details["slo"]
+    seed_starts: tuple[np.ndarray, ...] = ()  # start times of the extra arrival seeds (seed + 1, + 2, ...)
+    n_boot: int = 0  # run-bootstrap replicates per simulation (0: no intervals)
+    level: float = 0.9  # the intervals' coverage
 
 
 @dataclass
@@ -57,18 +69,53 @@ class PointResult:
     cpu_s: float
 
 
+# the scorecard's figures that get an interval when a point asks for them (n_boot > 0)
+INTERVAL_TARGETS: dict[str, Target] = {
+    "short_step_latency_s_p95": Target("short", 95.0, 1.0),
+    "ttft_s_p95": Target("ttft", 95.0, 1.0),
+    "step_latency_s_p95": Target("step", 95.0, 1.0),
+    "run_completion_s_p95": Target("run", 95.0, 1.0),
+}
+
+
 def simulate_point(p: Point) -> PointResult:
     """Simulate one point (module docstring); a pure function of the point."""
-    res = Simulator(
-        p.workload,
-        p.policy_factory(),
-        p.config,
-        p.starts,
-        predictor=p.predictor,
-        admission=p.admission_factory() if p.admission_factory else None,
-    ).run()
-    res.policy = p.label
-    return PointResult(p.label, p.tag, scorecard(res), details(res), len(res.outcome), res.wall_s, res.cpu_s)
+    from dataclasses import replace
+
+    card: dict[str, Any] = {}
+    det: dict[str, Any] = {}
+    std = SLO(targets=tuple(INTERVAL_TARGETS.values()))
+    per_std: list[dict[str, dict[str, Any]]] = []
+    per_slo: list[dict[str, dict[str, Any]]] = []
+    wall = cpu = 0.0
+    steps = 0
+    for k, st in enumerate((p.starts, *p.seed_starts)):
+        cfg = p.config if k == 0 else replace(p.config, seed=p.config.seed + k)
+        res = Simulator(
+            p.workload,
+            p.policy_factory(),
+            cfg,
+            st,
+            predictor=p.predictor,
+            admission=p.admission_factory() if p.admission_factory else None,
+        ).run()
+        res.policy = p.label
+        wall += res.wall_s
+        cpu += res.cpu_s
+        if k == 0:
+            card, det, steps = scorecard(res), details(res), len(res.outcome)
+        if p.n_boot > 0 or p.seed_starts:
+            per_std.append(measure(res, std, p.n_boot, boot_seed=k))
+            if p.slo is not None:
+                per_slo.append(measure(res, p.slo, p.n_boot, boot_seed=k))
+    if per_std:
+        pooled = pool(per_std, p.level)
+        det["intervals"] = {name: pooled[t.key] for name, t in INTERVAL_TARGETS.items()}
+        det["seeds"] = len(per_std)
+        det["interval_level"] = p.level
+    if per_slo:
+        det["slo"] = pool(per_slo, p.level)
+    return PointResult(p.label, p.tag, card, det, steps, wall, cpu)
 
 
 def run_points(

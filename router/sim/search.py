@@ -2,34 +2,41 @@
 
 Algorithm (:func:`find`; one :class:`Ladder` per key, i.e. per policy x the other dimension):
 
-- **SLO** (:class:`SLO`, :func:`parse_slo` of ``short_p95=2s[,ttft_p95=500ms]``): a point holds it
-  when its scorecard's ``short_step_latency_s_p95`` (and ``ttft_s_p95`` when given) are at most
-  the targets and admission rejected no run (a run whose prompt no replica's KV cache can hold is
-  rejected at every count; it is reported in ``runs_rejected_kv_too_small``, not counted against
-  the SLO); a point with no served short step does not hold it.
+- **SLO** (:class:`~router.sim.slo.SLO`, :func:`~router.sim.slo.parse_slo`: targets by step class,
+  ``short_p95=2s,ttft_p95@<=8k=2s,itl_p95=80ms,run_p95=10min``): a point holds it when every target's
+  value — with ``seeds`` / ``n_boot`` the **upper bound** of its interval — is at most the target and
+  admission rejected no run (a run whose prompt no replica's KV cache can hold is rejected at every
+  count; it is reported in ``runs_rejected_kv_too_small``, not counted against the SLO).
+- **Uncertainty**: with ``seed_starts`` (start times of extra arrival seeds) and ``n_boot`` every probe
+  is simulated once per seed and bootstrapped over runs (:mod:`router.sim.points`); the answer is the
+  fewest replicas whose upper bound holds. ``optimistic`` is the lowest probed value whose *lower*
+  bound already held: answers in ``[optimistic, answer]`` are inside the model's noise, and
+  :func:`indistinguishable` pairs keys whose ranges overlap.
 - **Ladder search** over sorted candidate values (replica counts ``1..max``, or KV sizes), assuming
   the SLO is monotone in the value: probe the start (the capacity pre-check's suggestion,
   :mod:`router.sim.precheck`); while every probe failed, gallop up (index ``2i + 1``); while every
   probe held, gallop down (``i // 2``); then bisect between the highest failing and the lowest
   holding index. The answer is the lowest holding value whose next lower candidate was simulated
   and failed (or the first candidate); None when even the last candidate fails. ``simulations``
-  counts the points simulated; a probe that contradicts monotonicity (a hold below a failure) is
+  counts the points simulated; a policy that served no step locally at its answer is answered with
+  0 replicas (``frontier_only``); a probe that contradicts monotonicity (a hold below a failure) is
   reported in ``non_monotone``. A gallop that doubles the value without improving the short-step
   p95 by 1% has hit a floor (the steps' own service time, not queueing): the search stops there
-  with no answer and reports ``floor_s``.
+  with no answer and reports ``floor_s`` and ``floor_metric`` (the target furthest from holding; the
+  analytic floors and their causes are :func:`router.sim.slo.floors`).
 - **Rounds.** Each round takes the next probe of every unfinished key and simulates them together
   through :func:`router.sim.points.run_points` (one ``map``, so keys run in parallel on Dask).
 - Dimensions: ``replicas`` (per policy x KV size) and ``kv`` (per policy x replica count, over KV
   sizes); ``replicas,kv`` first finds the replicas, then the smallest KV at that count.
 
 Knobs (:func:`find`): ``dimension``, ``max_replicas`` (64), ``kv_values`` (the KV ladder, GB),
-``start`` (the first probe's value), ``map``, ``progress``.
+``start`` (the first probe's value), ``seed_starts`` (() = one seed), ``n_boot`` (0 = no interval),
+``level`` (0.9), ``map``, ``progress``.
 """
 
 from __future__ import annotations
 
 import builtins
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,56 +46,12 @@ import numpy as np
 from router.policy.types import Policy
 from router.sim.points import MapFn, Point, PointResult, run_points
 from router.sim.simconfig import SimConfig
+from router.sim.slo import SLO, parse_slo
 from router.sim.workload import SimError, Workload
 
-__all__ = ["SLO", "parse_slo", "Ladder", "find", "KV_LADDER"]
+__all__ = ["SLO", "parse_slo", "Ladder", "find", "KV_LADDER", "indistinguishable"]
 
 KV_LADDER: tuple[float, ...] = tuple(float(v) for v in range(1, 81))  # GB per replica, 1..80
-_DUR = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
-
-
-@dataclass(frozen=True)
-class SLO:
-    short_p95_s: float | None = None
-    ttft_p95_s: float | None = None
-
-    def holds(self, card: dict[str, Any], details: dict[str, Any] | None = None) -> bool:
-        unfit = (details or {}).get("runs_rejected_kv_too_small", 0)
-        if card["runs_rejected"] > unfit:  # admission rejections count; a prompt no KV holds does not
-            return False
-        if self.short_p95_s is not None:
-            v = card["short_step_latency_s_p95"]
-            if v is None or v > self.short_p95_s:
-                return False
-        if self.ttft_p95_s is not None:
-            v = card["ttft_s_p95"]
-            if v is None or v > self.ttft_p95_s:
-                return False
-        return True
-
-    def describe(self) -> str:
-        parts = []
-        if self.short_p95_s is not None:
-            parts.append(f"short-step p95 <= {self.short_p95_s:g} s")
-        if self.ttft_p95_s is not None:
-            parts.append(f"TTFT p95 <= {self.ttft_p95_s:g} s")
-        return " and ".join(parts)
-
-
-def parse_slo(text: str) -> SLO:
-    """``short_p95=2s,ttft_p95=500ms`` (units s or ms; s when omitted)."""
-    vals: dict[str, float] = {}
-    for part in filter(None, (x.strip() for x in text.split(","))):
-        key, eq, val = part.partition("=")
-        m = _DUR.match(val)
-        if not eq or key not in ("short_p95", "ttft_p95") or m is None:
-            raise SimError(f"--slo: expected short_p95=2s[,ttft_p95=500ms], got {part!r}")
-        vals[key] = float(m.group(1)) / (1000.0 if m.group(2) == "ms" else 1.0)
-        if vals[key] <= 0:
-            raise SimError("--slo: targets must be > 0")
-    if not vals:
-        raise SimError("--slo: name at least one target (short_p95=..., ttft_p95=...)")
-    return SLO(vals.get("short_p95"), vals.get("ttft_p95"))
 
 
 @dataclass
@@ -118,7 +81,9 @@ class Ladder:
             return self.ok // 2 if self.ok > 0 else None
         return (self.fail + self.ok) // 2
 
-    def record(self, idx: int, holds: bool, card: dict[str, Any]) -> None:
+    def record(self, idx: int, holds: bool, card: dict[str, Any], score: float | None = None) -> None:
+        """Record a probe; ``score`` (the SLO's worst value / target) watches the plateau (default: the
+        short-step p95)."""
         self.probes.append(
             {
                 "value": self.values[idx],
@@ -128,16 +93,18 @@ class Ladder:
                 "runs_rejected": card["runs_rejected"],
             }
         )
+        if score is None:
+            score = card["short_step_latency_s_p95"]
         self.seen[idx] = holds
         self.fail = max((i for i, h in self.seen.items() if not h), default=-1)
         above = [i for i, h in self.seen.items() if h and i > self.fail]
         self.ok = min(above) if above else None
         self.non_monotone = sorted(self.values[i] for i, h in self.seen.items() if h and i < self.fail)
         fails = sorted((self.values[i], p) for i, p in self._p95.items() if not self.seen[i])
-        self._p95[idx] = card["short_step_latency_s_p95"]
+        self._p95[idx] = score
         if not holds and self.ok is None and fails:
             v0, p0 = fails[-1]
-            v1, p1 = self.values[idx], card["short_step_latency_s_p95"]
+            v1, p1 = self.values[idx], score
             if v1 >= 2 * v0 and p0 is not None and p1 is not None and p1 >= 0.99 * p0:
                 self.floor = p1
 
@@ -158,7 +125,7 @@ def find(
     slo: SLO,
     *,
     dimension: str = "replicas",
-    kv_cache_gb: Sequence[float] = (16.0,),
+    kv_cache_gb: Sequence[float] | None = None,
     replicas: Sequence[int] = (1,),
     max_replicas: int = 64,
     kv_values: Sequence[float] = KV_LADDER,
@@ -167,24 +134,29 @@ def find(
     admission_factory: Callable[[], Any] | None = None,
     map: MapFn = builtins.map,  # noqa: A002 - builtin map, a Dask client's map, a pool's map
     progress: Callable[[PointResult], None] | None = None,
+    seed_starts: Sequence[np.ndarray] = (),
+    n_boot: int = 0,
+    level: float = 0.9,
 ) -> dict[str, Any]:
     """The searches of the module docstring; returns one entry per key with its probes."""
+    unc: dict[str, Any] = {"seed_starts": tuple(seed_starts), "n_boot": n_boot, "level": level}
+    kv_cache_gb = list(kv_cache_gb) if kv_cache_gb else [base.kv_cache_gb]
     if dimension == "replicas,kv":
         first = find(
             workload, policies, base, starts, slo, dimension="replicas", kv_cache_gb=[max(kv_cache_gb)],
             max_replicas=max_replicas, start=start, predictor=predictor,
-            admission_factory=admission_factory, map=map, progress=progress,
+            admission_factory=admission_factory, map=map, progress=progress, **unc,
         )  # fmt: skip
         out = first
         out["kv_at_fewest_replicas"] = []
         for e in first["results"]:
-            if e["replicas"] is None:
+            if e["replicas"] is None or e.get("frontier_only"):
                 continue
             sub = find(
                 workload, {e["policy"]: policies[e["policy"]]}, base, starts, slo, dimension="kv",
                 replicas=[e["replicas"]], kv_values=[v for v in kv_values if v <= e["kv_cache_gb"]] or kv_values,
                 start=e["kv_cache_gb"], predictor=predictor, admission_factory=admission_factory,
-                map=map, progress=progress,
+                map=map, progress=progress, **unc,
             )  # fmt: skip
             out["kv_at_fewest_replicas"].extend(sub["results"])
             out["simulations"] += sub["simulations"]
@@ -223,21 +195,48 @@ def find(
                 if dimension == "replicas"
                 else replace(base, replicas=int(other), kv_cache_gb=float(v))
             )
-            pts.append(Point(workload, cfg, policies[label], label, starts, predictor, admission_factory))
+            pts.append(
+                Point(workload, cfg, policies[label], label, starts, predictor, admission_factory,
+                      slo=slo, **unc)
+            )  # fmt: skip
         for (key, i), r in zip(todo, run_points(pts, map=map, progress=progress), strict=True):
-            ladders[key].record(i, slo.holds(r.scorecard, r.details), r.scorecard)
-            ladders[key].probes[-1]["runs_rejected_kv_too_small"] = r.details["runs_rejected_kv_too_small"]
+            lad = ladders[key]
+            # the plateau watch reads the values (medians), not the upper bounds: a bound's noise is no floor
+            mid = {**r.details, "slo": _bound(r.details, "value")} if "slo" in r.details else r.details
+            lad.record(i, slo.holds(r.scorecard, r.details), r.scorecard, slo.score(r.scorecard, mid))
+            pr = lad.probes[-1]
+            pr["runs_rejected_kv_too_small"] = r.details["runs_rejected_kv_too_small"]
+            pr["steps_local"] = r.details["steps_local"]
+            worst = slo.worst(r.scorecard, r.details)
+            pr["worst_target"], pr["worst_value_s"] = (worst[0].key, worst[1]) if worst else (None, None)
+            if "slo" in r.details:
+                pr["slo"] = {
+                    k: {x: m[x] for x in ("value", "lo", "hi", "n")} for k, m in r.details["slo"].items()
+                }
+                pr["holds_optimistic"] = _holds_at(slo, r.scorecard, r.details, "lo")
+                pr["holds_median"] = _holds_at(slo, r.scorecard, r.details, "value")
         sims += len(pts)
     results = []
     for label, other in keys:
         lad = ladders[(label, other)]
         best = next((p for p in lad.probes if p["value"] == lad.answer and p["holds"]), None)
+        floor_probe = None
+        if lad.floor is not None:
+            floor_probe = max((p for p in lad.probes if not p["holds"]), key=lambda p: p["value"])
+        opt = [p["value"] for p in lad.probes if p.get("holds_optimistic")]
+        # a policy that served no step locally at its answer needs no replica at all (frontier only)
+        frontier_only = dimension == "replicas" and best is not None and best.get("steps_local") == 0
         results.append(
             {
+                "interval_at_answer": best.get("slo") if best else None,
+                "optimistic": min(opt) if opt else None,
+                "floor_metric": floor_probe["worst_target"] if floor_probe else None,
+                "floor_value_s": floor_probe["worst_value_s"] if floor_probe else None,
                 "policy": label,
-                "replicas": (int(lad.answer) if lad.answer is not None else None)
+                "replicas": (0 if frontier_only else int(lad.answer) if lad.answer is not None else None)
                 if dimension == "replicas"
                 else int(other),
+                "frontier_only": frontier_only,
                 "kv_cache_gb": other if dimension == "replicas" else lad.answer,
                 "found": dimension,
                 "short_step_latency_s_p95": best["short_step_latency_s_p95"] if best else None,
@@ -245,14 +244,63 @@ def find(
                 "simulations": len(lad.probes),
                 "probes": lad.probes,
                 "non_monotone": lad.non_monotone,
-                "floor_s": lad.floor,
+                "floor_s": floor_probe["worst_value_s"] if floor_probe else None,
                 "searched": [lad.values[0], lad.values[-1]],
             }
         )
     return {
         "slo": slo.describe(),
-        "slo_targets": {"short_p95_s": slo.short_p95_s, "ttft_p95_s": slo.ttft_p95_s},
+        "slo_targets": slo.as_dict(),
         "dimension": dimension,
         "results": results,
         "simulations": sims,
+        "seeds": 1 + len(seed_starts),
+        "n_boot": n_boot,
+        "interval_level": level if (n_boot or seed_starts) else None,
+        "indistinguishable": indistinguishable(results),
     }
+
+
+def _bound(det: dict[str, Any], bound: str) -> dict[str, Any]:
+    """``details["slo"]`` with each target judged on ``bound`` (lo: optimistic, value: the median)."""
+    return {k: {**m, "hi": m[bound]} for k, m in (det.get("slo") or {}).items()}
+
+
+def _holds_at(slo: SLO, card: dict[str, Any], det: dict[str, Any], bound: str) -> bool:
+    """Whether the SLO holds judged on the intervals' ``bound``."""
+    return slo.holds(card, {**det, "slo": _bound(det, bound)})
+
+
+def indistinguishable(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pairs of keys (same search dimension) whose answer ranges ``[optimistic, answer]`` overlap: the
+    model cannot tell which needs fewer at this seed count and interval level."""
+    out = []
+    rs = [r for r in results if r.get("optimistic") is not None or r.get("interval_at_answer")]
+    dim = "replicas"
+    for i, a in enumerate(rs):
+        for b in rs[i + 1 :]:
+            dim = a["found"]
+            va = a["replicas"] if dim == "replicas" else a["kv_cache_gb"]
+            vb = b["replicas"] if dim == "replicas" else b["kv_cache_gb"]
+            if va is None or vb is None or va == vb:
+                continue
+            lo_a = a["optimistic"] if a["optimistic"] is not None else va
+            lo_b = b["optimistic"] if b["optimistic"] is not None else vb
+            if max(lo_a, lo_b) <= min(va, vb):
+                out.append(
+                    {
+                        "a": {
+                            "policy": a["policy"],
+                            "kv_cache_gb": a["kv_cache_gb"],
+                            "replicas": a["replicas"],
+                        },
+                        "b": {
+                            "policy": b["policy"],
+                            "kv_cache_gb": b["kv_cache_gb"],
+                            "replicas": b["replicas"],
+                        },
+                        "range_a": [lo_a, va],
+                        "range_b": [lo_b, vb],
+                    }
+                )
+    return out

@@ -52,7 +52,7 @@ from router.policy.types import BackendState, Policy, RunState
 from router.sim.disagg import build_replicas
 from router.sim.engine import EventLoop
 from router.sim.frontier import Frontier
-from router.sim.node import Request
+from router.sim.node import Replica, Request
 from router.sim.scorecard import REJECTED, SERVED_FRONTIER, SERVED_LOCAL, SPILLED, SimResult
 from router.sim.simconfig import SimConfig
 from router.sim.workload import RunSpec, SimError, StepSpec, Workload
@@ -150,6 +150,12 @@ class Simulator:
         self._last_end = 0.0
         self._gpu_price = config.gpu_hour_usd * config.profile.gpus_per_replica
         self._B = config.block_tokens
+        # backend states of the router's replicas, rebuilt per step only for replicas that changed
+        self._changed: list[Replica] = []
+        self._local_pos = {r.name: i for i, r in enumerate(self.replicas)}
+        self._local_cache = [self._local_state(r, 0.0) for r in self.replicas]
+        for r in self.all_replicas:
+            r.watch = self._changed
 
     def _engine(self, admission: AdmissionController | AdmissionConfig | None) -> StepEngine:
         B = self.cfg.block_tokens
@@ -196,50 +202,57 @@ class Simulator:
         return self.loop.now
 
     # ------------------------------------------------------------------ state the policy sees
-    def _backends(self, run: _Run, t: float) -> list[BackendState]:
+    def _local_state(self, rep: Replica, t: float) -> BackendState:
         prof = self.cfg.profile
-        model = self.cfg.local_model
-        ctx = self.local_max_context
-        gpu = self._gpu_price
         scrape = self.cfg.scrape
-        out = [
-            BackendState(
-                rep.name,
-                "local",
-                model,
-                True,
-                ctx,
-                len(rep.running) if scrape else len(rep.running) + len(rep.waiting),
-                len(rep.waiting) if scrape else 0,
-                (rep.used - len(rep.lru)) / rep.capacity if scrape else 0.0,
-                0,
-                0.0,
-                0.0,
-                0.0,
-                prof.b,
-                prof.a if rep.state == "on" else prof.a + rep.wake_remaining(t),
-                gpu,
-                prefill_queue_tokens=prefill_owed(rep),
-            )
-            for rep in self.replicas
-        ]
+        # by keyword: positional arguments shifted when BackendState gained price_cache_write_per_m
+        # (prof.b had landed in the cache-write price, prof.a in prefill_s_per_token, the GPU price in
+        # ttft_base_s)
+        return BackendState(
+            name=rep.name,
+            tier="local",
+            model=self.cfg.local_model,
+            healthy=True,
+            max_context=self.local_max_context,
+            running=len(rep.running) if scrape else len(rep.running) + len(rep.waiting),
+            waiting=len(rep.waiting) if scrape else 0,
+            kv_usage=(rep.used - len(rep.lru)) / rep.capacity if scrape else 0.0,
+            prefill_s_per_token=prof.b,
+            ttft_base_s=prof.a if rep.state == "on" else prof.a + rep.wake_remaining(t),
+            gpu_usd_per_hour=self._gpu_price,
+            prefill_queue_tokens=prefill_owed(rep),
+        )
+
+    def _backends(self, run: _Run, t: float) -> list[BackendState]:
+        """The replicas' states (rebuilt only for replicas on the change list; every one when a wake
+        is in progress, since its remaining wake time moves with the clock) and the frontier's."""
+        changed = self._changed
+        if self.cfg.scale_to_zero:
+            out = [self._local_state(rep, t) for rep in self.replicas]
+        else:
+            if changed:
+                cache, pos = self._local_cache, self._local_pos
+                for rep in changed:
+                    rep.marked = False
+                    i = pos.get(rep.name)
+                    if i is not None:
+                        cache[i] = self._local_state(rep, t)
+                changed.clear()
+            out = self._local_cache.copy()
         fc = self.cfg.frontier
         out.append(
             BackendState(
-                fc.name,
-                "frontier",
-                fc.model,
-                True,
-                fc.max_context,
-                self.frontier.running(t),
-                0,
-                0.0,
-                0,
-                fc.price_in_per_m,
-                fc.price_cached_in_per_m,
-                fc.price_out_per_m,
-                fc.prefill_s_per_token,
-                fc.ttft_p50_s,
+                name=fc.name,
+                tier="frontier",
+                model=fc.model,
+                healthy=True,
+                max_context=fc.max_context,
+                running=self.frontier.running(t),
+                price_in_per_m=fc.price_in_per_m,
+                price_cached_in_per_m=fc.price_cached_in_per_m,
+                price_out_per_m=fc.price_out_per_m,
+                prefill_s_per_token=fc.prefill_s_per_token,
+                ttft_base_s=fc.ttft_p50_s,
             )
         )
         return out
@@ -269,6 +282,7 @@ class Simulator:
                 chain_lookup=s.n_lookup,
             )
         state, track = run.state, run.track
+        pin = state.replica
         plan = eng.plan(
             state,
             track,
@@ -279,6 +293,12 @@ class Simulator:
             predictor=self.predictor,
             active_local_runs=self.slots,
         )
+        if pin is not None and not self.cfg.scale_to_zero:
+            # the engine marked the pinned replica's state warm for this run; the state object is the
+            # cached one the next step sees: clear it (the policy has decided)
+            i = self._local_pos.get(pin)
+            if i is not None:
+                self._local_cache[i].warm_prefix_tokens = 0
         if plan.claim_limit is not None:
             ok = self.slots < plan.claim_limit
             if ok:

@@ -25,7 +25,12 @@ def register(app: typer.Typer) -> None:
     @app.command("whatif")
     def whatif(
         runs: list[str] = typer.Option(
-            ..., "--runs", help="run-log file(s) (.parquet/.jsonl); repeat or comma-separate"
+            None, "--runs", help="run-log file(s) (.parquet/.jsonl); repeat or comma-separate"
+        ),
+        list_profiles_: bool = typer.Option(
+            False,
+            "--profile",
+            help="list the shipped node profiles with their sources and fit errors, then exit",
         ),
         more_runs: list[str] = typer.Argument(None, help="more run-log files (so `--runs A B` works)"),
         arrivals: str = typer.Option(
@@ -39,7 +44,12 @@ def register(app: typer.Typer) -> None:
         node_profile: str | None = typer.Option(
             None, "--node-profile", help="shipped profile name or a JSON path (your own vLLM fit)"
         ),
-        kv_cache_gb: str = typer.Option("16", "--kv-cache-gb", help="KV cache per replica (GB), e.g. 16,32"),
+        kv_cache_gb: str = typer.Option(
+            "auto",
+            "--kv-cache-gb",
+            help="KV cache per replica (GB), e.g. 16,32; auto = what vLLM leaves on the profile's GPU "
+            "(memory x 0.9 - weights - reserve; 16 when the profile has no memory figures)",
+        ),
         policy: str = typer.Option(
             "always-local,session-sticky,always-frontier",
             "--policy",
@@ -80,7 +90,21 @@ def register(app: typer.Typer) -> None:
         slo: str | None = typer.Option(
             None,
             "--slo",
-            help="SLO targets, e.g. short_p95=2s,ttft_p95=500ms (sets --slo-short-s/--slo-ttft-s)",
+            help="SLO targets by step class, e.g. short_p95=2s,ttft_p95@<=8k=2s,ttft_p95@>32k=30s,"
+            "itl_p95=80ms,run_p95=10min (short_p95/ttft_p95 also set --slo-short-s/--slo-ttft-s)",
+        ),
+        seeds: int | None = typer.Option(
+            None,
+            "--seeds",
+            min=1,
+            help="simulations per point, one per arrival seed (default 1 with trace arrivals, whose "
+            "start times are fixed, else 3); the interval pools them with the run bootstrap",
+        ),
+        boot: int = typer.Option(
+            200, "--boot", min=0, help="run-bootstrap replicates per simulation (0: no interval)"
+        ),
+        level: float = typer.Option(
+            0.9, "--level", help="the intervals' coverage (0.9: 5th-95th percentile)"
         ),
         find_: str | None = typer.Option(
             None, "--find", help="search instead of a grid: replicas | kv | replicas,kv (needs --slo)"
@@ -138,16 +162,47 @@ def register(app: typer.Typer) -> None:
         from router.sim.search import find, parse_slo
         from router.sim.search_report import plot_search, precheck_lines, render_search
         from router.sim.simconfig import kv_quant_note
+        from router.sim.slo import floor_lines, floors
         from router.sim.specdec import SpecError, parse_spec
         from router.sim.whatif import SimConfig, SimError, Workload, run_grid
 
+        if list_profiles_:
+            _print_profiles()
+            return
+        if not runs:
+            raise CliError("--runs: name at least one run-log file (or --profile to list the node profiles)")
+        if not 0 < level < 1:
+            raise CliError("--level: expected a coverage in (0, 1), e.g. 0.9")
         files = [f for item in [*runs, *(more_runs or [])] for f in item.split(",") if f]
         reps = [int(x) for x in _floats(replicas, "--replicas")]
         if any(r < 0 for r in reps):
             raise CliError("--replicas: counts must be >= 0")
-        kvs = _floats(kv_cache_gb, "--kv-cache-gb")
+        try:
+            prof = load_profile(node_profile, gpu)
+        except ProfileError as e:
+            raise CliError(str(e)) from None
+        flagged: list[str] = []  # defaults that change the answer, said out loud
+        if kv_cache_gb.strip().lower() == "auto":
+            derived = prof.default_kv_cache_gb()
+            kvs = [derived if derived is not None else 16.0]
+            flagged.append(
+                f"KV cache {kvs[0]:g} GB per replica: "
+                + (
+                    f"derived from {prof.name} ({prof.gpu_memory_gb:g} GB x {prof.gpu_memory_utilization:g} - "
+                    f"{prof.weights_gb:g} GB weights - {prof.reserve_gb:g} GB reserve)"
+                    if derived is not None
+                    else "the fallback (the profile has no memory figures); set --kv-cache-gb"
+                )
+            )
+        else:
+            kvs = _floats(kv_cache_gb, "--kv-cache-gb")
         if any(k <= 0 for k in kvs):
             raise CliError("--kv-cache-gb: sizes must be > 0")
+        if gpu_hour_usd == 0.20:
+            flagged.append(
+                "GPU price $0.20 per GPU-hour is the default (one measured deployment), not a market "
+                "price: set --gpu-hour-usd for cost answers"
+            )
         if not no_kv_double and find_ is None:
             kvs = sorted(set(kvs) | {2 * max(kvs)})
         lo, hi = _floats(wake_s, "--wake-s", 2)
@@ -166,7 +221,6 @@ def register(app: typer.Typer) -> None:
         cpu_gb, cpu_x = _gb_or_x(cpu_kv_gb, "--cpu-kv-gb")
         ssd_gb, ssd_x = _gb_or_x(ssd_kv_gb, "--ssd-kv-gb")
         try:
-            prof = load_profile(node_profile, gpu)
             fkw: dict[str, Any] = {}
             if frontier_price:
                 pin, pc, pout = _floats(frontier_price, "--frontier-price", 3)
@@ -238,9 +292,31 @@ def register(app: typer.Typer) -> None:
             f"node profile {prof.name}; {len(factories)} policies x {mode}",
             err=True,
         )
+        n_seeds = seeds if seeds is not None else (1 if arrivals == "trace" else 3)
+        try:
+            seed_starts = [
+                run_starts(
+                    arrivals,
+                    len(work.runs),
+                    logged_starts=work.logged_starts(),
+                    seed=seed + k,
+                    speedup=speedup,
+                    mean_steps_per_run=work.mean_steps_per_run(),
+                )  # fmt: skip
+                for k in range(1, n_seeds)
+            ]
+        except (SimError, ArrivalError) as e:
+            raise CliError(str(e)) from None
+        unc: dict[str, Any] = {"seed_starts": seed_starts, "n_boot": boot, "level": level}
+        if n_seeds > 1 and arrivals == "trace":
+            flagged.append(
+                "trace arrivals have fixed start times: extra --seeds vary only the frontier's and wake draws"
+            )
         check = capacity_check(work, starts, replace(base, kv_cache_gb=max(kvs)), reps)
         warnings = warning_lines(check, slo_t.short_p95_s if slo_t else None)
-        for line in [*precheck_lines(check), *warnings]:
+        slo_floors = floors(work, prof, slo_t) if slo_t is not None else []
+        warnings += floor_lines(slo_floors)
+        for line in [*precheck_lines(check), *warnings, *(f"note: {f}" for f in flagged)]:
             typer.echo(line, err=True)
         hook_factory = None
         if admission:
@@ -301,6 +377,7 @@ def register(app: typer.Typer) -> None:
                         admission_factory=hook_factory,
                         progress=tick,
                         map=point_map,
+                        **unc,
                     )
                 else:
                     result = run_grid(
@@ -315,11 +392,15 @@ def register(app: typer.Typer) -> None:
                         compare_always_on=scale_to_zero,
                         progress=lambda m: prog.console.print(m, highlight=False),
                         map=point_map,
+                        slo=slo_t,
+                        **unc,
                     )
         except SimError as e:
             raise CliError(str(e), 1) from None
         result["capacity_check"] = check
         result["capacity_warnings"] = warnings
+        result["slo_floors"] = slo_floors
+        result["defaults_flagged"] = flagged
         result["inputs"] = _inputs(locals())
         note = kv_quant_note(kv_dtype)
         if note:
@@ -336,6 +417,41 @@ def register(app: typer.Typer) -> None:
         if plot_out:
             (plot_search if find_ else plot)(result, plot_out, title=title)
             typer.echo(f"wrote {plot_out}", err=True)
+
+
+def _print_profiles() -> None:
+    """`runroute whatif --profile`: every shipped node profile, its derived KV size, sources, fit error."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from router.sim.profiles import profile_table
+
+    con = Console(width=160) if not Console().is_terminal else Console()
+    t = Table(title="shipped node profiles (router/sim/profiles; fitted by router.sim.fit_profiles)")
+    for c in ("name", "default", "a ms", "b us/tok", "c ns", "d ns/ctx", "e ms", "KV GB"):
+        t.add_column(c, justify="left" if c in ("name", "default") else "right")
+    rows = profile_table()
+    for r in rows:
+        k = r["coefficients"]
+        t.add_row(
+            r["name"], r["default_for"] or "", f"{k['a'] * 1e3:.2f}", f"{k['b'] * 1e6:.1f}", f"{k['c'] * 1e9:.3f}",
+            f"{k['d'] * 1e9:.1f}", f"{k['e'] * 1e3:.3f}",
+            "-" if r["default_kv_cache_gb"] is None else f"{r['default_kv_cache_gb']:g}",
+        )  # fmt: skip
+    con.print(t)
+    for r in rows:
+        con.print(f"[bold]{r['name']}[/bold]", highlight=False)
+        for src in r["sources"]:
+            con.print(f"  source: {src}", highlight=False, soft_wrap=True)
+        con.print(f"  terms: {r['terms']}", highlight=False, soft_wrap=True)
+        con.print(f"  fit error: {r['fit_error']}", highlight=False, soft_wrap=True)
+        for ref in r["references"]:
+            con.print(
+                f"  check: {ref['figure']}: model {ref['model_s']:.4g} s vs {ref['reference_s']:.4g} s "
+                f"({ref['error_pct']:+.1f}%{', in-sample' if ref['in_sample'] else ''})",
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def _gb_or_x(v: str, what: str) -> tuple[float, float]:
@@ -388,6 +504,10 @@ def _inputs(v: dict[str, Any]) -> dict[str, Any]:
         "bundle": str(v["bundle"]) if v["bundle"] else None,
         "admission": v["admission"],
         "find": v["find_"],
+        "seeds": v["n_seeds"],
+        "boot": v["boot"],
+        "level": v["level"],
+        "kv_cache_gb": v["kvs"],
         "kv_dtype": base.kv_dtype,
         "kv_read_scales": base.kv_read_scales,
         "cpu_kv": {"gb": base.cpu_kv_gb, "x_gpu_kv": base.cpu_kv_x, "gbps": base.cpu_kv_gbps},
