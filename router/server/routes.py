@@ -15,7 +15,8 @@ for ``store.ttl_s``; a repeated end updates the outcome), ``POST /v1/messages/co
 configured, else the sidecar's estimate; Anthropic's error shape), ``POST /admin/reload``,
 ``GET /openapi.json`` (:mod:`router.server.openapi`). Every error is the OpenAI error shape with a
 code (:mod:`router.server.errors`). Access (:mod:`router.server.auth`): ``/v1/*`` needs a client
-key when keys are configured and a run answers only the key that started it (404 otherwise);
+key when keys are configured and run ids live in the caller key's namespace
+(:func:`router.server.identity.scoped_id`: another key's run is unknown here, 404);
 ``/admin/*`` needs an admin key; ``/metrics`` a metrics key when configured. A run id in a path is
 cleaned like a request's (:func:`router.server.identity.clean_id`), so the header value and its
 decoded form both find the run.
@@ -39,7 +40,7 @@ from features.prefix import SIGNAL_KINDS
 from router.core.engine import StepEngine
 from router.server.backends import Backend
 from router.server.errors import ProxyError, error_response
-from router.server.identity import clean_id
+from router.server.identity import clean_id, client_id, scoped_id
 from router.server.lifecycle import MAX_SIGNALS
 from router.server.openapi import (
     ChatCompletionRequest,
@@ -249,10 +250,11 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         except ProxyError as e:
             return error_response(e.status, e.code, e.message)
         run_id = clean_id(run_id)
-        h = proxy.runs.get(run_id)
+        sid = scoped_id(caller, run_id)  # the caller's namespace: another tenant's run is not there
+        h = proxy.runs.get(sid)
         if h is None:
             return not_found(run_id)
-        state = await st.get(run_id)
+        state = await st.get(sid)
         if not access.owns(state.owner if state is not None else h.owner, caller):
             return not_found(run_id)
         entries = list(h.entries)
@@ -272,7 +274,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
                 "domain": h.domain,
                 "domain_source": h.domain_source,
                 **_run_domain_mode(holder.current, h.domain),
-                "signals": list(await st.signals(run_id)),
+                "signals": list(await st.signals(sid)),
                 "tiers": sorted({e["tier"] for e in entries if e["tier"]}),
                 "replicas": sorted({e["replica"] for e in entries if e["replica"]}),
                 "steps": entries,
@@ -280,20 +282,22 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             }
         )
 
-    async def owned_run(run_id: str, request: Request) -> tuple[str, Response | None]:
-        """``(clean run id, None)`` when the caller may act on a run this router or the store
-        knows; else the response to send (the auth error, or 404 for an unknown or foreign run)."""
+    async def owned_run(run_id: str, request: Request) -> tuple[str, str, Response | None]:
+        """``(clean run id, its scoped id, None)`` when the caller may act on a run this router or
+        the store knows in the caller's namespace; else the response to send (the auth error, or
+        404 for an unknown run: another tenant's is unknown here)."""
         try:
             caller = proxy.check_auth(request)
         except ProxyError as e:
-            return run_id, error_response(e.status, e.code, e.message)
+            return run_id, run_id, error_response(e.status, e.code, e.message)
         run_id = clean_id(run_id)
-        h = proxy.runs.get(run_id)
-        state = await st.get(run_id)
+        sid = scoped_id(caller, run_id)
+        h = proxy.runs.get(sid)
+        state = await st.get(sid)
         owner = state.owner if state is not None else (h.owner if h is not None else None)
         if (h is None and state is None) or not access.owns(owner, caller):
-            return run_id, not_found(run_id)
-        return run_id, None
+            return run_id, sid, not_found(run_id)
+        return run_id, sid, None
 
     @app.post(
         "/v1/runs/{run_id}/end",
@@ -301,7 +305,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         openapi_extra=request_body(RunEndRequest, required=False),
     )
     async def end_run(run_id: str, request: Request) -> Response:
-        run_id, refused = await owned_run(run_id, request)
+        run_id, sid, refused = await owned_run(run_id, request)
         if refused is not None:
             return refused
         raw = await request.body()
@@ -317,10 +321,10 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             return error_response(422, "invalid_outcome", "'outcome' must be success, failure or unknown")
         if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
             return error_response(422, "invalid_reward", "'reward' must be a number")
-        done = await proxy.lifecycle.end(run_id, outcome=outcome, reward=reward, reason="client")
+        done = await proxy.lifecycle.end(sid, outcome=outcome, reward=reward, reason="client")
         if done is None:
             return not_found(run_id)
-        return json_response(done)
+        return json_response({**done, "run_id": client_id(done["run_id"])})
 
     @app.post(
         "/v1/runs/{run_id}/signal",
@@ -328,14 +332,14 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         openapi_extra=request_body(RunSignalRequest),
     )
     async def signal_run(run_id: str, request: Request) -> Response:
-        run_id, refused = await owned_run(run_id, request)
+        run_id, sid, refused = await owned_run(run_id, request)
         if refused is not None:
             return refused
         raw = await request.body()
         kind, err = parse_signal(raw)
         if err is not None:
             return error_response(*err)
-        done = await proxy.lifecycle.signal(run_id, kind)
+        done = await proxy.lifecycle.signal(sid, kind)
         if done is None:
             return not_found(run_id)
         if done["signals"] < 0:
@@ -343,7 +347,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
                 409, "signal_limit_reached", f"run {run_id!r} holds {MAX_SIGNALS} signals already"
             )
         metrics.signal_posted(kind)
-        return json_response(done)
+        return json_response({**done, "run_id": client_id(done["run_id"])})
 
     @app.post("/admin/reload", responses=error_responses(401, 403, 409))
     async def reload(request: Request) -> Response:
