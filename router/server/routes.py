@@ -44,7 +44,10 @@ from router.server.identity import clean_id, client_id, scoped_id
 from router.server.lifecycle import MAX_SIGNALS
 from router.server.openapi import (
     ChatCompletionRequest,
+    CountTokensRequest,
     ErrorBody,
+    MessagesRequest,
+    ResponsesRequest,
     RunEndRequest,
     RunSignalRequest,
     error_responses,
@@ -128,15 +131,21 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             **error_responses(400, 401, 404, 413, 422, 429, 431, 502, 503, 504),
         },
     )
-    for path, handler, what in (
-        ("/v1/responses", proxy.responses, "OpenAI Responses, routed (model 'auto')"),
-        ("/v1/messages", proxy.messages, "Anthropic Messages, routed (model 'auto' or a mapped name)"),
+    for path, handler, what, model in (
+        ("/v1/responses", proxy.responses, "OpenAI Responses, routed (model 'auto')", ResponsesRequest),
+        (
+            "/v1/messages",
+            proxy.messages,
+            "Anthropic Messages, routed (model 'auto' or a mapped name)",
+            MessagesRequest,
+        ),
     ):
         app.add_api_route(
             path,
             _hot(handler),
             methods=["POST"],
             summary=what,
+            openapi_extra=request_body(model),
             responses={
                 200: {"description": "the upstream's answer (JSON, or SSE with stream: true)"},
                 **error_responses(400, 401, 404, 413, 422, 429, 431, 502, 503, 504),
@@ -144,12 +153,26 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         )
 
     @app.post(
-        "/v1/messages/count_tokens", summary="Anthropic token count", responses=error_responses(400, 401)
+        "/v1/messages/count_tokens",
+        summary="Anthropic token count",
+        responses=error_responses(400, 401, 408, 413),
+        openapi_extra=request_body(CountTokensRequest),
     )
     async def count_tokens(request: Request) -> Response:
         return await count_message_tokens(proxy, up, request)
 
-    install_openapi(app, (ChatCompletionRequest, RunEndRequest, RunSignalRequest, ErrorBody))
+    install_openapi(
+        app,
+        (
+            ChatCompletionRequest,
+            ResponsesRequest,
+            MessagesRequest,
+            CountTokensRequest,
+            RunEndRequest,
+            RunSignalRequest,
+            ErrorBody,
+        ),
+    )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_exc(request: Request, exc: StarletteHTTPException) -> Response:
@@ -218,7 +241,20 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         }
         return json_response(body, 200 if body["ready"] else 503)
 
-    @app.get("/metrics", responses=error_responses(401))
+    @app.get(
+        "/metrics",
+        responses={
+            200: {
+                "description": "Prometheus text exposition (OpenMetrics when Accept asks for it)",
+                "content": {
+                    "text/plain; version=0.0.4": {"schema": {"type": "string"}},
+                    "application/openmetrics-text; version=1.0.0": {"schema": {"type": "string"}},
+                },
+            },
+            **error_responses(401),
+        },
+        response_class=Response,
+    )
     async def prom(request: Request) -> Response:
         if (r := check(access.metrics, request)) is not None:
             return r
