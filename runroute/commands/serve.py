@@ -12,7 +12,9 @@ With no config it starts on embedded defaults so a newcomer can try it at once:
   as its alias moves;
 - run logs under ``./runroute-logs``.
 
-It prints where everything is, then serves with uvloop + httptools, one worker. SIGTERM and SIGINT
+It prints where everything is, then serves with uvloop + httptools, one worker, under the
+connection limits of :mod:`router.server.limits` (idle / header / body timeouts, a connection cap
+with 503 beyond it; the soft open-file limit raised to fit the cap). SIGTERM and SIGINT
 both shut down gracefully and then stop the demo's fake backends: uvicorn re-raises the signal it
 caught after its shutdown, and SIGTERM's handler here turns it into ``SystemExit`` (143) so the
 fakes' context managers run (the default action would kill the process with them orphaned).
@@ -161,12 +163,15 @@ def _run(settings, config: Path | None) -> None:
         f"  metrics         : {url}/metrics   runs: {url}/v1/runs/<run_id>   ready: {url}/ready",
     ]
     typer.echo("\n".join(lines), err=False)
+    from router.server.limits import FD_MARGIN, raise_nofile, uvicorn_options
+
+    raise_nofile(s.server.max_connections + FD_MARGIN)
     uvicorn.run(
         app,
         host=s.server.host,
         port=s.server.port,
         loop="uvloop",
-        http="httptools",
+        **uvicorn_options(s.server),  # httptools with the idle/header timers, the connection cap
         workers=1,
         log_level="warning",
         access_log=False,
