@@ -73,7 +73,8 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   ``admit_ttl_s``, ``key_prefix``; Redis only: ``router_slots`` / ``router_slot`` / ``step_gap``
   (router-scoped step numbering while Redis is unreachable,
   :mod:`router.server.state_fallback`), ``health_check_s`` (pooled connections idle longer are
-  PINGed before use).
+  PINGed before use), ``epoch_check_s`` / ``reset_settle_s`` (a Redis that lost its data without
+  dropping connections: noticed by the epoch watch; a run without a counter waits for the settle).
 - ``admission``: admission control at a run's first step (:mod:`router.server.admission`,
   :mod:`router.policy.admission`); **on by default** with conservative figures derived from the
   local tier (see :class:`AdmissionSettings`), e.g. ``RUNROUTE_ADMISSION__ENABLED=false``,
@@ -289,6 +290,9 @@ class StoreSettings(_Strict):
     router_slot: int | None = Field(default=None, ge=0)  # None = leased in Redis at first contact
     step_gap: int = Field(default=1024, ge=1)
     health_check_s: float = Field(default=5.0, ge=0)
+    # data loss without an outage (FLUSHALL, failover to an empty replica): router.server.state_fallback
+    epoch_check_s: float = Field(default=0.25, ge=0)  # background epoch watch (0 = off)
+    reset_settle_s: float = Field(default=1.5, ge=0)  # new-to-Redis runs wait this long after a loss
 
     @model_validator(mode="after")
     def _slot(self) -> StoreSettings:
