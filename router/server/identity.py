@@ -73,6 +73,7 @@ __all__ = [
     "client_id",
     "tenant_of",
     "SCOPE_SEP",
+    "header_text",
 ]
 
 MAX_ID_LEN = 200
@@ -130,10 +131,22 @@ def hash_opening(messages: list[Any], scope: str | None = None) -> str:
     return opening_hash(system, user, scope)
 
 
+def header_text(value: str) -> str:
+    """A header value as the client wrote it: the server decodes header bytes as Latin-1, so raw
+    UTF-8 bytes (``X-Run-Id: 中文``) are re-read as UTF-8 (kept as is when they are not UTF-8)."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
+
+
 def explicit_id(header_value: str | None, body: Mapping[str, Any]) -> tuple[str, str] | None:
-    """Rules 1-2: the ``X-Run-Id`` header, else ``metadata.run_id``."""
+    """Rules 1-2: the ``X-Run-Id`` header (raw UTF-8 read as UTF-8, :func:`header_text`), else
+    ``metadata.run_id``; the same text names the same run either way."""
     if header_value and header_value.strip():
-        return _clean(header_value.strip()), "header"
+        return _clean(header_text(header_value.strip())), "header"
     meta = body.get("metadata")
     if isinstance(meta, dict):
         rid = meta.get("run_id")

@@ -1,6 +1,7 @@
 """The sidecar's endpoints besides the hot path: models, health, readiness, metrics, capacity, runs, admin.
 
-``GET /v1/models``, ``GET /health``, ``GET /ready`` (every tier reachable and a bundle serving),
+``GET /v1/models``, ``GET /health``, ``GET /ready`` (every tier reachable, a bundle serving and,
+with ``store.kind: redis``, Redis answering a PING within 1 s; else 503),
 ``GET /metrics`` (Prometheus text, or OpenMetrics when the scrape's ``Accept`` asks for it;
 scraped figures and the capacity gauges refreshed on each scrape), ``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for the next 5/15/60
 minutes, the replica count that holds the SLO at that forecast, expected spill and reject shares),
@@ -177,7 +178,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_exc(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail))
+        return error_response(exc.status_code, code, str(exc.detail), exc.headers)  # 405: Allow
 
     def guarded(request: Request) -> Response | None:
         try:
@@ -225,6 +226,16 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
                 return False
             return status < 500
 
+        async def store_ok() -> bool:
+            primary = getattr(st, "primary", None)  # the Redis store behind the fallback
+            if primary is None:
+                return True
+            try:
+                return bool(await asyncio.wait_for(primary.ping(), 1.0))
+            except Exception:  # noqa: BLE001 - unreachable, refused, timed out: not ready
+                return False
+
+        store_reachable = await store_ok()
         ok = await asyncio.gather(*(reach(b) for b in backends))
         reachable = {b.name: r for b, r in zip(backends, ok, strict=True)}
         tiers_ok = all(
@@ -232,7 +243,8 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         )
         serving = holder.current
         body = {
-            "ready": serving is not None and tiers_ok,
+            "ready": serving is not None and tiers_ok and store_reachable,
+            "store": "ok" if store_reachable else "unreachable",
             "bundle": serving.version if serving is not None else None,
             "bundle_registry_version": serving.registry_version if serving is not None else None,
             "bundle_error": holder.last_error,
@@ -279,7 +291,8 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         metrics.set_capacity(cap)
         return json_response(cap)
 
-    @app.get("/v1/runs/{run_id}", responses=error_responses(401, 404))
+    # ``:path``: an id with "/" (sent as ``a%2Fb`` in the URL, decoded by the server) still names one run
+    @app.get("/v1/runs/{run_id:path}", responses=error_responses(401, 404))
     async def get_run(run_id: str, request: Request) -> Response:
         try:
             caller = proxy.check_auth(request)
@@ -336,7 +349,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         return run_id, sid, None
 
     @app.post(
-        "/v1/runs/{run_id}/end",
+        "/v1/runs/{run_id:path}/end",
         responses=error_responses(400, 401, 404, 422),
         openapi_extra=request_body(RunEndRequest, required=False),
     )
@@ -363,7 +376,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         return json_response({**done, "run_id": client_id(done["run_id"])})
 
     @app.post(
-        "/v1/runs/{run_id}/signal",
+        "/v1/runs/{run_id:path}/signal",
         responses=error_responses(400, 401, 404, 409, 413, 422),
         openapi_extra=request_body(RunSignalRequest),
     )

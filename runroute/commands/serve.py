@@ -127,12 +127,27 @@ def _demo_settings(stack, server: dict[str, object]):
     )
 
 
+def check_runlog_dir(d: Path) -> None:
+    """``runlog.dir`` must be (or become) a writable directory: a clear error (exit 2) otherwise,
+    before anything starts."""
+    if d.exists() and not d.is_dir():
+        raise CliError(f"runlog.dir {d} exists and is not a directory")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / ".runroute-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise CliError(f"runlog.dir {d} is not a writable directory: {e.strerror or e}") from None
+
+
 def _run(settings, config: Path | None) -> None:
     import uvicorn
 
     from router.server.app import create_app
 
     s = settings
+    check_runlog_dir(Path(s.runlog.dir))
     if s.bundle.path is not None or s.bundle.mlflow_uri is not None:
         # fail fast with one line (the app loads it again in its lifespan, where errors are tracebacks)
         from router.server.bundles import load_bundle
