@@ -178,7 +178,8 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_exc(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail), exc.headers)  # 405: Allow
+        headers = dict(exc.headers) if exc.headers else None  # 405: Allow
+        return error_response(exc.status_code, code, str(exc.detail), headers)
 
     def guarded(request: Request) -> Response | None:
         try:

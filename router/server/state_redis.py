@@ -216,7 +216,7 @@ class RedisStore:
         ``hold_new``: raise :class:`NoCounter` instead of numbering a run that has no counter in
         Redis (the settle after a data loss: :class:`router.server.state_fallback.FallbackStore`)."""
         keys = [self._run_key(run_id), self._epoch_key, self._step_key(run_id), self._sig_key(run_id)]
-        args = [epoch or "", int(floor), self._ttl_ms, "1" if hold_new else ""]
+        args: list[str | int] = [epoch or "", int(floor), self._ttl_ms, "1" if hold_new else ""]
         reply = await self._call(self._begin(keys=keys, args=args))
         if int(reply[0]) == -2:
             raise NoCounter(run_id)
