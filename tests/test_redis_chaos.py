@@ -423,7 +423,7 @@ def test_changes_made_during_the_write_back_reach_redis(redis_proc):
 # --------------------------------------------------------------------------- data loss (issue 25, N4)
 
 FLUSHES = 10
-FLUSH_EVERY_S = 1.5
+FLUSH_EVERY_S = 1.0
 
 
 def test_flushall_under_load_never_numbers_a_step_twice(tmp_path, redis_proc, fakes, bundle_dir):
