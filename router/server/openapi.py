@@ -124,7 +124,7 @@ class ResponsesRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field("auto", description="'auto' (the router decides) or a served model")
+    model: Literal["auto"] | str = Field("auto", description="'auto' (the router decides) or a served model")
     input: str | list[ResponsesMessage | ResponsesFunctionCall | ResponsesFunctionCallOutput]
     instructions: str | None = None
     previous_response_id: str | None = Field(None, description="continues a stored response (same key)")
@@ -190,7 +190,9 @@ class CountTokensRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field("auto", description="'auto' (the router decides) or a served / mapped model")
+    model: Literal["auto"] | str = Field(
+        "auto", description="'auto' (the router decides) or a served / mapped model"
+    )
     messages: list[MessagesMessage] = Field(min_length=1)
     system: str | list[MessagesTextBlock] | None = None
     tools: list[MessagesTool] | None = None
