@@ -163,8 +163,8 @@ class _RouterApp(FastAPI):
         try:
             await super().__call__(scope, receive, counting_send)
         finally:
-            route = scope.get("route")
-            self.on_request(getattr(route, "path", None) or "unmatched", status)
+            route = scope.get("route")  # path_format: "/v1/runs/{run_id}" for "{run_id:path}" too
+            self.on_request(getattr(route, "path_format", None) or "unmatched", status)
 
 
 def create_app(
