@@ -418,3 +418,73 @@ def test_changes_made_during_the_write_back_reach_redis(redis_proc):
                 await direct.close()
 
     asyncio.run(scenario())
+
+
+# --------------------------------------------------------------------------- data loss (issue 25, N4)
+
+FLUSHES = 10
+FLUSH_EVERY_S = 1.0
+
+
+def test_flushall_under_load_never_numbers_a_step_twice(tmp_path, redis_proc, fakes, bundle_dir):
+    """Redis loses its data without dropping a connection (FLUSHALL on this module's own
+    redis-server, as a failover to an empty replica would) ``FLUSHES`` times under load; every
+    router notices the new data set (the epoch key) and resyncs before it numbers a step in it:
+    0 duplicate (run, step) in the clients' headers and in both routers' logs, every answer 200."""
+    import redis.asyncio as aioredis
+
+    tag = f"flush-{uuid.uuid4().hex[:6]}"
+    flush_at: list[float] = []
+
+    async def load(c: Cluster) -> tuple[list[dict], int]:
+        out: list[dict] = []
+        stop = asyncio.Event()
+        raw = aioredis.Redis.from_url(redis_proc.url)
+        limits = httpx.Limits(max_connections=2 * AGENTS, max_keepalive_connections=2 * AGENTS)
+        flushed = 0
+        flush_at.append(time.monotonic())
+        async with httpx.AsyncClient(timeout=20.0, limits=limits) as client:
+            urls = (c.a.url, c.b.url)
+            tasks = [asyncio.create_task(_agent(w, client, urls, stop, tag, out)) for w in range(AGENTS)]
+            try:
+                await asyncio.sleep(1.0)
+                for _ in range(FLUSHES):
+                    flush_at.append(round(time.monotonic() - flush_at[0], 3))
+                    await raw.flushall()
+                    flushed += 1
+                    await asyncio.sleep(FLUSH_EVERY_S)
+            finally:
+                stop.set()
+                await asyncio.gather(*tasks)
+                await raw.aclose()
+        return out, flushed
+
+    with running_cluster(tmp_path, redis_proc, fakes, bundle_dir, policy={"kind": "session-sticky"}) as c:
+        recs, flushed = asyncio.run(load(c))
+        c.a.stop()
+        c.b.stop()
+    assert flushed == FLUSHES
+    bad = [
+        (r["run"], r["i"], r.get("status"), r.get("error") or r.get("body"))
+        for r in recs
+        if r["status"] != 200
+    ]
+    assert not bad, f"{len(bad)} of {len(recs)} requests not 200: {bad[:5]}"
+    seen = Counter((r["run"], int(r["step"])) for r in recs)
+    dup_client = {k: n for k, n in seen.items() if n > 1}
+    rows = [r for r in _log_steps(tmp_path / "logs") if str(r.get("run_id", "")).startswith(tag)]
+    logged = Counter((r["run_id"], int(r["step"])) for r in rows)
+    dup_log = {k: n for k, n in logged.items() if n > 1}
+    print(
+        f"flushall: {len(recs)} steps, {len({r['run'] for r in recs})} runs, {flushed} flushes, "
+        f"{len(dup_client)} duplicate (run, step) seen by clients, {len(dup_log)} in the logs"
+    )
+    assert len(rows) == len(recs)
+    t0 = flush_at.pop(0) if flush_at else 0.0
+    first = sorted({k[0] for k in dup_client})[:2]
+    trail = [
+        [(r["router"], r["i"], r["step"], round(r["t"] - t0, 3)) for r in recs if r["run"] == k]
+        for k in first
+    ]
+    print("flushall trail", trail, flush_at)
+    assert not dup_client and not dup_log, (list(dup_client)[:5], list(dup_log)[:5], trail, flush_at)

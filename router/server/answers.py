@@ -1,6 +1,7 @@
 """What the hot path tells the client about a step besides the upstream's answer.
 
-- :func:`step_headers`: ``x-runroute-run-id`` (the header-safe run id), ``-tier``, ``-replica``,
+- :func:`step_headers`: ``x-runroute-run-id`` (the header-safe run id as the client sent it, without
+  its tenant scope: :func:`router.server.identity.client_id`), ``-tier``, ``-replica``,
   ``-reason``, ``-step``, ``-fallback-from`` (after a fallback), ``-admission`` (``admit-local`` /
   ``spill`` at a run's first step).
 - :func:`reject_error`: the 429 ``run_rejected_overload`` of a new run admission refused, with
@@ -17,13 +18,14 @@ from typing import Any
 
 from router.core.engine import StepPlan
 from router.server.errors import ProxyError
+from router.server.identity import client_id
 
 __all__ = ["step_headers", "reject_error"]
 
 
 def step_headers(plan: StepPlan, run_id: str, tier: str, replica: str) -> dict[str, str]:
     h = {
-        "x-runroute-run-id": run_id,
+        "x-runroute-run-id": client_id(run_id),
         "x-runroute-tier": tier,
         "x-runroute-replica": replica,
         "x-runroute-reason": plan.decision.reason,
@@ -51,7 +53,7 @@ def reject_error(plan: StepPlan, run_id: str, adm: Any) -> ProxyError:
             "retry-after": str(retry),
             "retry-after-ms": str(max(1, math.ceil(wait * 1000))),
             "x-should-retry": "true" if retry <= adm.client_retry_max_s else "false",
-            "x-runroute-run-id": run_id,
+            "x-runroute-run-id": client_id(run_id),
             "x-runroute-reason": plan.decision.reason,
             "x-runroute-admission": "reject",
         },

@@ -45,7 +45,9 @@ from starlette.responses import Response
 from models.predictor import ConstantPredictor
 from router.server.bundles import BundleHolder
 from router.server.errors import error_response
+from router.server.limits import BodyError, read_body_guarded, replay_receive, timed_receive, uvicorn_options
 from router.server.loopwatch import StallMonitor, tune_gc
+from router.server.messages import anthropic_error
 from router.server.metrics import RouterMetrics
 from router.server.proxy import Proxy
 from router.server.routes import Parts, register_routes
@@ -75,7 +77,10 @@ class _RouterApp(FastAPI):
     a 500 ``internal_error`` here. Measured: the stack's per-``send`` wrappers cost ~10 us per SSE
     chunk and ~40 us per request on this machine type. Every HTTP request first passes the header
     guard: more than ``max_headers`` headers or more than ``max_header_bytes`` of them answer 431
-    ``headers_too_large`` (uvicorn's httptools parser has no such limit of its own).
+    ``headers_too_large`` (uvicorn's httptools parser has no such limit of its own); then the body
+    guard (:mod:`router.server.limits`): every endpoint outside the hot paths gets its body read
+    here under ``max_body_bytes`` and ``body_timeout_s`` (413 / 408 in the endpoint's error shape),
+    the hot paths read their own under the same limit with ``body_timeout_s`` on each piece.
     """
 
     hot_paths: dict[str, Any] = {}
@@ -83,6 +88,23 @@ class _RouterApp(FastAPI):
     prefix_share: Any = None  # router.server.prefix_share.PrefixShare when the index is shared
     max_headers: int = 100
     max_header_bytes: int = 64 * 1024
+    max_body_bytes: int = 8 * 1024 * 1024  # server.max_body_bytes (router.server.limits)
+    body_timeout_s: float = 30.0  # server.body_timeout_s
+
+    async def _refuse(self, scope: Any, receive: Any, send: Any, e: BodyError) -> None:
+        """A refused body, in the endpoint's protocol shape (Anthropic's for count_tokens)."""
+        if scope["path"] == "/v1/messages/count_tokens":
+            r: Response = Response(
+                anthropic_error(e.status, e.code, e.message),
+                status_code=e.status,
+                media_type="application/json",
+                headers=e.headers,
+            )
+        else:
+            r = error_response(e.status, e.code, e.message, e.headers)
+        await r(scope, receive, send)
+        if self.on_request is not None:
+            self.on_request("unmatched", e.status)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -98,6 +120,20 @@ class _RouterApp(FastAPI):
             if scope["type"] == "http" and scope["method"] == "POST"
             else None
         )
+        if scope["type"] == "http":  # one body limit and read timeout for every endpoint
+            if hot is not None:
+                receive = timed_receive(receive, self.body_timeout_s)
+            else:
+                try:
+                    body = await read_body_guarded(
+                        receive, scope["headers"], self.max_body_bytes, self.body_timeout_s
+                    )
+                except BodyError as e:
+                    await self._refuse(scope, receive, send, e)
+                    return
+                if body is None:  # the client went away before its body was complete
+                    return
+                receive = replay_receive(body, receive)
         if hot is not None:
             started = False
 
@@ -130,8 +166,8 @@ class _RouterApp(FastAPI):
         try:
             await super().__call__(scope, receive, counting_send)
         finally:
-            route = scope.get("route")
-            self.on_request(getattr(route, "path", None) or "unmatched", status)
+            route = scope.get("route")  # path_format: "/v1/runs/{run_id}" for "{run_id:path}" too
+            self.on_request(getattr(route, "path_format", None) or "unmatched", status)
 
 
 def create_app(
@@ -274,6 +310,7 @@ def create_app(
     }
     app.on_request = metrics.request_served
     app.max_headers, app.max_header_bytes = s.server.max_headers, s.server.max_header_bytes
+    app.max_body_bytes, app.body_timeout_s = s.server.max_body_bytes, s.server.body_timeout_s
     app.state.proxy = proxy
     app.state.holder = holder
     app.state.metrics = metrics
@@ -313,7 +350,11 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s:
 
     import uvicorn
 
-    cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", access_log=False)
+    settings = getattr(getattr(app, "state", None), "settings", None)
+    limits = uvicorn_options(settings.server) if settings is not None else {}
+    cfg = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="on", access_log=False, **limits
+    )
     server = uvicorn.Server(cfg)
     t = threading.Thread(target=server.run, name="runroute-uvicorn", daemon=True)
     t.start()

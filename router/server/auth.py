@@ -6,11 +6,13 @@ only its id ``"k-" + blake2b(key, 8 bytes)`` does, e.g. as a run's ``owner`` in 
 - Client endpoints (``/v1/*``): with client keys configured (``server.api_keys`` /
   ``api_keys_env``) a request needs ``Authorization: Bearer <client key>`` (or ``x-api-key`` / ``api-key``, as Anthropic and Azure clients send it; else 401
   ``invalid_api_key``); with none configured they are open and runs have no owner.
-- Run ownership: a run belongs to the key whose request started it (:attr:`RunState.owner`); a
-  request with another key gets 404 ``run_not_found`` on reading it, stepping it (chat) or ending
-  it, exactly as for a run that does not exist (no oracle of other keys' run ids). Runs started
-  before keys were configured (no owner) stay open to every client key; with no keys configured
-  every run is open.
+- Run ownership: run ids live in the namespace of the key that sends them
+  (:func:`router.server.identity.scoped_id`: the store key is ``<key id>/<run id>``), so another
+  key's run, live or ended, is simply not there: reading, ending or signalling it answers 404
+  ``run_not_found`` and a step with its id starts the caller's own run, exactly as for an unused id
+  (no oracle of other keys' run ids, no squatting). :attr:`RunState.owner` is kept as a second
+  check; a pin stored without a scope (before keys were configured) answers only its owner. With no
+  keys configured ids are not scoped and every run is open.
 - Admin endpoints (``/admin/*``): with admin keys configured (``server.admin_keys`` /
   ``admin_keys_env``) only an admin key passes (401 for none or an unknown key, 403
   ``admin_key_required`` for a client key); with client keys but no admin key they are refused

@@ -144,8 +144,13 @@ async def read_body(request: Request, max_body: int) -> bytes:
             n = int(cl)
         except ValueError:
             raise ProxyError(400, "invalid_json", "bad Content-Length") from None
-        if n > max_body:
-            raise ProxyError(413, "body_too_large", f"body of {n} bytes exceeds the limit of {max_body}")
+        if n > max_body:  # answered before reading; the connection closes (the body stays unread)
+            raise ProxyError(
+                413,
+                "body_too_large",
+                f"body of {n} bytes exceeds the limit of {max_body}",
+                {"connection": "close"},
+            )
         return await request.body()
     parts, total = [], 0
     async for chunk in request.stream():

@@ -6,7 +6,9 @@ through the one loader :func:`load_bundle` (a path: ``ModelBundle.load``; a regi
 ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``: the version it points at is resolved first,
 then that version is fetched and verified by ``ModelBundle.load_registered``; either refuses a
 corrupt or mismatched bundle with ``BundleError``), builds the policy from the same config with
-the new bundle, and only then replaces ``current`` in one assignment. Requests already running keep
+the new bundle, exercises every part of the new pair the request path uses (:func:`exercise`: the
+predictor with and without each domain, the benefit model's modes), and only then replaces
+``current`` in one assignment. Requests already running keep
 the pair they read; a failed load leaves the old pair serving, counts
 ``runroute_bundle_reloads_total{result="refused"}``, keeps the reason in ``last_error`` (shown by
 ``GET /ready``) and logs it.
@@ -40,7 +42,7 @@ from typing import Any
 
 from router.server.background import BackgroundTask
 
-__all__ = ["Serving", "BundleHolder", "load_bundle", "resolve_source"]
+__all__ = ["Serving", "BundleHolder", "load_bundle", "resolve_source", "exercise"]
 
 log = logging.getLogger("runroute.bundle")
 
@@ -78,6 +80,37 @@ def load_bundle(
     if path is None:
         raise ValueError("no bundle source")
     return ModelBundle.load(path)
+
+
+def exercise(serving: Serving) -> None:
+    """Use every part of a new serving pair the request path uses, before it serves: the
+    predictor on a run prefix without a domain and on one of each domain its benefit model knows
+    (and one it does not), the benefit model's ``mode`` for each of them and its ``domains``
+    table (``GET /v1/runs/{id}``, ``/metrics``). Raises (``BundleError``) on the first failure,
+    so a broken part is refused at reload instead of answering 500 on the request path."""
+    from features.prefix import RunPrefix
+    from models.bundle import BundleError
+
+    pred = serving.predictor
+    benefit = getattr(pred, "benefit", None)
+    domains: list[str | None] = [None]
+    try:
+        if benefit is not None:
+            table = benefit.domains
+            for d, dm in table.items():
+                if not isinstance(d, str) or not isinstance(dm.mode, str) or not isinstance(dm.reason, str):
+                    raise TypeError(f"benefit domain {d!r} has no mode/reason")
+            domains += [*table, "runroute-unseen-domain"]
+            for d in domains[1:]:
+                mode, reason = benefit.mode(d)
+                if not isinstance(mode, str) or not isinstance(reason, str):
+                    raise TypeError(f"benefit.mode({d!r}) is not (mode, reason)")
+        for d in domains:
+            pred.predict(RunPrefix(run_id="runroute-reload-check", new_prompt_tokens=1000, domain=d))
+    except BundleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of the new bundle is a refusal
+        raise BundleError(f"bundle fails when used ({type(e).__name__}: {e})") from e
 
 
 def _signature(p: Path) -> float | None:
@@ -130,10 +163,14 @@ class BundleHolder(BackgroundTask):
         return self.mlflow_uri is not None and "@" in self.mlflow_uri
 
     def install(self, predictor: Any, registry_version: str | None = None) -> Serving:
-        """Build the policy for ``predictor`` and swap it in (also used for injected bundles)."""
+        """Build the policy for ``predictor``, exercise every part of the new pair
+        (:func:`exercise`) and only then swap it in (also used for injected bundles); a pair that
+        fails leaves the old one serving (the exception propagates)."""
         policy = self.policy_factory(predictor)
         version = str(getattr(predictor, "version", "unknown"))
-        self.current = Serving(predictor, policy, version, registry_version)
+        serving = Serving(predictor, policy, version, registry_version)
+        exercise(serving)
+        self.current = serving
         if self.metrics is not None:
             self.metrics.set_bundle(version, registry_version)
             self.metrics.set_domains(getattr(predictor, "benefit", None))

@@ -31,6 +31,16 @@ cleaning is idempotent: the id in ``x-runroute-run-id`` and its decoded form bot
 under ``/v1/runs/{id}`` (the endpoints clean the path parameter the same way). An id longer than
 :data:`MAX_ID_LEN` after encoding (or empty) is hashed: ``"h-" + sha256(id)[:20]``.
 
+Tenants (:func:`scoped_id`): with client keys configured every run id lives in the namespace of
+the key that sent it: the store key, the run tracker's key and the run log's ``run_id`` are
+``"<key id>/<client id>"`` (:func:`router.server.auth.key_id`; ``/`` never occurs in a cleaned id,
+so the split is unambiguous), and the client sees only ``<client id>`` (``x-runroute-run-id``,
+``GET /v1/runs/{id}``: :func:`client_id`). Two tenants using one id, or one opening, have two
+runs; a step or a read on an id another tenant uses finds nothing of it (the same answer as for an
+unused id), and an ended run keeps its tenant for as long as its history is kept. The opening hash
+(rule 4) is salted with the key id as well, so hash-derived ids of two tenants differ. Without keys
+(open mode) ids are not scoped.
+
 Idle end (:func:`idle_end_from_pauses`): a run with no step for ``identity.idle_end_s`` is ended by
 the sidecar's sweep (end reason ``idle``), releasing its admission slot. The default, 900 s, is
 ``1.25 x`` the largest per-source p99 of ``tool_pause_s`` in the shipped run logs (Mooncake 690 s,
@@ -59,6 +69,11 @@ __all__ = [
     "idle_end_from_pauses",
     "MAX_ID_LEN",
     "SAFE",
+    "scoped_id",
+    "client_id",
+    "tenant_of",
+    "SCOPE_SEP",
+    "header_text",
 ]
 
 MAX_ID_LEN = 200
@@ -80,10 +95,32 @@ def clean_id(rid: str) -> str:
 
 _clean = clean_id
 
+#: separates a tenant's key id from a client run id in a scoped id (never in a cleaned id)
+SCOPE_SEP = "/"
 
-def opening_hash(system: str | None, user: str | None, scope: str | None = None) -> str:
-    """The protocol-independent hash of an opening (module docstring, rule 4)."""
-    return "h-" + hashlib.sha256(orjson.dumps([scope, system, user])).hexdigest()[:20]
+
+def scoped_id(tenant: str | None, run_id: str) -> str:
+    """The store key of ``run_id`` (a cleaned id) sent by ``tenant`` (a key id; None in open mode)."""
+    return run_id if tenant is None else f"{tenant}{SCOPE_SEP}{run_id}"
+
+
+def client_id(sid: str) -> str:
+    """The id a client sees for the scoped id ``sid`` (the inverse of :func:`scoped_id`)."""
+    return sid.split(SCOPE_SEP, 1)[1] if SCOPE_SEP in sid else sid
+
+
+def tenant_of(sid: str) -> str | None:
+    """The tenant (key id) of a scoped id; None for an unscoped one (open mode)."""
+    return sid.split(SCOPE_SEP, 1)[0] if SCOPE_SEP in sid else None
+
+
+def opening_hash(
+    system: str | None, user: str | None, scope: str | None = None, salt: str | None = None
+) -> str:
+    """The protocol-independent hash of an opening (module docstring, rule 4); ``salt``: the
+    tenant's key id (None in open mode, which keeps the unsalted hash)."""
+    parts = [scope, system, user] if salt is None else [scope, system, user, salt]
+    return "h-" + hashlib.sha256(orjson.dumps(parts)).hexdigest()[:20]
 
 
 def hash_opening(messages: list[Any], scope: str | None = None) -> str:
@@ -94,10 +131,22 @@ def hash_opening(messages: list[Any], scope: str | None = None) -> str:
     return opening_hash(system, user, scope)
 
 
+def header_text(value: str) -> str:
+    """A header value as the client wrote it: the server decodes header bytes as Latin-1, so raw
+    UTF-8 bytes (``X-Run-Id: 中文``) are re-read as UTF-8 (kept as is when they are not UTF-8)."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
+
+
 def explicit_id(header_value: str | None, body: Mapping[str, Any]) -> tuple[str, str] | None:
-    """Rules 1-2: the ``X-Run-Id`` header, else ``metadata.run_id``."""
+    """Rules 1-2: the ``X-Run-Id`` header (raw UTF-8 read as UTF-8, :func:`header_text`), else
+    ``metadata.run_id``; the same text names the same run either way."""
     if header_value and header_value.strip():
-        return _clean(header_value.strip()), "header"
+        return _clean(header_text(header_value.strip())), "header"
     meta = body.get("metadata")
     if isinstance(meta, dict):
         rid = meta.get("run_id")

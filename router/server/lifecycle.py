@@ -29,7 +29,7 @@ from typing import Any
 
 from router.policy.types import RunState
 from router.server.background import BackgroundTask
-from router.server.identity import OpeningRuns, clean_id, explicit_id, opening_hash
+from router.server.identity import OpeningRuns, clean_id, explicit_id, opening_hash, scoped_id
 from router.server.protocol import ClientRequest
 
 __all__ = ["RunLifecycle", "MAX_SIGNALS"]
@@ -85,17 +85,20 @@ class RunLifecycle(BackgroundTask):
     def resolve(
         self, headers: Mapping[str, str], proto: Any, req: ClientRequest
     ) -> tuple[str, str, str | None]:
-        """``(run_id, source, user)`` of a request (module docstring)."""
+        """``(run_id, source, user)`` of a request (module docstring); the run id is scoped by
+        the request's tenant (``req.tenant``, :func:`router.server.identity.scoped_id`)."""
         user = proto.user(req)
+        tenant = req.tenant
         found = explicit_id(headers.get("x-run-id"), req.body)
-        if found is None:
-            nat = proto.natural_id(req, headers)
-            if nat is not None:
-                found = clean_id(nat[0]), nat[1]
         if found is not None:
-            return found[0], found[1], user
+            return scoped_id(tenant, found[0]), found[1], user
+        nat = proto.natural_id(req, headers)
+        if nat is not None:
+            if nat[1] == "previous_response":  # the stored run id, scoped by the tenant that stored it
+                return nat[0], nat[1], user
+            return scoped_id(tenant, clean_id(nat[0])), nat[1], user
         system, first, is_opening = proto.opening(req)
-        base = opening_hash(system, first, user)
+        base = scoped_id(tenant, opening_hash(system, first, user, salt=tenant))
         req.extra["opening"] = is_opening
         return self.openings.resolve(base, is_opening, self._status), "hash", user
 

@@ -2,9 +2,12 @@
 
 Reading (:class:`MessagesAdapter`.read): a JSON object with ``messages`` (a non-empty list of
 ``{"role": "user" | "assistant", "content": string | [blocks]}``; block types are checked against
-the API's set, so an unknown one is a 400 here instead of a 5xx upstream), ``max_tokens`` (a
+the API's set, so an unknown one is a 400 here instead of a 5xx upstream, and every block field the
+sidecar reads has its type: ``text.text``, ``tool_use.id/name/input``, ``tool_result.tool_use_id/
+content/is_error`` and the blocks inside its content, ``image.source``, ``thinking.thinking``), ``max_tokens`` (a
 positive integer; ``count_tokens`` bodies need none), ``system`` (a string or a list of ``text``
-blocks), ``tools`` (a list of objects with a ``name``), ``stream``, ``metadata``. ``cache_control``
+blocks), ``tools`` (a list of objects with a ``name``), ``tool_choice``, ``stop_sequences``,
+``temperature``/``top_p``/``top_k``, ``stream``, ``metadata``. ``cache_control``
 markers, ``thinking`` settings and blocks, and every other field pass through untouched.
 
 The step the engine sees: the prompt estimate (:func:`features.tokens.prompt_tokens` over the
@@ -116,9 +119,7 @@ def validate(body: Any, *, need_max_tokens: bool = True) -> None:
         if not isinstance(c, list):
             raise _bad(f"messages.{i}.content: must be a string or a list of blocks", "invalid_content")
         for j, b in enumerate(c):
-            if not isinstance(b, dict) or b.get("type") not in BLOCK_TYPES:
-                t = b.get("type") if isinstance(b, dict) else type(b).__name__
-                raise _bad(f"messages.{i}.content.{j}: unknown block type {t!r}", "invalid_block_type")
+            _check_block(b, f"messages.{i}.content.{j}")
     mt = body.get("max_tokens")
     if need_max_tokens and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
         raise _bad("max_tokens: must be a positive integer", "invalid_max_tokens")
@@ -131,9 +132,37 @@ def validate(body: Any, *, need_max_tokens: bool = True) -> None:
     tools = body.get("tools")
     if tools is not None and (
         not isinstance(tools, list)
-        or not all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools)
+        or not all(
+            isinstance(t, dict)
+            and isinstance(t.get("name"), str)
+            and isinstance(t.get("type"), (str, type(None)))
+            and isinstance(t.get("input_schema"), (dict, type(None)))
+            and isinstance(t.get("description"), (str, type(None)))
+            for t in tools
+        )
     ):
-        raise _bad("tools: must be a list of objects with a name", "invalid_tools")
+        raise _bad(
+            "tools: must be a list of objects with a name (type and description strings, "
+            "input_schema an object)",
+            "invalid_tools",
+        )
+    tc = body.get("tool_choice")
+    if tc is not None and not (
+        isinstance(tc, dict)
+        and tc.get("type") in ("auto", "any", "none", "tool")
+        and (tc.get("type") != "tool" or isinstance(tc.get("name"), str))
+    ):
+        raise _bad(
+            "tool_choice: must be an object whose type is auto, any, none or tool (with a name)",
+            "invalid_tool_choice",
+        )
+    stop = body.get("stop_sequences")
+    if stop is not None and (not isinstance(stop, list) or not all(isinstance(x, str) for x in stop)):
+        raise _bad("stop_sequences: must be a list of strings", "invalid_stop_sequences")
+    for k in ("temperature", "top_p", "top_k"):
+        v = body.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise _bad(f"{k}: must be a number", f"invalid_{k}")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream: must be a boolean", "invalid_stream")
@@ -142,6 +171,42 @@ def validate(body: Any, *, need_max_tokens: bool = True) -> None:
         not isinstance(meta, dict) or not isinstance(meta.get("user_id", ""), (str, type(None)))
     ):
         raise _bad("metadata: must be an object whose user_id is a string", "invalid_metadata")
+
+
+#: the fields of a content block the sidecar reads (estimates, translation), by block type: each
+#: must be absent or of the given types; ``None`` in a tuple allows null
+_BLOCK_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "text": {"text": (str,)},
+    "image": {"source": (dict,)},
+    "tool_use": {"id": (str,), "name": (str,), "input": (dict, type(None))},
+    "tool_result": {
+        "tool_use_id": (str,),
+        "content": (str, list, type(None)),
+        "is_error": (bool, type(None)),
+    },
+    "thinking": {"thinking": (str,)},
+}
+_REQUIRED = {"text": ("text",), "tool_use": ("id", "name"), "tool_result": ("tool_use_id",)}
+
+
+def _check_block(b: Any, where: str, nested: bool = False) -> None:
+    """One content block: an object with a known ``type`` whose read fields have their types (a
+    ``tool_result``'s ``content`` list holds blocks too, checked the same way)."""
+    t = b.get("type") if isinstance(b, dict) else None
+    if not isinstance(t, str) or t not in BLOCK_TYPES:
+        shown = t if isinstance(b, dict) else type(b).__name__
+        raise _bad(f"{where}: unknown block type {shown!r}", "invalid_block_type")
+    for k in _REQUIRED.get(t, ()):
+        if k not in b:
+            raise _bad(f"{where}.{k}: Field required", "invalid_block")
+    for k, types in _BLOCK_FIELDS.get(t, {}).items():
+        v = b.get(k)
+        if k in b and not isinstance(v, types):
+            names = " or ".join("null" if x is type(None) else x.__name__ for x in types)
+            raise _bad(f"{where}.{k}: must be {names}", "invalid_block")
+    if t == "tool_result" and isinstance(b.get("content"), list) and not nested:
+        for j, inner in enumerate(b["content"]):
+            _check_block(inner, f"{where}.content.{j}", nested=True)
 
 
 def _last_turns(msgs: list[Any]) -> list[Any]:

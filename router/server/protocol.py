@@ -66,6 +66,7 @@ class ClientRequest:
     model_alias: str | None = None  # a model name config maps to a frontier entry (tier: policy)
     strip_usage: bool = False  # chat: the client did not ask for the usage chunk
     extra: dict[str, Any] = field(default_factory=dict)
+    tenant: str | None = None  # the caller's key id (None in open mode): the run-id namespace
 
 
 class Capture(Protocol):

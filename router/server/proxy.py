@@ -73,6 +73,7 @@ from router.server.auth import Access
 from router.server.backends import Backend, BackendPool, priority_tenant, read_body, state_of
 from router.server.chat import ChatAdapter
 from router.server.errors import ProxyError
+from router.server.identity import client_id
 from router.server.lifecycle import RunLifecycle
 from router.server.messages import MessagesAdapter
 from router.server.metrics_specs import HANDLERS
@@ -217,6 +218,7 @@ class Proxy(StepIO):
                 self.m.request_rejected(499, HANDLERS[proto.name])
                 return Response(status_code=499)
             req = proto.read(raw, self.models, self.pool.aliases, self.max_depth)
+            req.tenant = owner  # the run-id namespace (router.server.identity.scoped_id)
             fwd = {k: v for k in ("anthropic-beta", "openai-beta") if (v := request.headers.get(k))}
             if fwd:
                 req.extra["headers"] = fwd
@@ -300,9 +302,11 @@ class Proxy(StepIO):
         """Under the run's lock: pin + step index, plan, admission, commit, store (module doc, 2)."""
         engine, body, run_id = self.engine, req.body, hist.run_id
         pin, index = await self.store.begin_step(run_id, hist.next_step)
-        if pin is not None and pin.admitted != "ended" and not self.access.owns(pin.owner, owner):
-            await self.store.unstep(run_id, index)  # another key's run: as if it did not exist
-            raise ProxyError(404, "run_not_found", f"run {run_id!r} is not known to this router")
+        if pin is not None and not self.access.owns(pin.owner, owner):
+            # the run ids are scoped by key (router.server.identity.scoped_id), so only a pin stored
+            # without a scope (open mode before keys were configured) can get here
+            await self.store.unstep(run_id, index)
+            raise ProxyError(404, "run_not_found", f"run {client_id(run_id)!r} is not known to this router")
         first = pin is None or pin.admitted == "ended"  # a new run: admitted afresh
         if pin is None:
             run = RunState(run_id=run_id, owner=owner)

@@ -121,6 +121,11 @@ class SSERelay(Response):
         counted = False
         try:
             watcher = asyncio.ensure_future(watch())
+            # let the watcher read a disconnect that happened while the first chunk was awaited:
+            # uvicorn's send() to a gone client returns without yielding, so a stream whose chunks
+            # are all buffered would otherwise be relayed (and logged 200) without the watcher
+            # ever running
+            await asyncio.sleep(0)
             if self.inflight is not None:
                 self.inflight(1)
                 counted = True
@@ -128,7 +133,7 @@ class SSERelay(Response):
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
             out = self._filter(self.first)
-            if out:
+            if out and not disconnected:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
             try:
                 async for chunk in self.it:
@@ -150,6 +155,8 @@ class SSERelay(Response):
                     tail = b"" if self.markers is None else self._tail
                     await send({"type": "http.response.body", "body": tail + err, "more_body": True})
                     self._tail = b""
+            if not disconnected:
+                await asyncio.sleep(0)  # one more turn for the watcher before the status is decided
             if disconnected:
                 status, code = 499, "client_cancelled"
             end = b""

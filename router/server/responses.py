@@ -16,7 +16,9 @@ tool results, tools offered, JSON wanted (``text.format.type`` ``json_object``/`
 
 Chaining (:class:`ResponseStore`): every answered response is remembered (bounded LRU, in
 memory only, never logged) as ``id -> (run, backend, previous id, its input items, its output
-items)`` unless the request said ``store: false``. ``previous_response_id`` then names the run
+items)`` unless the request said ``store: false``; with client keys the id is scoped by the
+caller's key (:func:`router.server.identity.scoped_id`), so another tenant's
+``previous_response_id`` finds nothing, exactly like an unknown id. ``previous_response_id`` then names the run
 (``natural_id``), and when the step goes to a backend other than the one that stored the previous
 response, or to a backend that needs a translation, the chain is expanded into the full ``input``
 (``previous_response_id`` dropped) so any backend can serve it; to the same backend the body passes
@@ -43,6 +45,7 @@ from features.tokens import MESSAGE_OVERHEAD_TOKENS, content_chars, text_tokens
 from router.core.record import StepRequest
 from router.server.chat import rewrite_body, tool_key
 from router.server.errors import ProxyError, error_body, error_response
+from router.server.identity import scoped_id
 from router.server.protocol import ClientRequest, resolve_model
 from router.server.sse import looks_error, parse_event, text_of
 from router.server.validate import DEFAULT_MAX_DEPTH, check_depth, check_metadata, check_optional_str
@@ -106,10 +109,11 @@ def validate(body: Any) -> None:
         if not isinstance(it, dict):
             raise _bad(f"Invalid 'input[{i}]': expected an object.", "invalid_input_item")
         t = it.get("type", "message")
-        if t not in ITEM_TYPES:
+        if not isinstance(t, str) or t not in ITEM_TYPES:
             raise _bad(f"Invalid value for 'input[{i}].type': {t!r}.", "invalid_input_item")
         if t == "message":
-            if it.get("role") not in _ROLES:
+            role = it.get("role")
+            if not isinstance(role, str) or role not in _ROLES:
                 raise _bad(
                     f"Invalid value for 'input[{i}].role': {it.get('role')!r}; expected one of "
                     "'user', 'assistant', 'system', 'developer'.",
@@ -118,13 +122,21 @@ def validate(body: Any) -> None:
             c = it.get("content")
             if not isinstance(c, (str, list)) or (
                 isinstance(c, list)
-                and not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in c)
+                and not all(
+                    isinstance(p, dict)
+                    and isinstance(p.get("type"), str)
+                    and isinstance(p.get("text", ""), str)
+                    and isinstance(p.get("refusal", ""), str)
+                    for p in c
+                )
             ):
                 raise _bad(
                     f"Invalid 'input[{i}].content': expected a string or content parts.", "invalid_content"
                 )
         elif t == "function_call" and not (
-            isinstance(it.get("name"), str) and isinstance(it.get("call_id"), str)
+            isinstance(it.get("name"), str)
+            and isinstance(it.get("call_id"), str)
+            and isinstance(it.get("arguments", ""), str)
         ):
             raise _bad(
                 f"Invalid 'input[{i}]': a function_call needs 'call_id' and 'name'.", "invalid_input_item"
@@ -132,8 +144,34 @@ def validate(body: Any) -> None:
         elif t == "function_call_output" and not isinstance(it.get("call_id"), str):
             raise _bad(f"Invalid 'input[{i}]': a function_call_output needs 'call_id'.", "invalid_input_item")
     tools = body.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise _bad("Invalid 'tools': expected an array of tool objects.", "invalid_tools")
+    if tools is not None and (
+        not isinstance(tools, list)
+        or not all(
+            isinstance(t, dict)
+            and isinstance(t.get("type", "function"), str)
+            and (t.get("type", "function") != "function" or isinstance(t.get("name"), str))
+            for t in tools
+        )
+    ):
+        raise _bad(
+            "Invalid 'tools': expected an array of tool objects (a function tool needs a 'name').",
+            "invalid_tools",
+        )
+    tc = body.get("tool_choice")
+    if tc is not None and not isinstance(tc, (str, dict)):
+        raise _bad("Invalid 'tool_choice': expected a string or an object.", "invalid_tool_choice")
+    text = body.get("text")
+    if text is not None and not (
+        isinstance(text, dict) and isinstance(text.get("format", {}), (dict, type(None)))
+    ):
+        raise _bad("Invalid 'text': expected an object whose 'format' is an object.", "invalid_text")
+    mot = body.get("max_output_tokens")
+    if mot is not None and (not isinstance(mot, int) or isinstance(mot, bool) or mot < 1):
+        raise _bad("Invalid 'max_output_tokens': expected a positive integer.", "invalid_max_output_tokens")
+    for k in ("temperature", "top_p"):
+        v = body.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise _bad(f"Invalid '{k}': expected a number.", f"invalid_{k}")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise ProxyError(422, "invalid_stream", "'stream' must be a boolean")
@@ -204,7 +242,7 @@ class ResponsesAdapter:
                 + (len(orjson.dumps(tools)) if isinstance(tools, list) else 0)
             )
             if body.get("previous_response_id"):  # a chain this router did not see: the chain's size
-                est += self.store.chain_tokens(body["previous_response_id"])
+                est += self.store.chain_tokens(scoped_id(req.tenant, body["previous_response_id"]))
         else:
             est = previous_total + new
         return StepRequest(
@@ -238,8 +276,8 @@ class ResponsesAdapter:
 
     def natural_id(self, req: ClientRequest, headers: Mapping[str, str]) -> tuple[str, str] | None:
         prev = req.body.get("previous_response_id")
-        if isinstance(prev, str):
-            entry = self.store.get(prev)
+        if isinstance(prev, str):  # another tenant's response id is as unknown as a made-up one
+            entry = self.store.get(scoped_id(req.tenant, prev))
             if entry is not None:
                 return entry.run_id, "previous_response"
         return None
@@ -256,11 +294,12 @@ class ResponsesAdapter:
         prev = req.body.get("previous_response_id")
         if not isinstance(prev, str):
             return None
-        entry = self.store.get(prev)
+        key = scoped_id(req.tenant, prev)
+        entry = self.store.get(key)
         if entry is None or (entry.backend == backend and backend_protocol == "responses"):
             return None
         out = dict(req.body)
-        out["input"] = self.store.chain(prev) + input_items(req.body)
+        out["input"] = self.store.chain(key) + input_items(req.body)
         out.pop("previous_response_id", None)
         return out
 
@@ -290,11 +329,11 @@ class ResponsesAdapter:
             return
         prev = req.body.get("previous_response_id")
         self.store.put(
-            rid,
+            scoped_id(req.tenant, rid),
             StoredResponse(
                 run_id,
                 backend,
-                prev if isinstance(prev, str) else None,
+                scoped_id(req.tenant, prev) if isinstance(prev, str) else None,
                 input_items(req.body),
                 cap.output_items(),
             ),

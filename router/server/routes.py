@@ -1,6 +1,7 @@
 """The sidecar's endpoints besides the hot path: models, health, readiness, metrics, capacity, runs, admin.
 
-``GET /v1/models``, ``GET /health``, ``GET /ready`` (every tier reachable and a bundle serving),
+``GET /v1/models``, ``GET /health``, ``GET /ready`` (every tier reachable, a bundle serving and,
+with ``store.kind: redis``, Redis answering a PING within 1 s; else 503),
 ``GET /metrics`` (Prometheus text, or OpenMetrics when the scrape's ``Accept`` asks for it;
 scraped figures and the capacity gauges refreshed on each scrape), ``GET /v1/capacity`` (utilisation per replica, forecast new runs/s for the next 5/15/60
 minutes, the replica count that holds the SLO at that forecast, expected spill and reject shares),
@@ -17,7 +18,8 @@ sidecar's estimate; the model resolved as ``/v1/messages`` resolves it; Anthropi
 ``GET /openapi.json`` (:mod:`router.server.openapi`). Every error is the OpenAI error shape with a
 code (:mod:`router.server.errors`), but on Anthropic's paths (:data:`ANTHROPIC_PATHS`: an unknown
 ``/v1/messages/...`` path or method), which answer in Anthropic's shape. Access (:mod:`router.server.auth`): ``/v1/*`` needs a client
-key when keys are configured and a run answers only the key that started it (404 otherwise);
+key when keys are configured and run ids live in the caller key's namespace
+(:func:`router.server.identity.scoped_id`: another key's run is unknown here, 404);
 ``/admin/*`` needs an admin key; ``/metrics`` a metrics key when configured. A run id in a path is
 cleaned like a request's (:func:`router.server.identity.clean_id`), so the header value and its
 decoded form both find the run.
@@ -41,11 +43,14 @@ from features.prefix import SIGNAL_KINDS
 from router.core.engine import StepEngine
 from router.server.backends import Backend
 from router.server.errors import ProxyError, error_response
-from router.server.identity import clean_id
+from router.server.identity import clean_id, client_id, scoped_id
 from router.server.lifecycle import MAX_SIGNALS
 from router.server.openapi import (
     ChatCompletionRequest,
+    CountTokensRequest,
     ErrorBody,
+    MessagesRequest,
+    ResponsesRequest,
     RunEndRequest,
     RunSignalRequest,
     error_responses,
@@ -148,15 +153,21 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             **error_responses(400, 401, 404, 413, 422, 429, 431, 502, 503, 504),
         },
     )
-    for path, handler, what in (
-        ("/v1/responses", proxy.responses, "OpenAI Responses, routed (model 'auto')"),
-        ("/v1/messages", proxy.messages, "Anthropic Messages, routed (model 'auto' or a mapped name)"),
+    for path, handler, what, model in (
+        ("/v1/responses", proxy.responses, "OpenAI Responses, routed (model 'auto')", ResponsesRequest),
+        (
+            "/v1/messages",
+            proxy.messages,
+            "Anthropic Messages, routed (model 'auto' or a mapped name)",
+            MessagesRequest,
+        ),
     ):
         app.add_api_route(
             path,
             _hot(handler),
             methods=["POST"],
             summary=what,
+            openapi_extra=request_body(model),
             responses={
                 200: {"description": "the upstream's answer (JSON, or SSE with stream: true)"},
                 **error_responses(400, 401, 404, 413, 422, 429, 431, 502, 503, 504),
@@ -164,19 +175,34 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         )
 
     @app.post(
-        "/v1/messages/count_tokens", summary="Anthropic token count", responses=error_responses(400, 401)
+        "/v1/messages/count_tokens",
+        summary="Anthropic token count",
+        responses=error_responses(400, 401, 408, 413),
+        openapi_extra=request_body(CountTokensRequest),
     )
     async def count_tokens(request: Request) -> Response:
         return await count_message_tokens(proxy, up, request)
 
-    install_openapi(app, (ChatCompletionRequest, RunEndRequest, RunSignalRequest, ErrorBody))
+    install_openapi(
+        app,
+        (
+            ChatCompletionRequest,
+            ResponsesRequest,
+            MessagesRequest,
+            CountTokensRequest,
+            RunEndRequest,
+            RunSignalRequest,
+            ErrorBody,
+        ),
+    )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_exc(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        headers = dict(exc.headers) if exc.headers else None  # 405: Allow
         if request.url.path.startswith(ANTHROPIC_PATHS):  # an Anthropic client reads its own shape
-            return proxy.adapters["messages"].error_response(exc.status_code, code, str(exc.detail))
-        return error_response(exc.status_code, code, str(exc.detail))
+            return proxy.adapters["messages"].error_response(exc.status_code, code, str(exc.detail), headers)
+        return error_response(exc.status_code, code, str(exc.detail), headers)
 
     def guarded(request: Request) -> Response | None:
         try:
@@ -224,6 +250,16 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
                 return False
             return status < 500
 
+        async def store_ok() -> bool:
+            primary = getattr(st, "primary", None)  # the Redis store behind the fallback
+            if primary is None:
+                return True
+            try:
+                return bool(await asyncio.wait_for(primary.ping(), 1.0))
+            except Exception:  # noqa: BLE001 - unreachable, refused, timed out: not ready
+                return False
+
+        store_reachable = await store_ok()
         ok = await asyncio.gather(*(reach(b) for b in backends))
         reachable = {b.name: r for b, r in zip(backends, ok, strict=True)}
         tiers_ok = all(
@@ -231,7 +267,8 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         )
         serving = holder.current
         body = {
-            "ready": serving is not None and tiers_ok,
+            "ready": serving is not None and tiers_ok and store_reachable,
+            "store": "ok" if store_reachable else "unreachable",
             "bundle": serving.version if serving is not None else None,
             "bundle_registry_version": serving.registry_version if serving is not None else None,
             "bundle_error": holder.last_error,
@@ -241,7 +278,20 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         }
         return json_response(body, 200 if body["ready"] else 503)
 
-    @app.get("/metrics", responses=error_responses(401))
+    @app.get(
+        "/metrics",
+        responses={
+            200: {
+                "description": "Prometheus text exposition (OpenMetrics when Accept asks for it)",
+                "content": {
+                    "text/plain; version=0.0.4": {"schema": {"type": "string"}},
+                    "application/openmetrics-text; version=1.0.0": {"schema": {"type": "string"}},
+                },
+            },
+            **error_responses(401),
+        },
+        response_class=Response,
+    )
     async def prom(request: Request) -> Response:
         if (r := check(access.metrics, request)) is not None:
             return r
@@ -266,17 +316,19 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
         metrics.set_capacity(cap)
         return json_response(cap)
 
-    @app.get("/v1/runs/{run_id}", responses=error_responses(401, 404))
+    # ``:path``: an id with "/" (sent as ``a%2Fb`` in the URL, decoded by the server) still names one run
+    @app.get("/v1/runs/{run_id:path}", responses=error_responses(401, 404))
     async def get_run(run_id: str, request: Request) -> Response:
         try:
             caller = proxy.check_auth(request)
         except ProxyError as e:
             return error_response(e.status, e.code, e.message)
         run_id = clean_id(run_id)
-        h = proxy.runs.get(run_id)
+        sid = scoped_id(caller, run_id)  # the caller's namespace: another tenant's run is not there
+        h = proxy.runs.get(sid)
         if h is None:
             return not_found(run_id)
-        state = await st.get(run_id)
+        state = await st.get(sid)
         if not access.owns(state.owner if state is not None else h.owner, caller):
             return not_found(run_id)
         entries = list(h.entries)
@@ -296,7 +348,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
                 "domain": h.domain,
                 "domain_source": h.domain_source,
                 **_run_domain_mode(holder.current, h.domain),
-                "signals": list(await st.signals(run_id)),
+                "signals": list(await st.signals(sid)),
                 "tiers": sorted({e["tier"] for e in entries if e["tier"]}),
                 "replicas": sorted({e["replica"] for e in entries if e["replica"]}),
                 "steps": entries,
@@ -304,28 +356,30 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             }
         )
 
-    async def owned_run(run_id: str, request: Request) -> tuple[str, Response | None]:
-        """``(clean run id, None)`` when the caller may act on a run this router or the store
-        knows; else the response to send (the auth error, or 404 for an unknown or foreign run)."""
+    async def owned_run(run_id: str, request: Request) -> tuple[str, str, Response | None]:
+        """``(clean run id, its scoped id, None)`` when the caller may act on a run this router or
+        the store knows in the caller's namespace; else the response to send (the auth error, or
+        404 for an unknown run: another tenant's is unknown here)."""
         try:
             caller = proxy.check_auth(request)
         except ProxyError as e:
-            return run_id, error_response(e.status, e.code, e.message)
+            return run_id, run_id, error_response(e.status, e.code, e.message)
         run_id = clean_id(run_id)
-        h = proxy.runs.get(run_id)
-        state = await st.get(run_id)
+        sid = scoped_id(caller, run_id)
+        h = proxy.runs.get(sid)
+        state = await st.get(sid)
         owner = state.owner if state is not None else (h.owner if h is not None else None)
         if (h is None and state is None) or not access.owns(owner, caller):
-            return run_id, not_found(run_id)
-        return run_id, None
+            return run_id, sid, not_found(run_id)
+        return run_id, sid, None
 
     @app.post(
-        "/v1/runs/{run_id}/end",
+        "/v1/runs/{run_id:path}/end",
         responses=error_responses(400, 401, 404, 422),
         openapi_extra=request_body(RunEndRequest, required=False),
     )
     async def end_run(run_id: str, request: Request) -> Response:
-        run_id, refused = await owned_run(run_id, request)
+        run_id, sid, refused = await owned_run(run_id, request)
         if refused is not None:
             return refused
         raw = await request.body()
@@ -341,25 +395,25 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             return error_response(422, "invalid_outcome", "'outcome' must be success, failure or unknown")
         if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
             return error_response(422, "invalid_reward", "'reward' must be a number")
-        done = await proxy.lifecycle.end(run_id, outcome=outcome, reward=reward, reason="client")
+        done = await proxy.lifecycle.end(sid, outcome=outcome, reward=reward, reason="client")
         if done is None:
             return not_found(run_id)
-        return json_response(done)
+        return json_response({**done, "run_id": client_id(done["run_id"])})
 
     @app.post(
-        "/v1/runs/{run_id}/signal",
+        "/v1/runs/{run_id:path}/signal",
         responses=error_responses(400, 401, 404, 409, 413, 422),
         openapi_extra=request_body(RunSignalRequest),
     )
     async def signal_run(run_id: str, request: Request) -> Response:
-        run_id, refused = await owned_run(run_id, request)
+        run_id, sid, refused = await owned_run(run_id, request)
         if refused is not None:
             return refused
         raw = await request.body()
         kind, err = parse_signal(raw)
         if err is not None:
             return error_response(*err)
-        done = await proxy.lifecycle.signal(run_id, kind)
+        done = await proxy.lifecycle.signal(sid, kind)
         if done is None:
             return not_found(run_id)
         if done["signals"] < 0:
@@ -367,7 +421,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
                 409, "signal_limit_reached", f"run {run_id!r} holds {MAX_SIGNALS} signals already"
             )
         metrics.signal_posted(kind)
-        return json_response(done)
+        return json_response({**done, "run_id": client_id(done["run_id"])})
 
     @app.post("/admin/reload", responses=error_responses(401, 403, 409))
     async def reload(request: Request) -> Response:

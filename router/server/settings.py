@@ -60,7 +60,9 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   ``admin_keys`` / ``admin_keys_env`` (the only keys ``/admin/*`` accepts; see
   :mod:`router.server.auth`), ``metrics_keys`` / ``metrics_keys_env`` (``/metrics`` needs one, or
   an admin key, when set), ``run_history_steps`` / ``run_history_runs`` (bounded in-memory history
-  behind ``/v1/runs``).
+  behind ``/v1/runs``); connection limits (:mod:`router.server.limits`, defaults in
+  docs/server-limits.md): ``header_timeout_s``, ``idle_timeout_s``, ``body_timeout_s``,
+  ``max_connections`` (503 beyond).
 - ``runlog``: ``dir``, ``log_prompts`` (false: no prompt text is ever written), ``durability``
   (``batched``: records fsynced at least every ``flush_s``, a SIGKILL loses at most the last
   ``flush_s`` seconds of records; ``ack``: a step's response completes only after its record is
@@ -71,7 +73,8 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   ``admit_ttl_s``, ``key_prefix``; Redis only: ``router_slots`` / ``router_slot`` / ``step_gap``
   (router-scoped step numbering while Redis is unreachable,
   :mod:`router.server.state_fallback`), ``health_check_s`` (pooled connections idle longer are
-  PINGed before use).
+  PINGed before use), ``epoch_check_s`` / ``reset_settle_s`` (a Redis that lost its data without
+  dropping connections: noticed by the epoch watch; a run without a counter waits for the settle).
 - ``admission``: admission control at a run's first step (:mod:`router.server.admission`,
   :mod:`router.policy.admission`); **on by default** with conservative figures derived from the
   local tier (see :class:`AdmissionSettings`), e.g. ``RUNROUTE_ADMISSION__ENABLED=false``,
@@ -244,6 +247,11 @@ class ServerSettings(_Strict):
     metrics_keys_env: str | None = None
     run_history_steps: int = Field(default=1000, gt=0)
     run_history_runs: int = Field(default=10000, gt=0)
+    # connection limits (router.server.limits; docs/server-limits.md)
+    header_timeout_s: float = Field(default=10.0, gt=0)  # first byte of a request -> end of its headers
+    idle_timeout_s: float = Field(default=15.0, gt=0)  # a connection with no request in progress
+    body_timeout_s: float = Field(default=30.0, gt=0)  # the longest wait for the next piece of a body
+    max_connections: int = Field(default=8192, ge=16)  # open connections; requests beyond: 503
 
     @staticmethod
     def _keys(listed: list[str], env: str | None) -> frozenset[str]:
@@ -260,6 +268,13 @@ class ServerSettings(_Strict):
 
     def metrics_key_set(self) -> frozenset[str]:
         return self._keys(self.metrics_keys, self.metrics_keys_env)
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _no_bool_port(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # YAML `port: true` would otherwise bind port 1
+            raise ValueError("server.port must be a port number, not a boolean")
+        return v
 
     @model_validator(mode="after")
     def _distinct(self) -> ServerSettings:
@@ -296,6 +311,9 @@ class StoreSettings(_Strict):
     router_slot: int | None = Field(default=None, ge=0)  # None = leased in Redis at first contact
     step_gap: int = Field(default=1024, ge=1)
     health_check_s: float = Field(default=5.0, ge=0)
+    # data loss without an outage (FLUSHALL, failover to an empty replica): router.server.state_fallback
+    epoch_check_s: float = Field(default=0.25, ge=0)  # background epoch watch (0 = off)
+    reset_settle_s: float = Field(default=1.5, ge=0)  # new-to-Redis runs wait this long after a loss
 
     @model_validator(mode="after")
     def _slot(self) -> StoreSettings:

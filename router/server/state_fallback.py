@@ -38,11 +38,23 @@ Pins and step counters go back per run in one script (``RedisStore.resync_many``
 separate passes, another router could see a run's raised counter without its pin (and start the
 run anew) or its pin without the raised counter (and number into this router's degraded indices).
 
+Settle after a data loss: for ``reset_settle_s`` seconds from when this router noticed it, a step
+of a run that has no step counter in Redis waits (until the settle ends) before it is numbered:
+the router that served the run's latest steps may not have written its counter back yet (every
+router notices a loss at its next operation, or within ``epoch_check_s`` by the background epoch
+watch, and writes back at once), and numbering from this router's own, older knowledge would reuse
+its indices. Steps of runs whose counter is back go on at once; a new run's first step in that
+window waits at most ``reset_settle_s``. The router's known epoch moves to the new data set only
+once its own write-back is done (its share of admissions is added once per data set), so its
+concurrent steps wait for the write-back instead of numbering in a half-restored data set.
+
 ``resyncs`` counts recoveries after outages, ``resets`` recoveries after data loss. The epoch key has
 no TTL; keep it out of eviction (``maxmemory-policy`` ``noeviction`` or ``volatile-*``).
 
 Knobs: ``retry_interval_s`` (1), ``log_interval_s`` (60), ``slots`` (16: the most routers sharing a
-Redis), ``slot`` (None = leased), ``slot_lease_s`` (60), ``step_gap`` (1024), ``clock``.
+Redis), ``slot`` (None = leased), ``slot_lease_s`` (60), ``step_gap`` (1024), ``epoch_check_s``
+(0.25: the background epoch watch; 0 = off), ``reset_settle_s`` (1.5: longer than ``epoch_check_s``
+plus another router's write-back), ``clock``.
 """
 
 from __future__ import annotations
@@ -60,7 +72,7 @@ from typing import TypeVar
 
 from router.policy.types import RunState
 from router.server.state import InProcessStore
-from router.server.state_redis import RedisStore, StoreReset, StoreUnavailable
+from router.server.state_redis import NoCounter, RedisStore, StoreReset, StoreUnavailable
 
 __all__ = ["FallbackStore"]
 
@@ -91,6 +103,8 @@ class FallbackStore:
         slot: int | None = None,
         slot_lease_s: float = 60.0,
         step_gap: int = 1024,
+        epoch_check_s: float = 0.25,
+        reset_settle_s: float = 1.5,
         clock: Callable[[], float] = time.monotonic,
     ):
         if slots < 1 or step_gap < 1 or (slot is not None and not 0 <= slot < slots):
@@ -120,6 +134,10 @@ class FallbackStore:
         self._delta: dict[str, int] = {}  # admissions - releases while degraded, to add back
         self._held: dict[str, int] = {}  # admissions - releases by this router, over its lifetime
         self._epoch: str | None = None  # the Redis data set this router's state was written to
+        self._restored: str | None = None  # the data set this router's admission share went to
+        self._loss_at = float("-inf")  # when this router last noticed a data loss
+        self.epoch_check_s, self.reset_settle_s = epoch_check_s, reset_settle_s
+        self._watch_task: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None
         self.resyncs = 0
         self.resets = 0
@@ -187,6 +205,8 @@ class FallbackStore:
         """At first contact: the data set's epoch; every ``slot_lease_s / 3``: this router's slot."""
         if self._epoch is None:
             self._epoch = await self.primary.epoch(uuid.uuid4().hex)
+        if self._watch_task is None and self.epoch_check_s > 0:
+            self._watch_task = asyncio.get_running_loop().create_task(self._watch_epoch())
         if not self._slot_fixed and self._clock() >= self._slot_due:
             await self._lease_slot()
 
@@ -203,6 +223,19 @@ class FallbackStore:
                 log.warning("router slot %d was taken; now slot %d", self.slot, got)
             self.slot, self._slot_leased = got, True
 
+    async def _watch_epoch(self) -> None:
+        """Every ``epoch_check_s``: a data set that changed is noticed (and this router's state
+        written back) even while this router serves nothing (module docstring)."""
+        while True:
+            await asyncio.sleep(self.epoch_check_s)
+            if self._degraded or self._epoch is None:
+                continue
+            try:
+                if await self.primary.epoch(uuid.uuid4().hex) != self._epoch:
+                    await self._recover()
+            except Exception as e:  # noqa: BLE001 - the request path notices an outage itself
+                log.debug("epoch watch: %s", e)
+
     async def _recover(self) -> None:
         """Write this router's state back to Redis (module docstring); one recovery at a time."""
         if self._lock is None:
@@ -211,9 +244,13 @@ class FallbackStore:
             now_epoch = await self.primary.epoch(uuid.uuid4().hex)
             lost = self._epoch is not None and now_epoch != self._epoch
             if lost:
-                await self._restore_share()
-            self._epoch = now_epoch  # the share is back: never add it twice, even if pins fail below
+                self._loss_at = self._clock()
+                if self._restored != now_epoch:  # the share goes back once per data set
+                    await self._restore_share()
+                    self._restored = now_epoch
             await self._write_back(lost)
+            # only now: this router's steps number in the new data set once its state is back
+            self._epoch = now_epoch
             while self._delta:
                 key, d = next(iter(self._delta.items()))
                 self._last_count[key] = await self.primary.adjust(key, d)
@@ -293,7 +330,7 @@ class FallbackStore:
         floor = max(floor, self.local.next_index(run_id))
         if not self._degraded:
             try:
-                pin, step = await self._on_primary(lambda e: self.primary.begin_step(run_id, floor, e))
+                pin, step = await self._settled_begin(run_id, floor)
             except StoreUnavailable as e:
                 self._enter_degraded(e)
             else:
@@ -319,6 +356,21 @@ class FallbackStore:
         self.local.advance(run_id, step + 1)
         self._dirty_steps[run_id] = step + 1
         return pin, step
+
+    async def _settled_begin(self, run_id: str, floor: int) -> tuple[RunState | None, int]:
+        """``primary.begin_step``, except that in the settle after a data loss a run without a
+        counter in Redis waits for the settle to end first (module docstring)."""
+
+        def settling() -> float:  # read when the script is sent: a loss noticed by this very call counts
+            return self._loss_at + self.reset_settle_s - self._clock()
+
+        while True:
+            try:
+                return await self._on_primary(
+                    lambda e: self.primary.begin_step(run_id, floor, e, hold_new=settling() > 0)
+                )
+            except NoCounter:
+                await asyncio.sleep(max(0.0, min(settling(), self.reset_settle_s)))
 
     async def unstep(self, run_id: str, step: int) -> bool:
         await self.local.unstep(run_id, step)
@@ -459,6 +511,12 @@ class FallbackStore:
         return await self.local.signals(run_id)
 
     async def close(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            try:
+                await self._watch_task
+            except (asyncio.CancelledError, StoreUnavailable):
+                pass
         if self._probe_task is not None and not self._probe_task.done():
             self._probe_task.cancel()
             try:

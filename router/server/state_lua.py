@@ -10,7 +10,8 @@ and changes nothing.
 - :data:`ADJUST`: add a delta to a counter, floored at 0 (resync of degraded-mode admissions).
 - :data:`BEGIN`: a step's pin and its index in one round trip: ``n = max(counter, floor,
   pin.steps_seen)`` (``steps_seen`` read with ``cjson``), the counter set to ``n + 1`` (with the
-  pins' TTL), ``n`` returned: an atomic INCR that never goes below what the caller or the pin knows;
+  pins' TTL), ``n`` returned (with ``ARGV[4] = '1'`` a run without a counter answers ``{-2}`` and
+  nothing changes: the settle after a data loss): an atomic INCR that never goes below what the caller or the pin knows;
   also the run's signal list (``KEYS[4]``, its TTL refreshed), so a step reads its run's signals
   without another round trip.
 - :data:`ADD_SIGNAL`: append a signal kind to a run's list (RPUSH, the pins' TTL) unless it holds
@@ -102,12 +103,15 @@ if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
 return n
 """
 
-# KEYS: pin, epoch, step counter, signal list (optional); ARGV: epoch, floor, ttl ms
+# KEYS: pin, epoch, step counter, signal list (optional); ARGV: epoch, floor, ttl ms, '1' = answer
+# {-2} instead of numbering a run that has no counter (optional)
 BEGIN = (
     CHECK
     + """
 local pin = redis.call('GET', KEYS[1])
-local n = tonumber(redis.call('GET', KEYS[3]) or '0')
+local c = redis.call('GET', KEYS[3])
+if not c and ARGV[4] == '1' then return {-2, ''} end
+local n = tonumber(c or '0')
 local f = tonumber(ARGV[2])
 if f > n then n = f end
 if pin then

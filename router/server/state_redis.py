@@ -55,6 +55,7 @@ from router.server import state_lua as lua
 __all__ = [
     "StoreUnavailable",
     "StoreReset",
+    "NoCounter",
     "RedisStore",
     "redis_url_from_env",
     "encode_state",
@@ -76,6 +77,10 @@ class StoreReset(RuntimeError):
     def __init__(self, epoch: str):
         super().__init__(f"redis data set changed (epoch now {epoch or 'unset'})")
         self.epoch = epoch
+
+
+class NoCounter(RuntimeError):
+    """``begin_step(hold_new=True)`` met a run without a step counter in Redis."""
 
 
 def redis_url_from_env(default: str = "redis://127.0.0.1:6379/0") -> str:
@@ -205,11 +210,16 @@ class RedisStore:
         await self._call(self._r.set(self._run_key(state.run_id), _encode(state), px=self._ttl_ms))
 
     async def begin_step(
-        self, run_id: str, floor: int = 0, epoch: str | None = None
+        self, run_id: str, floor: int = 0, epoch: str | None = None, hold_new: bool = False
     ) -> tuple[RunState | None, int]:
-        """The run's pin and its next step index, allocated atomically (module docstring)."""
+        """The run's pin and its next step index, allocated atomically (module docstring);
+        ``hold_new``: raise :class:`NoCounter` instead of numbering a run that has no counter in
+        Redis (the settle after a data loss: :class:`router.server.state_fallback.FallbackStore`)."""
         keys = [self._run_key(run_id), self._epoch_key, self._step_key(run_id), self._sig_key(run_id)]
-        reply = await self._call(self._begin(keys=keys, args=[epoch or "", int(floor), self._ttl_ms]))
+        args: list[str | int] = [epoch or "", int(floor), self._ttl_ms, "1" if hold_new else ""]
+        reply = await self._call(self._begin(keys=keys, args=args))
+        if int(reply[0]) == -2:
+            raise NoCounter(run_id)
         self._checked(reply[:2])
         raw = reply[1]
         if len(self._sig_read) > 4096:  # callers that never asked (refused steps): forget them

@@ -104,6 +104,8 @@ def make_store(s: RouterSettings) -> Any:
         slots=st.router_slots,
         slot=st.router_slot,
         step_gap=st.step_gap,
+        epoch_check_s=st.epoch_check_s,
+        reset_settle_s=st.reset_settle_s,
     )
 
 

@@ -22,7 +22,9 @@ With no config it starts on embedded defaults so a newcomer can try it at once:
   as its alias moves;
 - run logs under ``./runroute-logs``.
 
-It prints where everything is, then serves with uvloop + httptools, one worker. SIGTERM and SIGINT
+It prints where everything is, then serves with uvloop + httptools, one worker, under the
+connection limits of :mod:`router.server.limits` (idle / header / body timeouts, a connection cap
+with 503 beyond it; the soft open-file limit raised to fit the cap). SIGTERM and SIGINT
 both shut down gracefully and then stop the demo's fake backends: uvicorn re-raises the signal it
 caught after its shutdown, and SIGTERM's handler here turns it into ``SystemExit`` (143) so the
 fakes' context managers run (the default action would kill the process with them orphaned).
@@ -190,6 +192,20 @@ def _explore_line(s) -> str:
     return f"{explore.rate:.0%} of runs (policy.explore.rate: 0 turns it off)"
 
 
+def check_runlog_dir(d: Path) -> None:
+    """``runlog.dir`` must be (or become) a writable directory: a clear error (exit 2) otherwise,
+    before anything starts."""
+    if d.exists() and not d.is_dir():
+        raise CliError(f"runlog.dir {d} exists and is not a directory")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / ".runroute-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise CliError(f"runlog.dir {d} is not a writable directory: {e.strerror or e}") from None
+
+
 def _run(
     settings,
     config: Path | None,
@@ -207,6 +223,7 @@ def _run(
         check_workers(s, workers)
     except WorkersError as e:
         raise CliError(str(e)) from None
+    check_runlog_dir(Path(s.runlog.dir))
     if s.bundle.path is not None or s.bundle.mlflow_uri is not None:
         # fail fast with one line (the app loads it again in its lifespan, where errors are tracebacks)
         from router.server.bundles import load_bundle
@@ -250,6 +267,9 @@ def _run(
     if workers > 1:
         lines.append(f"  workers         : {workers} processes (run state in {s.store.kind})")
     typer.echo("\n".join(lines), err=False)
+    from router.server.limits import FD_MARGIN, GuardedHttpToolsProtocol, raise_nofile, uvicorn_options
+
+    raise_nofile(s.server.max_connections + FD_MARGIN)
     if workers > 1:  # the supervisor: each worker builds its app from the same file (router.server.workers)
         import os
         import shutil
@@ -259,6 +279,8 @@ def _run(
 
         shared = Path(tempfile.mkdtemp(prefix="runroute-metrics-"))  # the workers' merged /metrics
         os.environ.update(worker_env(config, server or {}, shared))
+        # the worker processes get the config by pickling: the module-level protocol class (its
+        # header/idle timers at their documented defaults) instead of uvicorn_options' per-config class
         try:
             uvicorn.run(
                 "router.server.workers:app_from_env",
@@ -266,7 +288,9 @@ def _run(
                 host=s.server.host,
                 port=s.server.port,
                 loop="uvloop",
-                http="httptools",
+                http=GuardedHttpToolsProtocol,
+                timeout_keep_alive=s.server.idle_timeout_s,
+                limit_concurrency=s.server.max_connections,
                 workers=workers,
                 log_level="warning",
                 access_log=False,
@@ -281,7 +305,7 @@ def _run(
         host=s.server.host,
         port=s.server.port,
         loop="uvloop",
-        http="httptools",
+        **uvicorn_options(s.server),  # httptools with the idle/header timers, the connection cap
         workers=1,
         log_level="warning",
         access_log=False,
