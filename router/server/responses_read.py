@@ -29,6 +29,7 @@ from typing import Any
 
 from router.server.auth import Access
 from router.server.errors import ProxyError
+from router.server.identity import client_id, scoped_id
 from router.server.responses import ResponseStore, StoredResponse
 
 __all__ = ["get_response", "list_input_items"]
@@ -37,7 +38,7 @@ __all__ = ["get_response", "list_input_items"]
 def _stored(
     store: ResponseStore, rid: str, tenant: str | None, owner_of: Callable[[str], str | None]
 ) -> StoredResponse:
-    entry = store.get(rid)
+    entry = store.get(scoped_id(tenant, rid))  # stored under the caller key's namespace
     if entry is None or not Access.owns(owner_of(entry.run_id), tenant):
         raise ProxyError(404, "response_not_found", f"no stored response {rid!r}")
     return entry
@@ -53,8 +54,8 @@ def get_response(
         "object": "response",
         "status": "completed",
         "output": list(e.output),
-        "previous_response_id": e.previous,
-        "metadata": {"runroute_run_id": e.run_id, "runroute_backend": e.backend},
+        "previous_response_id": client_id(e.previous) if e.previous is not None else None,
+        "metadata": {"runroute_run_id": client_id(e.run_id), "runroute_backend": e.backend},
     }
 
 

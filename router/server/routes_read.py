@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.server.errors import ProxyError, error_response
+from router.server.identity import scoped_id
 from router.server.openapi import error_responses
 from router.server.responses_read import get_response, list_input_items
 from router.server.routes import Parts, json_response
@@ -55,7 +56,7 @@ def register_read_routes(app: FastAPI, parts: Parts, settings: RouterSettings) -
         try:
             tenant = proxy.check_auth(request)
             rid = response_id
-            entry = responses_store.get(rid)
+            entry = responses_store.get(scoped_id(tenant, rid))
             owner = await owner_of(entry.run_id) if entry is not None else ""
             if items:
                 body = list_input_items(responses_store, rid, tenant, lambda _r: owner, request.query_params)

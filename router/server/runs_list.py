@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from router.server.auth import Access
 from router.server.errors import ProxyError
+from router.server.identity import client_id
 
 if TYPE_CHECKING:
     from router.server.proxy import RunHistory
@@ -40,7 +41,7 @@ def run_row(run_id: str, h: RunHistory) -> dict[str, Any]:
     """One run's summary (no steps): what ``GET /v1/runs`` lists."""
     entries = list(h.entries)
     return {
-        "run_id": run_id,
+        "run_id": client_id(run_id),  # the id the client sent (the store key is tenant-scoped)
         "object": "runroute.run",
         "state": "ended" if h.ended else "active",
         "id_source": h.id_source,
@@ -84,7 +85,7 @@ def list_runs(runs: Mapping[str, RunHistory], tenant: str | None, query: Mapping
 
     mine = sorted(((rid, h) for rid, h in runs.items() if Access.owns(h.owner, tenant)), key=key)
     if after is not None:
-        idx = next((i for i, (rid, _) in enumerate(mine) if rid == after), None)
+        idx = next((i for i, (rid, _) in enumerate(mine) if client_id(rid) == after), None)
         if idx is None:
             raise ProxyError(400, "invalid_after", f"'after' names no run of yours: {after!r}")
         mine = mine[idx + 1 :]
