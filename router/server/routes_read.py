@@ -96,7 +96,9 @@ def register_read_routes(app: FastAPI, parts: Parts, settings: RouterSettings) -
             }
         )
 
-    app.add_api_route("/", index, methods=["GET", "HEAD"], summary="Index (Claude Code probes HEAD /)")
+    app.add_api_route("/", index, methods=["GET"], summary="Index")
+    # Claude Code probes HEAD /; one operation in the spec (two methods on one route share an id)
+    app.add_api_route("/", index, methods=["HEAD"], include_in_schema=False)
 
     from router.server.ui import register_ui
 
