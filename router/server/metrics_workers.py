@@ -25,6 +25,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from router.server.runlog_writer import pid_alive
+
 __all__ = ["WorkerMetrics", "merge_expositions"]
 
 
@@ -57,16 +59,6 @@ class _Merged:
 
     def collect(self) -> Iterator[Metric]:
         yield from self.fams
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class WorkerMetrics:
@@ -120,7 +112,7 @@ class WorkerMetrics:
                 pid = int(f.stem.split("-", 1)[1])
             except ValueError:
                 continue
-            if pid == self.pid or not _alive(pid):
+            if pid == self.pid or not pid_alive(pid):
                 continue
             try:
                 texts[pid] = f.read_text()

@@ -275,13 +275,8 @@ class RunLogWriter:
         return q
 
 
-def _pid_alive(p: Path) -> bool:
-    try:
-        pid = int(p.name.split("-")[1])
-    except (IndexError, ValueError):
-        return False
-    if pid == os.getpid():
-        return False
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0; another user's process counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -289,3 +284,12 @@ def _pid_alive(p: Path) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _pid_alive(p: Path) -> bool:
+    """Whether the writer that named log file ``p`` (``...-<pid>-...``) is another live process."""
+    try:
+        pid = int(p.name.split("-")[1])
+    except (IndexError, ValueError):
+        return False
+    return pid != os.getpid() and pid_alive(pid)
