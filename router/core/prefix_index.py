@@ -1,8 +1,11 @@
 """The prefix index: per local replica, which block-hash chains it holds (approximate mode).
 
 One index for the sidecar, the what-if simulator and replay (the step engine owns it:
-:class:`router.core.engine.StepEngine` ``prefix_index``), so a what-if places with exactly what the
-sidecar would know. Reuse *across* runs counts: a system prompt or tool schema shared by many runs
+:class:`router.core.engine.StepEngine` ``prefix_index``; :func:`router.replay.replay` gives each
+policy its own for logs with ``hash_ids``), so a what-if places with exactly what the sidecar would
+know. Training's cache *labels* are not read from it: they model what the replica's own cache
+holds (:func:`training.dataset.lru_replay`, the node model of :mod:`router.core.prefix_cache`),
+which this index approximates. Reuse *across* runs counts: a system prompt or tool schema shared by many runs
 is one chain prefix, held once per replica, and any run whose chain starts with it matches it.
 
 Algorithm:
