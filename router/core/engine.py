@@ -375,6 +375,8 @@ class StepEngine(EngineMoves):
         chain = plan.request.chain
         if local and idx is not None and chain is not None:
             plan.warm_tokens = backend.warm_prefix_tokens
+            # the index's cache-reuse prediction on the chosen replica, logged beside the model's
+            plan.predictions = replace(plan.predictions, cache_index_tokens=float(plan.warm_tokens))
             idx.record(backend.name, chain, plan.request.chain_hold)
         if local and self.cache_lags:
             plan.cache_start = self._reading(backend.name)
