@@ -61,6 +61,8 @@ def test_index_stays_prefix_closed_and_bounded(recs: list[tuple[int, int]], cap:
             while lin < 6 and c[lin] in r:
                 lin += 1
             assert r.match(c, 6) == lin
+            for hint in range(-1, 8):  # a hint never changes the answer
+                assert r.match(c, 6, hint) == lin
 
 
 def test_text_chainer_is_incremental_stable_and_rehashes_an_edited_history() -> None:
@@ -80,6 +82,13 @@ def test_text_chainer_is_incremental_stable_and_rehashes_an_edited_history() -> 
     assert list(tc.extend(a, compacted)) == list(TextChainer(8).extend(RunChain(), compacted))
     new_system = ["system: another agent", *compacted[1:]]
     assert list(tc.extend(a, new_system)) == list(TextChainer(8).extend(RunChain(), new_system))
+    # non-ASCII text (per-block encoding) extends alike, and ids are stable across processes and
+    # versions (routers sharing an index must agree): a pinned id of the xxh64 chain
+    uni = ["system: agent é ü 漢字", "user: naïve café", "tool: ok"]
+    b = RunChain()
+    tc.extend(b, uni[:1])
+    assert list(tc.extend(b, uni)) == list(TextChainer(8).extend(RunChain(), uni))
+    assert TextChainer(4).extend(RunChain(), ["abc"]) == [5180170005345153941]  # xxh64(b"abc\x1e", 0)
 
 
 def _b(name: str, warm: int, running: int = 0, waiting: int = 0) -> BackendState:
