@@ -148,3 +148,23 @@ def test_simulator_places_through_the_index_and_keeps_reuse() -> None:
         pa["cache_hit_rate"],
     )
     assert pa["step_latency_s_p95"] <= 1.05 * lb["step_latency_s_p95"]
+
+
+def test_sidecar_segments_fingerprint_tools_cheaply_and_still_see_an_edit() -> None:
+    """The sidecar's view fingerprints the tools without serialising them all; a grown history is
+    hashed incrementally (the same chain as hashing it whole) and an edited first tool re-hashes."""
+    from router.server.chat import MessageSegments
+
+    tools = [{"type": "function", "function": {"name": f"t{i}", "description": "d" * 300}} for i in range(20)]
+    msgs = [{"role": "system", "content": "s" * 900}, {"role": "user", "content": "u" * 500}]
+    tc, rc = TextChainer(64), RunChain()
+    tc.extend(rc, MessageSegments({"messages": msgs, "tools": tools}))
+    msgs2 = [*msgs, {"role": "tool", "content": "r" * 700}]
+    body2 = {"messages": msgs2, "tools": tools}
+    assert list(tc.extend(rc, MessageSegments(body2))) == list(
+        TextChainer(64).extend(RunChain(), [MessageSegments(body2)[i] for i in range(4)])
+    )
+    edited = [{"type": "function", "function": {"name": "t0", "description": "e" * 300}}, *tools[1:]]
+    body3 = {"messages": msgs2, "tools": edited}
+    fresh = list(TextChainer(64).extend(RunChain(), [MessageSegments(body3)[i] for i in range(4)]))
+    assert list(tc.extend(rc, MessageSegments(body3))) == fresh

@@ -45,7 +45,9 @@ hashed, the characters of its unfinished block and a fingerprint of its last has
 both at their positions hashes only the segments after it; any other step (an edited or compacted
 history) re-hashes from the start. Not seen: an edit of a middle segment that keeps the segment
 count and the first and last hashed segments (the chain then over-states the match until the run's
-history changes there again). Token blocks from the model's tokenizer are not implemented.
+history changes there again); in the sidecar, an edit of a tool offered that keeps the number of
+tools and the first and last tools (:class:`router.server.chat.MessageSegments` fingerprints the
+tools by those, so a step does not re-serialise every tool schema). Token blocks from the model's tokenizer are not implemented.
 
 Knobs: ``PrefixIndex(block_tokens)``; per replica ``capacity_blocks`` (:meth:`PrefixIndex.add_replica`,
 the replica's KV capacity in the index's blocks: the node profile's KV size in the simulator, the
@@ -79,7 +81,9 @@ _MASK64, _TWO63, _TWO64 = (1 << 64) - 1, 1 << 63, 1 << 64
 
 
 class Segments(Protocol):
-    """A prompt's text segments by index (a list, or a lazy view of a request body)."""
+    """A prompt's text segments by index (a list, or a lazy view of a request body). A view may
+    also offer ``fingerprint(i)`` (any comparable value that changes when segment ``i`` does,
+    cheaper than building it); :class:`TextChainer` then uses it for its history checks."""
 
     def __len__(self) -> int: ...
 
@@ -270,8 +274,8 @@ class RunChain:
     chain: list[int] = field(default_factory=list)
     segments: int = 0  # segments hashed
     tail: str = ""  # characters after the last full block
-    fingerprint: tuple[int, str, str] | None = None  # of the last hashed segment
-    first: tuple[int, str, str] | None = None  # of the first segment
+    fingerprint: object = None  # of the last hashed segment (None: none yet)
+    first: object = None  # of the first segment
     chars: int = 0  # characters hashed (full blocks + tail)
 
 
@@ -296,8 +300,11 @@ class TextChainer:
         a lazy sequence costs O(new text)."""
         k = rc.segments
         n = len(segments)
+        fp = getattr(segments, "fingerprint", None)  # the view's own cheap fingerprint, if any
         if k and (
-            n < k or _fingerprint(segments[k - 1]) != rc.fingerprint or _fingerprint(segments[0]) != rc.first
+            n < k
+            or (fp(k - 1) if fp else _fingerprint(segments[k - 1])) != rc.fingerprint
+            or (fp(0) if fp else _fingerprint(segments[0])) != rc.first
         ):
             rc.chain, rc.segments, rc.tail, rc.fingerprint, rc.first, rc.chars = [], 0, "", None, None, 0
             k = 0
@@ -323,8 +330,8 @@ class TextChainer:
                     append(u - _TWO64 if u >= _TWO63 else u)
         rc.tail = text[full:]
         rc.segments = n
-        rc.fingerprint = _fingerprint(new[-2])
+        rc.fingerprint = fp(n - 1) if fp else _fingerprint(new[-2])
         if rc.first is None:
-            rc.first = _fingerprint(new[0])
+            rc.first = fp(0) if fp else _fingerprint(new[0])
         rc.chars = len(chain) * bc + len(rc.tail)
         return chain
