@@ -93,13 +93,13 @@ def main() -> None:
                 rc = RunChain()
                 chain = tc.extend(rc, _Lazy(msgs))
                 idx.record(names[r % a.replicas], chain)
-                runs.append((msgs, rc))
+                runs.append((msgs, rc, {names[r % a.replicas]: len(chain)}))
                 prog.advance(task)
         ns = np.empty(a.steps, dtype=np.int64)
         cpu = np.empty(a.steps, dtype=np.int64)
         pc, tt = time.perf_counter_ns, time.thread_time_ns
         for s in range(a.steps):
-            msgs, rc = runs[s % a.runs]
+            msgs, rc, hints = runs[s % a.runs]
             msgs.append(("tool", f"step {s} " + "x" * 2000))
             view = _Lazy(msgs)
             t0, c0 = pc(), tt()
@@ -107,10 +107,11 @@ def main() -> None:
             n = len(chain)
             best, best_m = names[0], -1
             for name in names:
-                m = idx.match(name, chain, n)
+                m = hints[name] = idx.match(name, chain, n, hints.get(name, 0))
                 if m > best_m:
                     best, best_m = name, m
-            idx.record(best, chain)
+            idx.record(best, chain, None, best_m)
+            hints[best] = n
             cpu[s], ns[s] = tt() - c0, pc() - t0
         us, cus = ns / 1000.0, cpu / 1000.0
         evicted = sum(r.evictions for r in idx.replicas.values())

@@ -13,7 +13,13 @@ class Predictions:
 
     - ``p_frontier``: calibrated P(run needs the frontier | prefix at step k), in [0, 1].
     - ``cache_reuse_tokens``: prompt tokens of the next step that will hit the local prefix cache if
-      the run stays on its local replica.
+      the run stays on its local replica (the learned model's; what policies decide on).
+    - ``cache_index_tokens``: the same read from the router's prefix index
+      (:mod:`router.core.prefix_index`): the blocks of the step's chain the index says the chosen
+      local replica holds x the index's block size in tokens (token blocks in the simulator and
+      replay; in the sidecar character blocks of ``block_chars / 4`` tokens each). Set by the step
+      engine at commit, after the decision (so no decision depends on the block mode); None
+      without an index, off the local tier or before commit.
     - ``remaining_steps_p50/p90``, ``remaining_tokens_p50/p90``: remaining work quantiles
       (tokens = prompt + completion tokens of the remaining steps).
     - ``p_success_local`` / ``p_success_frontier``: P(run succeeds | stays local) and P(run succeeds
@@ -36,6 +42,7 @@ class Predictions:
     benefit: float | None = None
     domain_mode: str | None = None
     domain_reason: str | None = None
+    cache_index_tokens: float | None = None
 
     def as_dict(self) -> dict[str, float]:
         """The numeric predictions (the run log's ``predictions`` map: floats only; the benefit
@@ -48,7 +55,7 @@ class Predictions:
             "remaining_tokens_p50": self.remaining_tokens_p50,
             "remaining_tokens_p90": self.remaining_tokens_p90,
         }
-        for k in ("p_success_local", "p_success_frontier", "benefit"):
+        for k in ("p_success_local", "p_success_frontier", "benefit", "cache_index_tokens"):
             v = getattr(self, k)
             if v is not None:
                 out[k] = v

@@ -16,15 +16,26 @@ the weak model plus one frontier, priced with the router's config defaults
 (:func:`default_backends`). The replay answers "which decisions would this policy make on these
 runs", not "how fast": the what-if simulator adds load and time.
 
-Prefix-cache accounting (per step, on the chosen backend; no eviction, an upper bound)::
+Prefix-cache accounting (per step, on the chosen backend)::
 
-    reusable    = the step's prefix_reuse_tokens (prompt tokens repeating the run's earlier context),
+    reusable    = the step's prefix_reuse_tokens (prompt tokens repeating earlier context),
                   or its whole prompt after step 0 when the log lacks it
-    warm        = min(reusable, context the run left cached on that backend when it last ran there)
-    re-prefill  = reusable - warm   (avoidable work caused by moving the run)
+    warm        = min(reusable, what the chosen backend holds of the step's prompt)
+    re-prefill  = reusable - warm   (avoidable work caused by the placement)
     new prefill = prompt - reusable
 
-after which the backend holds prompt + completion tokens of the run.
+What a backend holds: for a local step whose log row carries ``hash_ids`` (Mooncake, synthetic
+logs with block chains), the **prefix index** (:mod:`router.core.prefix_index`, the sidecar's and
+the simulator's, approximate mode): each policy gets its own index over the local backends
+(``index_tokens`` per replica, in blocks of ``block_tokens``), the engine fills every local
+backend's ``warm_prefix_tokens`` from it (so ``prefix-aware`` places on it, as live) and records
+the chosen replica; warm = the matched prefix (whole blocks, at most ``(prompt - 1) // block``),
+reuse from *other* runs included, evicted leaf-LRU at the capacity. Replay has no clock: the
+index sees the runs in the log's order (run by run, each run's steps in order), not interleaved
+in time as they arrived; the what-if simulator replays them in time. Otherwise (no chain: most
+agent logs, and the frontier's provider cache) the run's own model, no eviction, an upper bound:
+the context the run left cached on that backend when it last ran there (prompt + completion of
+that step).
 
 Report per policy (``replay(...)["policies"][name]``): ``runs``, ``steps``, ``escalation_rate``
 (share of runs that ever ran on the frontier), ``frontier_step_share``, ``escalation_step`` (first
@@ -50,6 +61,7 @@ import numpy as np
 from features.prefix import StepView
 from features.runlog import RunLog
 from router.core.engine import StepEngine
+from router.core.prefix_index import PrefixIndex
 from router.core.record import StepRequest, StepResult
 from router.core.runs import RunTrack
 from router.core.tiers import FRONTIER_DEFAULTS, LOCAL_DEFAULTS
@@ -187,6 +199,8 @@ def replay(
     *,
     backends: list[BackendState] | None = None,
     weak_model: str | None = None,
+    index_tokens: int = 262_144,
+    block_tokens: int = 512,
 ) -> dict[str, Any]:
     """Replay ``runlog`` through ``policies``; returns the report dict (module docstring).
 
@@ -194,6 +208,9 @@ def replay(
     ``ConstantPredictor``). ``weak_model``: replay only runs whose ``model`` is this (the local
     model, e.g. ``gpt-oss-120b`` in the tau2 pairs); it also names the local backends' model.
     ``backends``: the synthetic backend list (default :func:`default_backends`).
+    ``index_tokens`` / ``block_tokens``: each local backend's prefix-index capacity (the sidecar's
+    ``local.prefix_index_tokens`` default) and the block size of the log's ``hash_ids`` (Mooncake's
+    512); used only for rows with ``hash_ids``.
     """
     from features.extract import step_views, steps_columns
     from features.logged import run_context
@@ -223,6 +240,12 @@ def replay(
     )
     engine = StepEngine(max_steps=1 << 30, keep_features=False)
     tallies = [PolicyTally(name=p.name) for p in policies]
+    hashes = steps["hash_ids"].tolist() if n and "hash_ids" in steps.columns else [None] * n
+    indexes: list[PrefixIndex | None] = [None] * len(policies)
+    if any(h is not None and not isinstance(h, float) and len(h) for h in hashes):
+        cap = max(1, index_tokens // block_tokens)
+        local_names = [b.name for b in template if b.tier == "local"]
+        indexes = [PrefixIndex(block_tokens, [(b, cap) for b in local_names]) for _ in policies]
     frontier_prices = {b.name: b for b in template if b.tier == "frontier"}
     rid = cols.get("run_id", [])
     lo = 0
@@ -233,12 +256,14 @@ def replay(
         run_id = str(rid[lo])
         views = [step_views(cols, i) for i in range(lo, hi)]
         extra = [_request_fields(cols, i) for i in range(lo, hi)]
+        chains = [_chain(hashes[i]) for i in range(lo, hi)]
         start = started.get(run_id, views[0].arrival_s)
         for i, policy in enumerate(policies):
+            engine.prefix_index = indexes[i]  # each policy's own world
             _replay_run(
                 engine, policy, predictor, tallies[i], template, frontier_prices, run_id, start,
                 views, extra, reuse_col[lo:hi], labels.get(run_id),
-                (domains.get(run_id), embeddings.get(run_id)),
+                (domains.get(run_id), embeddings.get(run_id)), chains,
             )  # fmt: skip
         lo = hi
     present = set(steps["run_id"].astype(str)) if n else set()
@@ -252,6 +277,13 @@ def replay(
         "backends": [b.name for b in template],
         "policies": {t.name: t.report() for t in tallies},
     }
+
+
+def _chain(h: Any) -> list[int] | None:
+    """A logged ``hash_ids`` value as a chain (None when the row has none)."""
+    if h is None or isinstance(h, float) or not len(h):
+        return None
+    return [int(x) for x in (h.tolist() if hasattr(h, "tolist") else h)]
 
 
 def _request_fields(cols: dict[str, list[Any]], i: int) -> tuple[int, int, bool, tuple[str, ...]]:
@@ -282,9 +314,11 @@ def _replay_run(
     reuse: np.ndarray,
     label: bool | None,
     context: tuple[str | None, Any] = (None, None),
+    chains: Sequence[list[int] | None] = (),
 ) -> None:
     """Decide every step of one run with ``policy`` through the engine; add its figures to ``t``.
-    ``context``: the run's logged ``(domain, task_embedding)``."""
+    ``context``: the run's logged ``(domain, task_embedding)``; ``chains``: each step's block chain
+    (None: no chain), read through the engine's prefix index when it has one."""
     st = RunState(run_id=run_id)
     track = RunTrack.new(run_id, start)  # type: ignore[arg-type]
     track.domain, track.task_embedding = context
@@ -306,19 +340,31 @@ def _replay_run(
             label_needs_frontier=label,
             signals=signals,
         )
+        chain = chains[k] if k < len(chains) else None
+        idx = engine.prefix_index
+        indexed = False
+        if chain is not None and idx is not None:
+            req.chain, req.chain_lookup = chain, min(prompt // idx.block_tokens, len(chain))
+            indexed = True
+        states = [replace(b) for b in template]
         plan = engine.plan(
             st,
             track,
             req,
-            [replace(b) for b in template],
+            states,
             now=v.arrival_s,
             policy=policy,
             predictor=predictor,
         )
         d = plan.decision
-        engine.commit(plan, st, track, None)
-        warm = min(wm.get(d.backend, 0), reusable)
+        # the chosen backend's state only with an index (the record at commit); else as before
+        chosen = next((b for b in states if b.name == d.backend), None) if indexed else None
+        engine.commit(plan, st, track, chosen)
         tier = d.tier
+        if indexed and tier == "local":
+            warm = min(plan.warm_tokens, reusable)  # the index's match on the chosen replica
+        else:
+            warm = min(wm.get(d.backend, 0), reusable)
         done = prompt + v.completion_tokens
         engine.finish(
             plan,

@@ -322,6 +322,7 @@ def test_simulator_and_live_sidecar_decide_alike_for_every_policy(tmp_path, bund
     checked = 0
     explored: set = set()
     verdicts: set[str] = set()
+    index_readings: list[tuple] = []
     with serve_in_thread(_upstream(clock, script)) as upstream:
         for pol in [*POLICIES, BUDGETED]:
             cfg = dict(pol)
@@ -356,7 +357,12 @@ def test_simulator_and_live_sidecar_decide_alike_for_every_policy(tmp_path, bund
                 np.testing.assert_array_equal(
                     x, np.asarray(r.features, dtype=float), err_msg=str((r.run_id, r.step))
                 )
-                assert preds == pytest.approx(r.predictions, rel=1e-12)
+                # the index's reading counts each world's own blocks (the simulator's token blocks,
+                # the sidecar's character blocks): compared like with like, the rest exactly
+                live_ix, sim_ix = preds.pop("cache_index_tokens", None), dict(r.predictions)
+                sim_ix_v = sim_ix.pop("cache_index_tokens", None)
+                assert preds == pytest.approx(sim_ix, rel=1e-12)
+                index_readings.append((r.tier, live_ix, sim_ix_v))
                 assert got["propensity"][(r.run_id, r.step)] == (r.propensity, r.explore)
             assert got["rejected"] == sim_rejected, pol["kind"]
             checked += len(want)
@@ -366,10 +372,30 @@ def test_simulator_and_live_sidecar_decide_alike_for_every_policy(tmp_path, bund
                 drew = {r.run_id for r in res.records if draw(0, r.run_id, "run") < pol["explore"]["rate"]}
                 assert drew - {r.run_id for r in res.records if r.explore}, "the budget never closed"
             verdicts |= {v[3] for v in want.values() if v[3]} | ({"reject"} if sim_rejected else set())
+    _check_index_readings(
+        index_readings, _settings(tmp_path, "http://x", {"kind": "always-local"}, bundle, spill)
+    )
     assert checked >= len(POLICIES) * N_RUNS * 2
     assert explored  # the exploring policy explored some runs and propensities below 1 were compared
     # the workload exercises admission both ways: admitted runs and shed ones
     assert "admit-local" in verdicts and ({"spill"} if spill else {"reject"}) <= verdicts, verdicts
+
+
+def _check_index_readings(readings: list[tuple], settings: RouterSettings) -> None:
+    """Both worlds log the index's cache-reuse reading on the same steps (every local step, none
+    elsewhere), each in whole blocks of its own mode, zero on the same steps (a run's first step, a
+    move) and above zero on the same steps."""
+    sim_bt = _sim_config().block_tokens
+    live_bt = settings.local.prefix_block_chars // 4
+    assert readings
+    for tier, live, sim in readings:
+        if tier != "local":
+            assert live is None and sim is None
+            continue
+        assert live is not None and sim is not None
+        assert live % live_bt == 0 and sim % sim_bt == 0, (live, sim)
+        assert (live > 0) == (sim > 0), (live, sim)
+    assert any(s for t, _, s in readings if t == "local")  # some steps were warm in both
 
 
 def _drive_live(settings, res, workload, bodies, clock, script, sim_rejected) -> dict:

@@ -61,6 +61,8 @@ def test_index_stays_prefix_closed_and_bounded(recs: list[tuple[int, int]], cap:
             while lin < 6 and c[lin] in r:
                 lin += 1
             assert r.match(c, 6) == lin
+            for hint in range(-1, 8):  # a hint never changes the answer
+                assert r.match(c, 6, hint) == lin
 
 
 def test_text_chainer_is_incremental_stable_and_rehashes_an_edited_history() -> None:
@@ -80,6 +82,13 @@ def test_text_chainer_is_incremental_stable_and_rehashes_an_edited_history() -> 
     assert list(tc.extend(a, compacted)) == list(TextChainer(8).extend(RunChain(), compacted))
     new_system = ["system: another agent", *compacted[1:]]
     assert list(tc.extend(a, new_system)) == list(TextChainer(8).extend(RunChain(), new_system))
+    # non-ASCII text (per-block encoding) extends alike, and ids are stable across processes and
+    # versions (routers sharing an index must agree): a pinned id of the xxh64 chain
+    uni = ["system: agent é ü 漢字", "user: naïve café", "tool: ok"]
+    b = RunChain()
+    tc.extend(b, uni[:1])
+    assert list(tc.extend(b, uni)) == list(TextChainer(8).extend(RunChain(), uni))
+    assert TextChainer(4).extend(RunChain(), ["abc"]) == [5180170005345153941]  # xxh64(b"abc\x1e", 0)
 
 
 def _b(name: str, warm: int, running: int = 0, waiting: int = 0) -> BackendState:
@@ -139,3 +148,23 @@ def test_simulator_places_through_the_index_and_keeps_reuse() -> None:
         pa["cache_hit_rate"],
     )
     assert pa["step_latency_s_p95"] <= 1.05 * lb["step_latency_s_p95"]
+
+
+def test_sidecar_segments_fingerprint_tools_cheaply_and_still_see_an_edit() -> None:
+    """The sidecar's view fingerprints the tools without serialising them all; a grown history is
+    hashed incrementally (the same chain as hashing it whole) and an edited first tool re-hashes."""
+    from router.server.chat import MessageSegments
+
+    tools = [{"type": "function", "function": {"name": f"t{i}", "description": "d" * 300}} for i in range(20)]
+    msgs = [{"role": "system", "content": "s" * 900}, {"role": "user", "content": "u" * 500}]
+    tc, rc = TextChainer(64), RunChain()
+    tc.extend(rc, MessageSegments({"messages": msgs, "tools": tools}))
+    msgs2 = [*msgs, {"role": "tool", "content": "r" * 700}]
+    body2 = {"messages": msgs2, "tools": tools}
+    assert list(tc.extend(rc, MessageSegments(body2))) == list(
+        TextChainer(64).extend(RunChain(), [MessageSegments(body2)[i] for i in range(4)])
+    )
+    edited = [{"type": "function", "function": {"name": "t0", "description": "e" * 300}}, *tools[1:]]
+    body3 = {"messages": msgs2, "tools": edited}
+    fresh = list(TextChainer(64).extend(RunChain(), [MessageSegments(body3)[i] for i in range(4)]))
+    assert list(tc.extend(rc, MessageSegments(body3))) == fresh

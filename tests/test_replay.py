@@ -317,3 +317,47 @@ def test_replay_features_see_each_policys_own_history(runlog_path):
     assert all(share == (1.0 if k > 0 else 0.0) for k, share in frontier.seen)
     per_step = replay(log, policies(), HistoryProbe(), backends=BACKENDS)
     assert per_step["policies"]["per-step-threshold"]["escalation_rate"] == 1.0  # every run reaches step 2
+
+
+def test_replay_reads_the_prefix_index_where_the_log_has_block_chains(tmp_path):
+    """Rows with ``hash_ids`` are read through the prefix index (one per policy): a run whose
+    first step shares a leading block chain with an earlier run is warm on the replica that holds
+    it under prefix-aware placement (reuse across runs, which the run-own model cannot see), and
+    the same log without the chains counts none of it."""
+    recs = [Run(run_id=r, source="test", model="weak", n_steps=2) for r in ("a", "b")]
+    rows = {
+        "a": [(1600, [1, 2, 3], 0), (2600, [1, 2, 3, 4, 5], 1600)],
+        "b": [(1600, [1, 2, 9], 1024), (2600, [1, 2, 9, 10, 11], 1600)],
+    }
+    for rid, steps in rows.items():
+        for k, (pt, chain, reuse) in enumerate(steps):
+            recs.append(
+                Step(
+                    run_id=rid,
+                    step=k,
+                    arrival_s=100.0 * (rid == "b") + 10.0 * k,
+                    prompt_tokens=pt,
+                    completion_tokens=COMPLETION,
+                    prefix_reuse_tokens=reuse,
+                    hash_ids=chain,
+                    model="weak",
+                )
+            )
+    log = read_runlog(write_records(recs, tmp_path / "chains.jsonl"))
+    pol = [build_policy("prefix-aware"), build_policy("always-local")]
+    rep = replay(log, pol, TablePredictorAny(), backends=BACKENDS, weak_model="weak")["policies"]
+    # a's 2nd step: 3 blocks held; b's 1st: 2 shared blocks; b's 2nd: its 3 blocks of step 1
+    assert rep["prefix-aware"]["warm_tokens"] == (3 + 2 + 3) * 512
+    assert rep["prefix-aware"]["reprefill_tokens"] == 1600 + 1024 + 1600 - (3 + 2 + 3) * 512
+    for r in recs:
+        if isinstance(r, Step):
+            r.hash_ids = None
+    plain = read_runlog(write_records(recs, tmp_path / "plain.jsonl"))
+    rep0 = replay(plain, pol, TablePredictorAny(), backends=BACKENDS, weak_model="weak")["policies"]
+    assert rep0["prefix-aware"]["warm_tokens"] < rep["prefix-aware"]["warm_tokens"]
+    assert rep0["prefix-aware"]["by_tier"]["local"]["warm_tokens"] == rep0["prefix-aware"]["warm_tokens"]
+
+
+class TablePredictorAny(FeaturePredictor):
+    def predict_features(self, x):
+        return Predictions(p_frontier=0.0)

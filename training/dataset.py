@@ -27,6 +27,14 @@ the serving code path) and labels known only once the run ended:
   the feature ``local_cache_pressure`` = blocks newly inserted into the cache since this run's
   previous step / capacity, clipped to [0, 1] (``router.core.prefix_cache.turnover``; NaN on a run's
   first step): with the tool pause, it decides whether the run's blocks survived. Otherwise NaN.
+  **Why the node model and not the prefix index** (:mod:`router.core.prefix_index`): a label is
+  what the replica's *own* cache reports (vLLM's ``cached_tokens``), and the node model is the
+  project's model of that cache (reference counts of running requests, eviction on admission, the
+  simulator's and the fakes' cache); the index is the *router's belief* of it (what was sent
+  where, no running requests, no eviction timing), the thing the cache-reuse prediction reads and
+  the learned correction corrects. Labels built from the index would make the correction learn
+  zero by construction. The Dask twin (:mod:`training.dask_replay`) calls this same replay, so
+  there is no second copy of either model.
   **Synthetic cache labels never outweigh real ones**: when steps of non-synthetic sources have
   cache labels (logged ``cached_tokens``, a replayed real trace), the labels of the
   ``synthetic_sources`` are kept only for a deterministic subset of their runs (lowest crc32 of the

@@ -253,9 +253,11 @@ class StepEngine(EngineMoves):
             n = min(req.chain_lookup, len(chain), max_hit_blocks(req.prompt_tokens, bt))
             own = min(track.last_tokens, req.prompt_tokens)
             loads = self.traffic.replicas if self.traffic is not None else None
+            hints = track.prefix_hints
             for b in backends:
                 if b.tier == "local":
-                    b.warm_prefix_tokens = idx.match(b.name, chain, n) * bt
+                    m = hints[b.name] = idx.match(b.name, chain, n, hints.get(b.name, 0))
+                    b.warm_prefix_tokens = m * bt
                     if loads is not None and not b.prefill_queue_tokens and b.name in loads:
                         b.prefill_queue_tokens = int(loads[b.name].prefill_tokens)
                 else:
@@ -375,7 +377,11 @@ class StepEngine(EngineMoves):
         chain = plan.request.chain
         if local and idx is not None and chain is not None:
             plan.warm_tokens = backend.warm_prefix_tokens
-            idx.record(backend.name, chain, plan.request.chain_hold)
+            # the index's cache-reuse prediction on the chosen replica, logged beside the model's
+            plan.predictions = replace(plan.predictions, cache_index_tokens=float(plan.warm_tokens))
+            hold = plan.request.chain_hold
+            idx.record(backend.name, chain, hold, track.prefix_hints.get(backend.name, 0))
+            track.prefix_hints[backend.name] = len(chain) if hold is None else min(hold, len(chain))
         if local and self.cache_lags:
             plan.cache_start = self._reading(backend.name)
         if self.traffic is not None:

@@ -1,8 +1,11 @@
 """The prefix index: per local replica, which block-hash chains it holds (approximate mode).
 
 One index for the sidecar, the what-if simulator and replay (the step engine owns it:
-:class:`router.core.engine.StepEngine` ``prefix_index``), so a what-if places with exactly what the
-sidecar would know. Reuse *across* runs counts: a system prompt or tool schema shared by many runs
+:class:`router.core.engine.StepEngine` ``prefix_index``; :func:`router.replay.replay` gives each
+policy its own for logs with ``hash_ids``), so a what-if places with exactly what the sidecar would
+know. Training's cache *labels* are not read from it: they model what the replica's own cache
+holds (:func:`training.dataset.lru_replay`, the node model of :mod:`router.core.prefix_cache`),
+which this index approximates. Reuse *across* runs counts: a system prompt or tool schema shared by many runs
 is one chain prefix, held once per replica, and any run whose chain starts with it matches it.
 
 Algorithm:
@@ -19,7 +22,8 @@ Algorithm:
   chain's tip with a logical clock; a leaf evicted hands its stamp up to its parent (which becomes
   a leaf with the newest stamp of its evicted subtree). So a block present implies its whole prefix
   present, and the matched prefix of a chain is found by binary search: O(log n) dictionary
-  lookups per replica (:meth:`PrefixIndex.match`). A record inserts only the blocks the replica
+  lookups per replica (:meth:`PrefixIndex.match`), two when the caller's hint (the run's match
+  on that replica at its previous step, or what it recorded there) is right. A record inserts only the blocks the replica
   lacks and touches the tip: O(new blocks + log n), flat in the body size for a run that grows.
 - **Several routers** (:mod:`router.server.prefix_share`, with Redis): every local record is
   also published (the ``listener``) and other routers' records are applied
@@ -31,14 +35,19 @@ Text prompts (:class:`TextChainer`, the sidecar): a *stated character-block appr
 replica's token blocks. The prompt is a sequence of segments (one per message: role, then content);
 the segments are joined with a separator into one character stream cut into blocks of
 ``block_chars`` characters (``block_tokens x chars_per_token``; 4 characters per token is the usual
-English BPE figure); block ``i``'s id = blake2b-64(id of block ``i-1`` || the block's text), stable
-across processes (so two routers agree). Incremental per run: a run remembers how many segments it
+English BPE figure); block ``i``'s id = xxh64(the block's UTF-8 text, seed = id of block ``i-1``)
+as a signed int64, stable across processes and machines (so two routers agree; routers of
+different versions before this hash disagree until they run one version). xxh64 is not
+cryptographic: a client could forge a colliding block and mislead placement (never correctness).
+blake2b cost ~3 us per block here, xxh64 ~0.2 us. Incremental per run: a run remembers how many segments it
 hashed, the characters of its unfinished block and a fingerprint of its last hashed segment
 (length, first and last 32 characters) and of its first one; a step whose segment list still has
 both at their positions hashes only the segments after it; any other step (an edited or compacted
 history) re-hashes from the start. Not seen: an edit of a middle segment that keeps the segment
 count and the first and last hashed segments (the chain then over-states the match until the run's
-history changes there again). Token blocks from the model's tokenizer are not implemented.
+history changes there again); in the sidecar, an edit of a tool offered that keeps the number of
+tools and the first and last tools (:class:`router.server.chat.MessageSegments` fingerprints the
+tools by those, so a step does not re-serialise every tool schema). Token blocks from the model's tokenizer are not implemented.
 
 Knobs: ``PrefixIndex(block_tokens)``; per replica ``capacity_blocks`` (:meth:`PrefixIndex.add_replica`,
 the replica's KV capacity in the index's blocks: the node profile's KV size in the simulator, the
@@ -52,8 +61,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from hashlib import blake2b
 from typing import Protocol
+
+from xxhash import xxh64_intdigest as _xxh64
 
 __all__ = [
     "PrefixIndex",
@@ -67,10 +77,13 @@ __all__ = [
 
 SEGMENT_SEP = "\x1e"  # joins the segments (messages) of a text prompt into one character stream
 CHARS_PER_TOKEN = 4  # the character-block approximation's characters per token
+_MASK64, _TWO63, _TWO64 = (1 << 64) - 1, 1 << 63, 1 << 64
 
 
 class Segments(Protocol):
-    """A prompt's text segments by index (a list, or a lazy view of a request body)."""
+    """A prompt's text segments by index (a list, or a lazy view of a request body). A view may
+    also offer ``fingerprint(i)`` (any comparable value that changes when segment ``i`` does,
+    cheaper than building it); :class:`TextChainer` then uses it for its history checks."""
 
     def __len__(self) -> int: ...
 
@@ -104,14 +117,26 @@ class ReplicaIndex:
     def __contains__(self, block: int) -> bool:
         return block in self.stamp
 
-    def match(self, chain: Sequence[int], n: int) -> int:
-        """Leading blocks of ``chain[:n]`` held (binary search: presence is prefix-closed)."""
+    def match(self, chain: Sequence[int], n: int, hint: int = 0) -> int:
+        """Leading blocks of ``chain[:n]`` held (binary search: presence is prefix-closed).
+
+        ``hint``: a guess of the answer (the run's match on this replica at its previous step);
+        checked with two lookups (``chain[hint - 1]`` held, ``chain[hint]`` not) and, when wrong,
+        it narrows the search. Any hint gives the same answer."""
         held = self.stamp
         if n <= 0 or chain[0] not in held:
             return 0
-        if chain[n - 1] in held:
-            return n
-        lo, hi = 1, n - 1  # chain[lo-1] held, chain[hi] not
+        lo, hi = 1, n  # chain[lo-1] held; the answer lies in [lo, hi]
+        if 0 < hint < n:
+            if chain[hint - 1] in held:
+                if chain[hint] not in held:
+                    return hint
+                lo = hint + 1
+            else:
+                hi = hint - 1
+        if chain[hi - 1] in held:
+            return hi
+        hi -= 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if chain[mid - 1] in held:
@@ -120,14 +145,15 @@ class ReplicaIndex:
                 hi = mid - 1
         return lo
 
-    def record(self, chain: Sequence[int], n: int, stamp: int) -> None:
-        """The replica now holds ``chain[:n]``: insert what it lacks, stamp the tip, evict LRU leaves."""
+    def record(self, chain: Sequence[int], n: int, stamp: int, hint: int = 0) -> None:
+        """The replica now holds ``chain[:n]``: insert what it lacks, stamp the tip, evict LRU leaves
+        (``hint``: :meth:`match`'s, e.g. the match just read for this step)."""
         if n > self.capacity:
             n = self.capacity
         if n <= 0:
             return
         held, parent, children = self.stamp, self.parent, self.children
-        k = self.match(chain, n)
+        k = self.match(chain, n, hint)
         prev = chain[k - 1] if k > 0 else None
         for i in range(k, n):
             b = chain[i]
@@ -209,19 +235,21 @@ class PrefixIndex:
         if cur is None or cur.capacity != capacity_blocks:
             self.replicas[name] = ReplicaIndex(capacity_blocks)
 
-    def match(self, replica: str, chain: Sequence[int], n: int) -> int:
-        """Leading blocks of ``chain[:n]`` that ``replica`` holds (0 for an unknown replica)."""
+    def match(self, replica: str, chain: Sequence[int], n: int, hint: int = 0) -> int:
+        """Leading blocks of ``chain[:n]`` that ``replica`` holds (0 for an unknown replica);
+        ``hint``: :meth:`ReplicaIndex.match`'s."""
         r = self.replicas.get(replica)
-        return r.match(chain, min(n, len(chain))) if r is not None else 0
+        return r.match(chain, min(n, len(chain)), hint) if r is not None else 0
 
-    def record(self, replica: str, chain: Sequence[int], n: int | None = None) -> None:
-        """A step with this chain was sent to ``replica``: it holds ``chain[:n]`` (all by default)."""
+    def record(self, replica: str, chain: Sequence[int], n: int | None = None, hint: int = 0) -> None:
+        """A step with this chain was sent to ``replica``: it holds ``chain[:n]`` (all by default);
+        ``hint``: the chain's match there, if known (:meth:`ReplicaIndex.match`)."""
         r = self.replicas.get(replica)
         if r is None:
             return
         n = len(chain) if n is None else min(n, len(chain))
         self._clock += 1
-        r.record(chain, n, self._clock)
+        r.record(chain, n, self._clock, hint)
         if self.listener is not None and n > 0:
             self.listener(replica, chain, n)
 
@@ -246,8 +274,8 @@ class RunChain:
     chain: list[int] = field(default_factory=list)
     segments: int = 0  # segments hashed
     tail: str = ""  # characters after the last full block
-    fingerprint: tuple[int, str, str] | None = None  # of the last hashed segment
-    first: tuple[int, str, str] | None = None  # of the first segment
+    fingerprint: object = None  # of the last hashed segment (None: none yet)
+    first: object = None  # of the first segment
     chars: int = 0  # characters hashed (full blocks + tail)
 
 
@@ -272,27 +300,38 @@ class TextChainer:
         a lazy sequence costs O(new text)."""
         k = rc.segments
         n = len(segments)
+        fp = getattr(segments, "fingerprint", None)  # the view's own cheap fingerprint, if any
         if k and (
-            n < k or _fingerprint(segments[k - 1]) != rc.fingerprint or _fingerprint(segments[0]) != rc.first
+            n < k
+            or (fp(k - 1) if fp else _fingerprint(segments[k - 1])) != rc.fingerprint
+            or (fp(0) if fp else _fingerprint(segments[0])) != rc.first
         ):
             rc.chain, rc.segments, rc.tail, rc.fingerprint, rc.first, rc.chars = [], 0, "", None, None, 0
             k = 0
         if k == n:
             return rc.chain
-        text = rc.tail + SEGMENT_SEP.join([segments[i] for i in range(k, n)]) + SEGMENT_SEP
+        new = [segments[i] for i in range(k, n)]  # each segment built once
+        new.append("")  # the trailing separator
+        text = rc.tail + SEGMENT_SEP.join(new)
         bc = self.block_chars
         chain = rc.chain
-        h = chain[-1] if chain else 0
         full = len(text) - len(text) % bc
-        for i in range(0, full, bc):
-            d = blake2b(h.to_bytes(8, "little", signed=True), digest_size=8)
-            d.update(text[i : i + bc].encode("utf-8", "surrogatepass"))
-            h = int.from_bytes(d.digest(), "little", signed=True)
-            chain.append(h)
+        if full:
+            u = (chain[-1] & _MASK64) if chain else 0  # the previous id, unsigned (the seed)
+            append = chain.append
+            if text.isascii():  # one encode; byte blocks = character blocks
+                data = text.encode("ascii")
+                for i in range(0, full, bc):
+                    u = _xxh64(data[i : i + bc], u)
+                    append(u - _TWO64 if u >= _TWO63 else u)
+            else:
+                for i in range(0, full, bc):
+                    u = _xxh64(text[i : i + bc].encode("utf-8", "surrogatepass"), u)
+                    append(u - _TWO64 if u >= _TWO63 else u)
         rc.tail = text[full:]
         rc.segments = n
-        rc.fingerprint = _fingerprint(segments[n - 1])
+        rc.fingerprint = fp(n - 1) if fp else _fingerprint(new[-2])
         if rc.first is None:
-            rc.first = _fingerprint(segments[0])
+            rc.first = fp(0) if fp else _fingerprint(new[0])
         rc.chars = len(chain) * bc + len(rc.tail)
         return chain

@@ -80,6 +80,8 @@ class RunTrack:
     signals: tuple[str, ...] = ()
     # the run's text block chain so far (router.core.prefix_index.RunChain; None: none yet)
     prefix_chain: Any = None
+    # per local replica, the run's prefix-index match at its last step (a search hint only)
+    prefix_hints: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def new(cls, run_id: str, started_s: float | None) -> RunTrack:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from xxhash import xxh64_intdigest
 
 from features.tokens import content_chars, prompt_tokens, text_tokens
 from router.core.record import StepRequest
@@ -122,6 +123,18 @@ class MessageSegments:
         if calls:
             text += orjson.dumps(calls).decode()
         return f"{m.get('role')}\x1f{text}"
+
+    def fingerprint(self, i: int) -> object:
+        """Segment ``i``'s fingerprint for the chainer's history checks: the tools offered (0) by
+        their count and an xxh64 of the first and the last tool's JSON, not the whole list (the
+        chainer reads segment 0's at every step); a message by its segment's length and ends."""
+        if i == 0:
+            t = self.tools
+            if not t:
+                return None
+            return (len(t), xxh64_intdigest(orjson.dumps(t[0])), xxh64_intdigest(orjson.dumps(t[-1])))
+        seg = self[i]
+        return (len(seg), seg[:32], seg[-32:])
 
 
 def step_request(req: ClientRequest, previous_total: int | None, **kw: Any) -> StepRequest:

@@ -293,12 +293,10 @@ class Simulator:
             predictor=self.predictor,
             active_local_runs=self.slots,
         )
-        if pin is not None and not self.cfg.scale_to_zero:
-            # the engine marked the pinned replica's state warm for this run; the state object is the
-            # cached one the next step sees: clear it (the policy has decided)
-            i = self._local_pos.get(pin)
-            if i is not None:
-                self._local_cache[i].warm_prefix_tokens = 0
+        # the engine marked the pinned replica's state warm for this run; the state object is the
+        # cached one the next step sees: clear it once the step is committed (the commit reads it:
+        # the prefix index's reading on the chosen replica, StepPlan.warm_tokens)
+        warm_i = self._local_pos.get(pin) if pin is not None and not self.cfg.scale_to_zero else None
         if plan.claim_limit is not None:
             ok = self.slots < plan.claim_limit
             if ok:
@@ -308,6 +306,8 @@ class Simulator:
             self.slots += 1
             eng.late_local_claimed(plan, state)
         if plan.rejected:
+            if warm_i is not None:
+                self._local_cache[warm_i].warm_prefix_tokens = 0
             run.status = 2
             self._reject_rest(run)
             return
@@ -321,6 +321,8 @@ class Simulator:
                 "which does not exist"
             )
         eng.commit(plan, state, track, backend)
+        if warm_i is not None:
+            self._local_cache[warm_i].warm_prefix_tokens = 0
         run.plan = plan
         if dec.tier == "local":
             rep = self.by_name[dec.backend]
