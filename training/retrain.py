@@ -182,32 +182,46 @@ def train_from_logs(cfg: LogTrainConfig, progress: Callable[[str], None] | None 
         cross = crossfit(
             log, log, cands, prior_rows, base, folds=cfg.folds, seed=cfg.seed, prices=prices, ope_kw=ope_kw
         )
-        if not cross:
-            raise ValueError("no candidate can be evaluated on these logs (explore more)")
-        best = max(cross, key=lambda k: cross[k].value if cross[k].value is not None else -1e9)
-        b = cross[best]
-        margin = (b.value or 0.0) - (ch.value or 0.0)
-        # issue 14: beat the champion *and* every baseline the logs can evaluate by more than the CI
-        beats = {k: (b.value or 0.0) - (e.value or 0.0) for k, e in base_est.items()}
-        promoted = bool(
-            b.half_width is not None
-            and margin > b.half_width
-            and all(m > b.half_width for m in beats.values())
-        )
-        chosen = float(str(cands[best]["p_frontier_up"]))
         report.update(
             champion=ch.as_dict(),
-            candidates_dr_net={k: e.as_dict() for k, e in cross.items()},
-            best=best,
-            margin=margin,
             baselines_dr_net={k: e.as_dict() for k, e in base_est.items()},
             baselines_not_evaluable=sorted(set(refs) - set(base_est) - {"champion"}),
-            margin_over_baselines=beats,
-            promoted=promoted,
-            decision=f"{best}: DR net {b.value:.4f} vs champion {ch.value:.4f} (margin {margin:+.4f}, half-width {b.half_width:.4f}); "
-            + ", ".join(f"vs {k} {m:+.4f}" for k, m in beats.items()),
         )
-        say(("PROMOTED " if promoted else "kept the champion: ") + report["decision"])
+        if not cross:
+            # not an error: "promote if better" with no candidate the logs can evaluate (every one
+            # refused, e.g. below the minimum ESS on a fold) keeps the champion and says why
+            report.update(
+                candidates_dr_net={},
+                best=None,
+                margin=None,
+                margin_over_baselines={},
+                promoted=False,
+                decision="no candidate can be evaluated on these logs (each was refused on a fold: "
+                "too little support or ESS below the minimum); explore more",
+            )
+            say("kept the champion: " + report["decision"])
+        else:
+            best = max(cross, key=lambda k: cross[k].value if cross[k].value is not None else -1e9)
+            b = cross[best]
+            margin = (b.value or 0.0) - (ch.value or 0.0)
+            # issue 14: beat the champion *and* every baseline the logs can evaluate by more than the CI
+            beats = {k: (b.value or 0.0) - (e.value or 0.0) for k, e in base_est.items()}
+            promoted = bool(
+                b.half_width is not None
+                and margin > b.half_width
+                and all(m > b.half_width for m in beats.values())
+            )
+            chosen = float(str(cands[best]["p_frontier_up"]))
+            report.update(
+                candidates_dr_net={k: e.as_dict() for k, e in cross.items()},
+                best=best,
+                margin=margin,
+                margin_over_baselines=beats,
+                promoted=promoted,
+                decision=f"{best}: DR net {b.value:.4f} vs champion {ch.value:.4f} (margin {margin:+.4f}, half-width {b.half_width:.4f}); "
+                + ", ".join(f"vs {k} {m:+.4f}" for k, m in beats.items()),
+            )
+            say(("PROMOTED " if promoted else "kept the champion: ") + report["decision"])
     cfg.out.mkdir(parents=True, exist_ok=True)
     policy = {"kind": "learned", "p_frontier_up": chosen, "p_frontier_down": 0.0, "value_of_success_usd": v}
     joblib.dump(
@@ -239,8 +253,9 @@ def _log_mlflow(cfg: LogTrainConfig, report: dict[str, Any]) -> str:
                 }
             )
             if "champion" in report:
-                ch, best = report["champion"], report["candidates_dr_net"][report["best"]]
-                metrics = {"champion_dr_net": ch["value"], "champion_dr_net_half_width": ch["half_width"], "candidate_dr_net": best["value"], "candidate_dr_net_half_width": best["half_width"], "margin": report["margin"]}  # fmt: skip
+                ch = report["champion"]
+                best = report["candidates_dr_net"].get(report["best"], {}) if report["best"] else {}
+                metrics = {"champion_dr_net": ch["value"], "champion_dr_net_half_width": ch["half_width"], "candidate_dr_net": best.get("value"), "candidate_dr_net_half_width": best.get("half_width"), "margin": report["margin"]}  # fmt: skip
                 mlflow.log_metrics({k: float(x) for k, x in metrics.items() if x is not None})
                 mlflow.set_tags({"promoted": str(report["promoted"]), "decision": report["decision"][:250]})
             mlflow.log_artifact(str(cfg.out / "report.json"))
