@@ -48,7 +48,7 @@ Algorithm of :func:`run_loop`, per domain of the paired data (:class:`~training.
    evaluation set starts the budget's windows afresh (warm start from the bundle's calibration
    scores until ``min_window`` of the domain's own), so on a small evaluation set the share is
    mostly the warm start's. ``pst_matched`` says whether per-step-threshold came within 5 points
-   of the share (it cannot when the bundle's P is tied at 1.0 on most runs).
+   of the share (it cannot when the bundle's calibrated P is tied at 0.0 or 1.0 on most steps).
 The report and plots are :mod:`training.eval.loop_report`. Every knob is a field of :class:`LoopConfig`.
 """
 
@@ -268,8 +268,9 @@ def _held_to_share(
         "final_aiq": aiq_of(final),
         "pst_threshold": t,
         "pst_share": share,
-        # per-step-threshold cannot always be held there: a bundle whose P reaches 1.0 at some step
-        # of most runs escalates them at every threshold (ties the budget breaks by jitter)
+        # per-step-threshold cannot always be held there: a bundle whose calibrated P is tied (0.0 or
+        # 1.0 on most steps) escalates all or none of those runs at every threshold; the budget
+        # breaks such ties by a run-stable jitter
         "pst_matched": abs(share - target) <= 0.05,
         "pst_success": float(pst.success_p.mean()),
         "pst_aiq": aiq_of(pst),
@@ -279,10 +280,14 @@ def _held_to_share(
     }
     say(
         f"{dom}: final champion at budget {cfg.frontier_budget:g}: share {target:.3f}, success "
-        f"{out['final_success']:.3f}, AIQ {out['final_aiq']}; per-step-threshold at share {share:.3f} "
-        f"(t {t:.3f}): success {out['pst_success']:.3f}, AIQ {out['pst_aiq']}"
+        f"{out['final_success']:.3f}, AIQ {_fmt(out['final_aiq'])}; per-step-threshold at share {share:.3f} "
+        f"(t {t:.3f}): success {out['pst_success']:.3f}, AIQ {_fmt(out['pst_aiq'])}"
     )
     return out
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
 
 
 def _figures(served: Any, v: float) -> dict[str, Any]:

@@ -202,7 +202,7 @@ def print_loop(report: dict[str, Any], console: Any = None) -> None:
                 f"{name}: under the frontier budget {a['budget']:g} the final champion escalated "
                 f"{a['final_share']:.3f} of the evaluation runs: success {a['final_success']:.3f}, AIQ "
                 f"{_num(a['final_aiq'])}; per-step-threshold held to that share (threshold {a['pst_threshold']:.3f} "
-                f"in hindsight, share {a['pst_share']:.3f}{'' if a.get('pst_matched') else ': NOT held to the share, its P is tied near 1'}): "
+                f"in hindsight, share {a['pst_share']:.3f}{'' if a.get('pst_matched') else ': NOT held to the share: its P is tied'}): "
                 f"success {a['pst_success']:.3f}, AIQ {_num(a['pst_aiq'])}; "
                 f"paired success difference {a['success_diff']:+.3f} [95% CI {ci[0]:+.3f}, {ci[1]:+.3f}]"
             )
