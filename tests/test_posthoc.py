@@ -4,7 +4,7 @@ what it finds as run signals the next step sees.
 The scan's rules directly; then over real HTTP (uvicorn on loopback, a fake vLLM whose tool calls
 lose their closing brace, the fake frontier): a malformed tool call is stored on the run, counted
 in the metric, reaches the next step's ``Step.signals`` and ``sig_*`` features (chat JSON, chat
-SSE, Responses), and with ``trouble_boost`` escalates the run's next step; a clean local answer and
+SSE, Responses; a Messages answer that used its token cap is ``answer_truncated``), and with ``trouble_boost`` escalates the run's next step; a clean local answer and
 a frontier answer record nothing.
 """
 
@@ -120,9 +120,21 @@ def test_malformed_local_tool_call_is_a_signal_the_next_step_sees(tmp_path, bad_
         assert c.get("/v1/runs/r-resp").json()["signals"] == ["tool_call_malformed"]
         _chat(c, "r-plain", 0, tools=False)
         assert c.get("/v1/runs/r-plain").json()["signals"] == []
+        # Messages: an answer that used its whole token cap (the fake writes exactly max_tokens)
+        r = c.post(
+            "/v1/messages",
+            json={
+                "model": "auto",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "Tell me more."}],
+            },
+            headers={"x-run-id": "r-msg"},
+        )
+        assert r.status_code == 200, r.text
+        assert c.get("/v1/runs/r-msg").json()["signals"] == ["answer_truncated"]
         metrics = c.get("/metrics").text
         assert 'runroute_run_signals_total{kind="tool_call_malformed"} 3.0' in metrics
-        for rid in ("r-json", "r-sse", "r-resp", "r-plain"):
+        for rid in ("r-json", "r-sse", "r-resp", "r-plain", "r-msg"):
             assert c.post(f"/v1/runs/{rid}/end", json={"outcome": "failure"}).status_code == 200
     log = read_log(tmp_path)
     steps = log.steps[log.steps["run_id"] == "r-json"].sort_values("step")
