@@ -260,12 +260,13 @@ def _held_to_share(
 
     ci = bootstrap_mean_ci(final.success_p, tasks, seed=cfg.seed)
     diff = paired_diff_ci(final.success_p, pst.success_p, tasks, seed=cfg.seed)
-    out = {
+    final_aiq, pst_aiq = aiq_of(final), aiq_of(pst)
+    out: dict[str, Any] = {
         "budget": cfg.frontier_budget,
         "final_share": target,
         "final_success": float(final.success_p.mean()),
         "final_success_ci": None if ci is None else [ci.low, ci.high],
-        "final_aiq": aiq_of(final),
+        "final_aiq": final_aiq,
         "pst_threshold": t,
         "pst_share": share,
         # per-step-threshold cannot always be held there: a bundle whose calibrated P is tied (0.0 or
@@ -273,15 +274,15 @@ def _held_to_share(
         # breaks such ties by a run-stable jitter
         "pst_matched": abs(share - target) <= 0.05,
         "pst_success": float(pst.success_p.mean()),
-        "pst_aiq": aiq_of(pst),
+        "pst_aiq": pst_aiq,
         "success_diff": None if diff is None else diff.mean,
         "success_diff_ci": None if diff is None else [diff.low, diff.high],
         "success_diff_se": None if diff is None else diff.se,
     }
     say(
         f"{dom}: final champion at budget {cfg.frontier_budget:g}: share {target:.3f}, success "
-        f"{out['final_success']:.3f}, AIQ {_fmt(out['final_aiq'])}; per-step-threshold at share {share:.3f} "
-        f"(t {t:.3f}): success {out['pst_success']:.3f}, AIQ {_fmt(out['pst_aiq'])}"
+        f"{out['final_success']:.3f}, AIQ {_fmt(final_aiq)}; per-step-threshold at share {share:.3f} "
+        f"(t {t:.3f}): success {out['pst_success']:.3f}, AIQ {_fmt(pst_aiq)}"
     )
     return out
 
