@@ -18,6 +18,14 @@ classifier in task-grouped ``--folds``-fold CV (steps of one task never straddle
 features and with each group masked (set to NaN): AUC mean over folds and its SE (std / sqrt(folds));
 "adds" = AUC(all) - AUC(without the group). Also each group's prevalence: the share of weak-failed
 and of weak-succeeded runs in which the signal fired at any step.
+
+The sidecar's own post-hoc kinds (:func:`router.server.posthoc.scan`, what it records on a local
+answer) replayed on every logged weak step: the kinds measurable here are ``tool_call_repeated`` (a
+call identical to the previous step's: the logged ``tool_call_keys``) and ``answer_empty`` (no call,
+0 completion tokens); ``answer_truncated`` needs the request's token cap and malformed / unoffered
+calls need the raw arguments and the offered names, none of which the trajectories log. Their
+counts enter the vector as the sidecar stores them (``sig_other`` so far, ``new_sig_other`` since
+the previous step); "adds" = AUC(with them) - AUC(all features as logged), same folds.
 """
 
 from __future__ import annotations
@@ -91,6 +99,33 @@ def main() -> int:
     tab.add_column("all features")
     for g in GROUPS:
         tab.add_column(f"without {g} (adds)")
+    from features.prefix import POSTHOC_KINDS
+    from router.server.posthoc import scan
+
+    steps = log.steps.set_index(["run_id", "step"]).sort_index()
+    kinds_at: dict[tuple[str, int], tuple[str, ...]] = {}
+    for (r, k), row in steps.iterrows():
+        prev = steps.loc[(r, k - 1)] if k > 0 and (r, k - 1) in steps.index else None
+        kinds_at[(str(r), int(k))] = scan(
+            names=tuple(row["tool_calls"] if row["tool_calls"] is not None else ()),
+            keys=tuple(row["tool_call_keys"] if row["tool_call_keys"] is not None else ()),
+            args=(),
+            prompt_tokens=int(row["prompt_tokens"]) if row["prompt_tokens"] == row["prompt_tokens"] else None,
+            completion_tokens=int(row["completion_tokens"] or 0),
+            offered=None,
+            cap=None,
+            previous_keys=tuple(prev["tool_call_keys"])
+            if prev is not None and prev["tool_call_keys"] is not None
+            else (),
+        )
+    step_no = ds.meta["step"].to_numpy()[keep]
+    Xp = X.copy()
+    so, nso = idx["sig_other"], idx["new_sig_other"]
+    for i, (r, k) in enumerate(zip(rid, step_no, strict=True)):  # kinds of the earlier steps
+        earlier = [len(kinds_at.get((r, j), ())) for j in range(int(k))]
+        Xp[i, so] = float(sum(earlier))
+        Xp[i, nso] = float(earlier[-1]) if earlier else 0.0
+    tab.add_column("with the sidecar's post-hoc kinds (adds)")
     for name, y in labels.items():
         base, se = cv_auc(X, y)
         cells = [name, f"{base:.3f} +- {se:.3f}"]
@@ -99,6 +134,8 @@ def main() -> int:
             Xm[:, [idx[c] for c in cols]] = np.nan
             m, s = cv_auc(Xm, y)
             cells.append(f"{m:.3f} +- {s:.3f} ({base - m:+.3f})")
+        m, s = cv_auc(Xp, y)
+        cells.append(f"{m:.3f} +- {s:.3f} ({m - base:+.3f})")
         tab.add_row(*cells)
     con.print(tab)
     fail = labels["weak failed"].astype(bool)
@@ -117,6 +154,10 @@ def main() -> int:
     prev.add_row(
         "empty answer (0 output tokens, after step 0)", f"{out0[f].mean():.3f}", f"{out0[~f].mean():.3f}"
     )
+    for kind in POSTHOC_KINDS:
+        hit = pd.Series([kind in kinds_at.get((r, int(k)), ()) for r, k in zip(rid, step_no, strict=True)])
+        fired = hit.groupby(rid).max()
+        prev.add_row(f"sidecar {kind}", f"{fired[f].mean():.3f}", f"{fired[~f].mean():.3f}")
     con.print(prev)
     con.print(f"total {time.perf_counter() - t0:.1f}s (2-core machine shared with other work)")
     return 0

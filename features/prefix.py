@@ -37,13 +37,25 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
-__all__ = ["StepView", "RunPrefix", "Aggregate", "SIGNAL_KINDS", "signal_kind"]
+__all__ = ["StepView", "RunPrefix", "Aggregate", "SIGNAL_KINDS", "POSTHOC_KINDS", "signal_kind"]
 
 #: the signal kinds a client or verifier may post on a run (``POST /v1/runs/{id}/signal``); each
 #: has its own features (count so far, count since the previous step); ``other`` is anything else
 #: worth telling (the endpoint refuses kinds outside this list)
 SIGNAL_KINDS: tuple[str, ...] = ("verifier_failed", "user_rejected", "tests_failed", "other")
 _KIND_INDEX = {k: i for i, k in enumerate(SIGNAL_KINDS)}
+
+#: the signal kinds the sidecar itself records when a local step's answer comes back
+#: (:mod:`router.server.posthoc`); in the feature vector they count as ``other`` (``sig_other``,
+#: ``new_sig_other``: the spec's columns are unchanged, so shipped bundles keep loading), and the
+#: snapshot's named features expose each as ``sig_<kind>`` for the trouble term
+POSTHOC_KINDS: tuple[str, ...] = (
+    "tool_call_malformed",
+    "tool_not_offered",
+    "answer_empty",
+    "answer_truncated",
+    "tool_call_repeated",
+)
 
 
 def signal_kind(kind: str) -> int:

@@ -19,7 +19,13 @@ from training.eval.loop import LoopConfig, run_loop
 def loop_out(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("loop")
     cfg = LoopConfig(
-        out=out, days=2, runs_per_day=40, n_boot=60, thresholds=[0.1, 0.4], prior_runs=200, eval_reps=1
+        out=out,
+        days=2,
+        runs_per_day=40,
+        n_boot=60,
+        thresholds=[0.1, 0.4],
+        prior_runs=200,
+        eval_reps=1,
     )
     return out, run_loop(cfg)
 
@@ -91,3 +97,34 @@ def test_train_from_router_logs(loop_out, tmp_path):
         hw = rep["candidates_dr_net"][rep["best"]]["hi"] - rep["candidates_dr_net"][rep["best"]]["value"]
         assert all(m > 0 for m in rep["margin_over_baselines"].values()) and rep["margin"] > 0 and hw >= 0
     assert (tmp_path / "b" / "benefit.joblib").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_loop_under_a_frontier_budget(loop_out, tmp_path):
+    """The loop's policies under ``frontier_budget``: one candidate (the benefit ordering), every
+    day's share recorded, the final champion set against per-step-threshold held to its share."""
+    import shutil
+
+    out, _ = loop_out
+    shutil.copytree(out / "prior", tmp_path / "prior")  # the prior bundle is reused, not retrained
+    cfg = LoopConfig(
+        out=tmp_path,
+        days=1,
+        runs_per_day=30,
+        n_boot=50,
+        prior_runs=200,
+        eval_reps=1,
+        mlflow=False,
+        frontier_budget=0.3,
+        match_iters=6,
+    )
+    dom = run_loop(cfg)["domains"]["airline"]
+    for day in dom["days"]:
+        assert 0 <= day["realised_share"] <= 1 and 0 <= day["champion_share"] <= 1
+        assert set(day.get("ope") or {}) <= {"champion", "benefit@budget"}
+    a = dom["at_share"]
+    assert a["budget"] == 0.3 and 0 < a["final_share"] < 1
+    assert a["pst_matched"] == (abs(a["pst_share"] - a["final_share"]) <= 0.05), a
+    lo, hi = a["success_diff_ci"]
+    assert lo <= a["success_diff"] <= hi
+    assert a["final_aiq"] is not None and a["pst_aiq"] is not None

@@ -89,3 +89,8 @@ def test_compare_policies_returns_validated_rows_without_a_bundle():
     assert "model_scores" not in dumped  # set by the demo only
     assert all("thresholds" not in r for r in dumped["policies"])  # no threshold policy ran
     assert SetResult.model_validate(dumped) == res
+    # every AIQ carries its task-bootstrap interval; without per-step-threshold no paired figures
+    for r in res.policies:
+        if r.aiq is not None:
+            assert r.aiq_ci_low is not None and r.aiq_ci_low <= r.aiq + 1e-9 <= r.aiq_ci_high + 2e-9, r
+        assert r.success_diff_vs_ref is None

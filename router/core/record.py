@@ -89,9 +89,16 @@ class LazyFeatures(Mapping[str, float]):
     def _get(self) -> dict[str, float]:
         if self._d is None:
             from features.extract import FEATURE_NAMES, extract
+            from features.prefix import POSTHOC_KINDS
 
             vec = self._vec if self._vec is not None else extract(self._prefix)
-            self._d = dict(zip(FEATURE_NAMES, vec.tolist(), strict=True))
+            d = dict(zip(FEATURE_NAMES, vec.tolist(), strict=True))
+            # the sidecar's own post-hoc kinds (features.prefix.POSTHOC_KINDS) count as sig_other
+            # in the vector; each is named here too, so the trouble term can weigh it alone
+            sig = getattr(self._prefix, "signals", ()) or ()
+            for kind in POSTHOC_KINDS:
+                d[f"sig_{kind}"] = float(sig.count(kind))
+            self._d = d
         return self._d
 
     def __getitem__(self, key: str) -> float:

@@ -30,6 +30,7 @@ class CommonKnobs(BaseModel):
     default_tokens: int = Field(16, ge=1)
     max_tokens_cap: int = Field(256, ge=1)
     tool_call_rate: float = Field(1.0, ge=0, le=1)
+    malformed_tool_call_rate: float = Field(0.0, ge=0, le=1)  # chance a call's arguments lose their last byte
     strict_model: bool = True
     max_concurrency: int = Field(0, ge=0)
     max_tool_turns: int = Field(0, ge=0)  # answer with text once a request carries this many tool results

@@ -365,6 +365,7 @@ class FakeServer:
                 default_tokens=k.default_tokens,
                 max_tokens_cap=k.max_tokens_cap,
                 tool_call_rate=k.tool_call_rate,
+                malformed_tool_call_rate=k.malformed_tool_call_rate,
             )
             self.validate(req, comp)
         except FakeRequestError as e:

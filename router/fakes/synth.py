@@ -7,7 +7,8 @@ follow the request's JSON schema (enum, integer, number, boolean, array, object;
 
 Knobs (arguments of :func:`synthesize`, the fakes' ``CommonKnobs``): ``default_tokens`` (length
 without max_tokens), ``max_tokens_cap`` (upper bound on any length), ``tool_call_rate`` (chance of a
-tool call under tool_choice "auto").
+tool call under tool_choice "auto"), ``malformed_tool_call_rate`` (chance that a tool call's
+arguments lose their closing byte: JSON that does not parse, as a small model's cut-off call).
 """
 
 from __future__ import annotations
@@ -72,7 +73,12 @@ def _object_for(schema: dict[str, Any], rng: random.Random, depth: int = 0) -> d
 
 
 def synthesize(
-    req: ParsedRequest, *, default_tokens: int, max_tokens_cap: int, tool_call_rate: float
+    req: ParsedRequest,
+    *,
+    default_tokens: int,
+    max_tokens_cap: int,
+    tool_call_rate: float,
+    malformed_tool_call_rate: float = 0.0,
 ) -> Completion:
     """Make a deterministic completion for a request (same request + seed -> same answer).
 
@@ -100,6 +106,8 @@ def synthesize(
             tool = req.tools[rng.randrange(len(req.tools))]
         params = tool["function"].get("parameters") or {}
         args = orjson.dumps(_object_for(params, rng) if isinstance(params, dict) else {}).decode()
+        if malformed_tool_call_rate and rng.random() < malformed_tool_call_rate:
+            args = args[:-1]  # the closing brace lost: does not parse
         ntok = len(
             tokenize(f'<tool_call>{{"name":"{tool["function"]["name"]}","arguments":{args}}}</tool_call>')
         )

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from features.prefix import SIGNAL_KINDS
+from features.prefix import POSTHOC_KINDS, SIGNAL_KINDS
 from router.policy.baselines import (
     AlwaysFrontierPolicy,
     AlwaysLocalPolicy,
@@ -199,9 +199,11 @@ class LearnedConfig(_Base):
 
     @model_validator(mode="after")
     def _order(self) -> LearnedConfig:
-        bad = sorted(set(self.trouble_boost) - set(SIGNAL_KINDS))
+        bad = sorted(set(self.trouble_boost) - set(SIGNAL_KINDS) - set(POSTHOC_KINDS))
         if bad:
-            raise ValueError(f"trouble_boost: unknown signal kind(s) {bad}; kinds are {list(SIGNAL_KINDS)}")
+            raise ValueError(
+                f"trouble_boost: unknown signal kind(s) {bad}; kinds are {list(SIGNAL_KINDS + POSTHOC_KINDS)}"
+            )
         if self.p_frontier_up is not None and self.p_frontier_down is not None:
             if self.p_frontier_down > self.p_frontier_up:
                 raise ValueError("p_frontier_down must be <= p_frontier_up (hysteresis band)")

@@ -333,6 +333,10 @@ class Capture:
         keys = tuple(tool_key(self.tool_names.get(k, ""), self.tool_args.get(k, "")) for k in order)
         return names, keys
 
+    def call_args(self) -> tuple[str, ...]:
+        """Each captured call's raw arguments text, in :meth:`tools`' order."""
+        return tuple(self.tool_args.get(k, "") for k in sorted(self.tool_names))
+
 
 class ChatAdapter:
     """Chat Completions as a :class:`router.server.protocol.Adapter`."""

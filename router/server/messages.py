@@ -437,6 +437,11 @@ class MessagesReader:
         keys = tuple(tool_key(self.tool_names[k], _canon(self.tool_args.get(k, ""))) for k in order)
         return names, keys
 
+    def call_args(self) -> tuple[str, ...]:
+        """Each captured call's raw arguments text (``input`` as JSON, or the streamed
+        ``partial_json`` joined), in :meth:`tools`' order."""
+        return tuple(self.tool_args.get(k, "") for k in sorted(self.tool_names))
+
 
 def _canon(args: str) -> str:
     """Streamed ``partial_json`` and a whole ``input`` object give the same key."""

@@ -163,7 +163,7 @@ SPECS: tuple[MetricSpec, ...] = (
         "run_signals",
         "counter",
         "runroute_run_signals",
-        "Signals posted on runs (POST /v1/runs/{id}/signal) by kind",
+        "Signals posted on runs (POST /v1/runs/{id}/signal) or recorded by the router on a local answer (router.server.posthoc) by kind",
         ("kind",),
     ),
     # --- bundle, store, run log

@@ -479,3 +479,8 @@ class ResponsesReader:
         names = tuple(str(c.get("name") or "") for c in calls)
         keys = tuple(tool_key(str(c.get("name") or ""), str(c.get("arguments") or "")) for c in calls)
         return names, keys
+
+    def call_args(self) -> tuple[str, ...]:
+        """Each ``function_call`` item's raw ``arguments`` text, in :meth:`tools`' order."""
+        calls = [it for it in self.output_items() if it.get("type") == "function_call"]
+        return tuple(str(c.get("arguments") or "") for c in calls)

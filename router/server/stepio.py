@@ -32,6 +32,9 @@ from router.core.record import StepResult, step_entry
 from router.policy.types import RunState
 from router.server.answers import step_headers
 from router.server.backends import Backend, state_of
+from router.server.lifecycle import MAX_SIGNALS
+from router.server.posthoc import offered_tools, token_cap
+from router.server.posthoc import scan as posthoc_scan
 from router.server.protocol import ClientRequest, pick_protocol
 
 __all__ = ["StepIO", "StepContext"]
@@ -147,6 +150,7 @@ class StepIO:
         prompt, cached, completion = ctx.capture.counts()
         names, keys = ctx.capture.tools()
         b = ctx.backend
+        posthoc = self._posthoc(ctx, status, names, keys, prompt, completion)
         prev_tokens = ctx.hist.last_tokens if ctx.hist.base.steps else 0
         res = StepResult(
             status=status,
@@ -188,9 +192,50 @@ class StepIO:
         self.m.step_finished(rec, prev_tokens, state_of(ctx.plan.snapshot.backends, b.name))
         if ctx.span is not None:
             self.tracing.end_step(ctx.span, rec, ctx.up_span)
+        if posthoc:
+            give = self._post_signals(ctx.run.run_id, posthoc, give)
         if give is None and durable is None:
             return None
         return self._after(give, durable)
+
+    def _posthoc(
+        self,
+        ctx: StepContext,
+        status: int,
+        names: tuple[str, ...],
+        keys: tuple[str, ...],
+        prompt: int | None,
+        completion: int,
+    ) -> tuple[str, ...]:
+        """The post-hoc signals of a local step's 200 answer (:mod:`router.server.posthoc`)."""
+        if status != 200 or ctx.backend.tier != "local":
+            return ()
+        steps = ctx.hist.base.steps
+        body = ctx.req.body
+        return posthoc_scan(
+            names=names,
+            keys=keys,
+            args=ctx.capture.call_args(),
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            offered=offered_tools(body),
+            cap=token_cap(body),
+            previous_keys=steps[-1].tool_call_keys if steps else (),
+        )
+
+    async def _post_signals(self, run_id: str, kinds: tuple[str, ...], give: Awaitable[None] | None) -> None:
+        """Append ``kinds`` to the run's signals (the next step sees them) after ``give``; a store
+        failure loses the signals, not the answer."""
+        if give is not None:
+            await give
+        for kind in kinds:
+            try:
+                n = await self.store.add_signal(run_id, kind, MAX_SIGNALS)
+            except Exception as e:  # noqa: BLE001 - evidence only; the answer still goes out
+                log.warning("run %s: post-hoc signal %s not stored: %s", run_id, kind, e)
+                return
+            if n > 0:
+                self.m.signal_posted(kind)
 
 
 def _error_message(data: bytes) -> str:

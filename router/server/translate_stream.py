@@ -479,6 +479,9 @@ class TranslatingCapture:
     def tools(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return self.reader.tools()
 
+    def call_args(self) -> tuple[str, ...]:
+        return self.reader.call_args()
+
     def response_id(self) -> str | None:
         return self.response.get("id") if self.response else None
 

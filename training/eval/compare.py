@@ -15,6 +15,12 @@ Algorithm of :func:`compare_policies`:
    ``p_frontier_up`` = threshold, ``p_frontier_down`` = threshold - the bundle's band).
 4. Frontier-relative figures per outcome variant (:mod:`training.eval.curves`): the cheapest point
    reaching 95% of always-frontier's success, and AIQ against always-local / always-frontier.
+5. Intervals (:func:`_bootstrap_aiq`, headline variant): the tasks are resampled with replacement
+   (:data:`AIQ_BOOT` resamples, seed 0), one draw shared by every policy and sweep point; in each
+   resample every run counts as often as its task was drawn, and success, cost, the always-local /
+   always-frontier anchors and so AIQ are recomputed. AIQ's interval is the 2.5-97.5 percentiles;
+   each policy's paired difference to ``per-step-threshold`` (success and AIQ) takes the same
+   percentiles of the per-resample differences (paired: the same tasks in both).
 
 The result is a typed :class:`training.eval.scorecard.SetResult`. Helpers beside it score the
 bundle on a held-out set (:func:`model_scores`), give the bounds of paired runs without steps
@@ -34,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from training.eval.config import SimSettings
-from training.eval.outcome import DEFAULT_VARIANTS, FRONTIER, LOCAL, REJECTED, Prices
+from training.eval.outcome import DEFAULT_VARIANTS, FRONTIER, LOCAL, REJECTED, Prices, run_values
 from training.eval.scorecard import (
     ModelScores,
     PolicyRow,
@@ -69,6 +75,10 @@ POLICIES: dict[str, dict[str, Any]] = {
     "oracle": {"kind": "oracle"},
 }
 SWEPT = ("learned", "per-step-threshold")
+#: task-bootstrap resamples behind the AIQ intervals and the paired differences
+AIQ_BOOT = 400
+#: the baseline every policy's paired difference is taken against
+PAIRED_REF = "per-step-threshold"
 
 
 def _noop(_: str) -> None:
@@ -164,6 +174,82 @@ def _frontier_relative(
         r["aiq"] = r["aiq_by_variant"].get(head)
 
 
+RunValues = tuple[list[str], np.ndarray, np.ndarray]
+
+
+def _boot_points(vals: RunValues, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per resample (rows of the run weights ``w``): mean success over scored runs, total cost."""
+    _, s, c = vals
+    ok = ~np.isnan(s)
+    den = w[:, ok].sum(axis=1)
+    succ = (w[:, ok] @ s[ok]) / np.maximum(den, 1e-12)
+    return succ, w @ c
+
+
+def _bootstrap_aiq(
+    rows: list[dict[str, Any]],
+    sweeps: dict[str, list[dict[str, Any]]],
+    vals: dict[str, RunValues],
+    sweep_vals: dict[str, list[RunValues]],
+    *,
+    n_boot: int = AIQ_BOOT,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> None:
+    """AIQ intervals and paired differences to :data:`PAIRED_REF` (module docstring, step 5)."""
+    from training.eval.curves import aiq
+
+    by = {r["policy"]: r for r in rows}
+    if "always-local" not in vals or "always-frontier" not in vals:
+        return
+    tasks = vals["always-local"][0]
+    _, inv = np.unique(np.asarray(tasks, dtype=object).astype(str), return_inverse=True)
+    t = int(inv.max()) + 1 if len(inv) else 0
+    if t < 2:
+        return
+    rng = np.random.default_rng(seed)
+    w = rng.multinomial(t, np.full(t, 1.0 / t), size=n_boot).astype(float)[:, inv]
+    pts = {p: _boot_points(v, w) for p, v in vals.items()}
+    spts = {p: [_boot_points(v, w) for v in vs] for p, vs in sweep_vals.items()}
+    (q_l, c_l), (_, c_f) = pts["always-local"], pts["always-frontier"]
+    boot_aiq: dict[str, np.ndarray] = {}
+    for p, (q, c) in pts.items():
+        out = np.full(n_boot, np.nan)
+        for b in range(n_boot):
+            cq = [(c[b], q[b])] + [(sc[b], sq[b]) for sq, sc in spts.get(p, [])]
+            a = aiq(cq, (c_l[b], q_l[b]), c_l[b], c_f[b])
+            out[b] = np.nan if a is None else a
+        boot_aiq[p] = out
+    lo_p, hi_p = 100 * alpha / 2, 100 * (1 - alpha / 2)
+
+    def ci(x: np.ndarray) -> tuple[float | None, float | None, float | None]:
+        x = x[~np.isnan(x)]
+        if len(x) < 2:
+            return None, None, None
+        lo, hi = np.percentile(x, [lo_p, hi_p])
+        return float(lo), float(hi), float(np.std(x, ddof=1))
+
+    ref = by.get(PAIRED_REF)
+    for p, r in by.items():
+        if p not in boot_aiq:
+            continue
+        r["aiq_ci_low"], r["aiq_ci_high"], r["aiq_se"] = ci(boot_aiq[p])
+        if ref is None or PAIRED_REF not in pts:
+            continue
+        ds = pts[p][0] - pts[PAIRED_REF][0]
+        r["success_diff_vs_ref"] = (
+            None
+            if r.get("success_rate") is None or ref.get("success_rate") is None
+            else r["success_rate"] - ref["success_rate"]
+        )
+        r["success_diff_vs_ref_ci_low"], r["success_diff_vs_ref_ci_high"], _ = ci(ds)
+        r["aiq_diff_vs_ref"] = (
+            None if r.get("aiq") is None or ref.get("aiq") is None else r["aiq"] - ref["aiq"]
+        )
+        da = boot_aiq[p] - boot_aiq[PAIRED_REF]
+        r["aiq_diff_vs_ref_ci_low"], r["aiq_diff_vs_ref_ci_high"], _ = ci(da)
+
+
 def compare_policies(
     runs: Any,
     steps: Any,
@@ -248,10 +334,14 @@ def compare_policies(
     out_iter = iter(map(simulate, jobs))
     rows: list[dict[str, Any]] = []
     sweeps: dict[str, list[dict[str, Any]]] = {}
+    head = variants[0] if variants else None
+    vals: dict[str, RunValues] = {}
+    sweep_vals: dict[str, list[RunValues]] = {}
     for label in labels:
         pcfg = pols[label]
         figs, tiers, spilled, n_out, wall_s = next(out_iter)
         out = policy_outcomes(records, tiers, prices, variants, spilled)
+        vals[label] = run_values(records, tiers, prices, head)
         row = {"policy": label, "kind": pcfg["kind"], **figs, **out}
         if pcfg["kind"] == "learned":
             row["thresholds"] = {
@@ -267,6 +357,7 @@ def compare_policies(
             for th in sweep_thresholds:
                 f2, t2, sp2, _, _ = next(out_iter)
                 o2 = policy_outcomes(records, t2, prices, variants, sp2)
+                sweep_vals.setdefault(label, []).append(run_values(records, t2, prices, head))
                 pts.append(
                     {
                         "threshold": float(th),
@@ -280,6 +371,7 @@ def compare_policies(
             sweeps[label] = pts
             say(f"{label}: swept {len(pts)} thresholds")
     _frontier_relative(rows, sweeps, variants)
+    _bootstrap_aiq(rows, sweeps, vals, sweep_vals)
     return SetResult(
         n_runs=len(workload.runs),
         n_steps=int(sum(len(s.steps) for s in workload.runs)),

@@ -34,11 +34,27 @@ Algorithm of :func:`run_loop`, per domain of the paired data (:class:`~training.
    exploration): the champion, and once (they do not learn) every baseline and the oracle:
    success, cost and net value per run with standard errors over tasks.
 
+7. **Under a budget** (``frontier_budget``, a share of runs): the champion and the candidate run
+   with ``policy.frontier_budget`` (:mod:`router.policy.budget`: the threshold is the online
+   conformal quantile of the policy's own scores, so the fixed thresholds no longer decide how many
+   escalate); the candidates collapse to one, ``benefit@budget`` (the benefit model's uplift
+   orders the runs instead of the prior's P), and promotion asks which *ordering* earns more at
+   the same share. At the end the final champion's share, success and AIQ on the evaluation tasks
+   (anchored at always-local / always-frontier there, :func:`training.eval.curves.aiq`) are set
+   against per-step-threshold held to the same share: its threshold found by bisection
+   (``match_iters`` serves) so its share of escalated evaluation runs is closest to the final
+   champion's (hindsight the budgeted policy does not have; the bisection runs on the threshold's
+   logit); the paired success difference has a task-bootstrap interval. Each serve of the
+   evaluation set starts the budget's windows afresh (warm start from the bundle's calibration
+   scores until ``min_window`` of the domain's own), so on a small evaluation set the share is
+   mostly the warm start's. ``pst_matched`` says whether per-step-threshold came within 5 points
+   of the share (it cannot when the bundle's calibrated P is tied at 0.0 or 1.0 on most steps).
 The report and plots are :mod:`training.eval.loop_report`. Every knob is a field of :class:`LoopConfig`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -118,6 +134,16 @@ class LoopConfig(BaseModel):
         default=True, description="log each day's promotion decision to MLflow (sqlite under out/)"
     )
     seed: int = Field(default=0, description="seed of the split, arrivals, outcomes and models")
+    frontier_budget: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="share of runs the champion and the candidate may escalate (policy.frontier_budget); "
+        "None: the candidates' fixed thresholds",
+    )
+    match_iters: int = Field(
+        default=7, ge=1, description="bisection serves that hold per-step-threshold to the final share"
+    )
 
 
 Say = Callable[[str], None]
@@ -133,6 +159,9 @@ class LoopStage(BaseModel):
     runs_per_day: int = Field(default=200, ge=10, description="runs arriving per day")
     explore_rate: float = Field(default=0.2, ge=0, le=1, description="share of runs that explore")
     mlflow: bool = Field(default=True, description="log the promotion decisions to MLflow")
+    frontier_budget: float | None = Field(
+        default=0.2, gt=0, lt=1, description="the loop's frontier budget (share of runs; None: off)"
+    )
 
 
 def loop_demo(stage: LoopStage, out: Path, seed: int, say: Say, console: Any = None) -> dict[str, Any]:
@@ -140,7 +169,12 @@ def loop_demo(stage: LoopStage, out: Path, seed: int, say: Say, console: Any = N
     from training.eval.loop_report import print_loop
 
     cfg = LoopConfig(
-        out=out, days=stage.days, runs_per_day=stage.runs_per_day, mlflow=stage.mlflow, seed=seed
+        out=out,
+        days=stage.days,
+        runs_per_day=stage.runs_per_day,
+        mlflow=stage.mlflow,
+        seed=seed,
+        frontier_budget=stage.frontier_budget,
     )
     cfg = cfg.model_copy(update={"explore": cfg.explore.model_copy(update={"rate": stage.explore_rate})})
     rep = run_loop(cfg, say)
@@ -181,6 +215,80 @@ def _mean_se(x: np.ndarray, groups: np.ndarray) -> tuple[float, float]:
 
     g = pd.Series(x).groupby(groups).mean().to_numpy()
     return float(np.mean(x)), float(np.std(g, ddof=1) / np.sqrt(len(g))) if len(g) > 1 else 0.0
+
+
+def _held_to_share(
+    cfg: LoopConfig,
+    world: Any,
+    ev: Any,
+    final: Any,
+    baselines: dict[str, dict[str, Any]],
+    bundle: Any,
+    scfg: Any,
+    say: Say,
+    dom: str,
+) -> dict[str, Any]:
+    """The final champion against per-step-threshold held to its share (module docstring, 7)."""
+    from router.policy.config import build_policy
+    from training.eval.curves import aiq
+    from training.eval.trials import bootstrap_mean_ci, paired_diff_ci
+
+    target = float(final.escalated().mean())
+    lo, hi, best = -12.0, 12.0, None  # bisection on the threshold's logit: P values crowd near 0 or 1
+    for _ in range(cfg.match_iters):  # share falls as the threshold rises
+        t = 1.0 / (1.0 + math.exp(-(lo + hi) / 2))
+        s = world.serve(
+            *ev, build_policy({"kind": "per-step-threshold", "threshold": t}, bundle), bundle, scfg
+        )
+        share = float(s.escalated().mean())
+        if best is None or abs(share - target) < abs(best[1] - target):
+            best = (t, share, s)
+        x = (lo + hi) / 2
+        lo, hi = (x, hi) if share > target else (lo, x)
+    assert best is not None
+    t, share, pst = best
+    al, af = baselines["always-local"], baselines["always-frontier"]
+    tasks = [final.task_of[r] for r in final.run_ids]
+
+    def aiq_of(served: Any) -> float | None:
+        return aiq(
+            [(float(served.cost.mean()), float(served.success_p.mean()))],
+            (al["cost"], al["success"]),
+            al["cost"],
+            af["cost"],
+        )
+
+    ci = bootstrap_mean_ci(final.success_p, tasks, seed=cfg.seed)
+    diff = paired_diff_ci(final.success_p, pst.success_p, tasks, seed=cfg.seed)
+    final_aiq, pst_aiq = aiq_of(final), aiq_of(pst)
+    out: dict[str, Any] = {
+        "budget": cfg.frontier_budget,
+        "final_share": target,
+        "final_success": float(final.success_p.mean()),
+        "final_success_ci": None if ci is None else [ci.low, ci.high],
+        "final_aiq": final_aiq,
+        "pst_threshold": t,
+        "pst_share": share,
+        # per-step-threshold cannot always be held there: a bundle whose calibrated P is tied (0.0 or
+        # 1.0 on most steps) escalates all or none of those runs at every threshold; the budget
+        # breaks such ties by a run-stable jitter
+        "pst_matched": abs(share - target) <= 0.05,
+        "pst_success": float(pst.success_p.mean()),
+        "pst_aiq": pst_aiq,
+        "success_diff": None if diff is None else diff.mean,
+        "success_diff_ci": None if diff is None else [diff.low, diff.high],
+        "success_diff_se": None if diff is None else diff.se,
+    }
+    say(
+        f"{dom}: final champion at budget {cfg.frontier_budget:g}: share {target:.3f}, success "
+        f"{out['final_success']:.3f}, AIQ {_fmt(final_aiq)}; per-step-threshold at share {share:.3f} "
+        f"(t {t:.3f}): success {out['pst_success']:.3f}, AIQ {_fmt(pst_aiq)}"
+    )
+    return out
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
 
 
 def _figures(served: Any, v: float) -> dict[str, Any]:
@@ -299,6 +407,18 @@ def _run_domain(
         }
         for t in cfg.thresholds
     }
+    if cfg.frontier_budget is not None:
+        fb = {"share": cfg.frontier_budget}
+        champ_cfg["frontier_budget"] = fb
+        cands = {
+            "benefit@budget": {
+                "kind": "learned",
+                "name": "benefit@budget",
+                "p_frontier_down": 0.0,
+                "value_of_success_usd": v,
+                "frontier_budget": fb,
+            }
+        }
     for d in range(cfg.days):
         td = time.perf_counter()
         runs, steps, starts = world.arrivals(
@@ -411,8 +531,15 @@ def _run_domain(
             f"(champion alone {day['champion_share']:.3f}); {'PROMOTED' if promote else 'kept'} — {day['decision']} ({day['wall_s']}s)"
         )
         days.append(day)
-    final = _figures(world.serve(*ev, build_policy(champ_cfg, bundle), champ_pred, scfg), v)
+    final_served = world.serve(*ev, build_policy(champ_cfg, bundle), champ_pred, scfg)
+    final = _figures(final_served, v)
+    at_share = (
+        _held_to_share(cfg, world, ev, final_served, baselines, bundle, scfg, say, dom)
+        if cfg.frontier_budget is not None
+        else None
+    )
     return {
+        "at_share": at_share,
         "tasks": {"train": train_tasks, "eval": eval_tasks},
         "baselines": baselines,
         "days": days,

@@ -141,6 +141,10 @@ def plot_domain(name: str, dom: dict[str, Any], out: Path) -> list[Path]:
     return [p1, p2]
 
 
+def _num(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
 def print_loop(report: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -173,14 +177,35 @@ def print_loop(report: dict[str, Any], console: Any = None) -> None:
             )
         con.print(t)
         d = Table(title=f"{name}: day by day")
-        for c in ("day", "champion", "eval net", "explored", "exploration cost / run", "decision"):
+        for c in (
+            "day",
+            "champion",
+            "eval net",
+            "frontier share (champion alone)",
+            "explored",
+            "exploration cost / run",
+            "decision",
+        ):
             d.add_column(c)
         for day in dom["days"]:
             d.add_row(
-                str(day["day"]), day["champion"], f"{day['eval']['net']:.4f}", str(day["explored_runs"]),
+                str(day["day"]), day["champion"], f"{day['eval']['net']:.4f}",
+                f"{day.get('realised_share', float('nan')):.3f} ({day.get('champion_share', float('nan')):.3f})",
+                str(day["explored_runs"]),
                 f"{day['exploration_cost_net_per_run']:+.4f}", ("PROMOTED " if day.get("promoted") else "") + str(day.get("decision")),
             )  # fmt: skip
         con.print(d)
+        a = dom.get("at_share")
+        if a:
+            ci = a.get("success_diff_ci") or [float("nan")] * 2
+            con.print(
+                f"{name}: under the frontier budget {a['budget']:g} the final champion escalated "
+                f"{a['final_share']:.3f} of the evaluation runs: success {a['final_success']:.3f}, AIQ "
+                f"{_num(a['final_aiq'])}; per-step-threshold held to that share (threshold {a['pst_threshold']:.3f} "
+                f"in hindsight, share {a['pst_share']:.3f}{'' if a.get('pst_matched') else ': NOT held to the share: its P is tied'}): "
+                f"success {a['pst_success']:.3f}, AIQ {_num(a['pst_aiq'])}; "
+                f"paired success difference {a['success_diff']:+.3f} [95% CI {ci[0]:+.3f}, {ci[1]:+.3f}]"
+            )
         share = s["oracle_savings_share"]
         ex = s["exploration"]
         con.print(

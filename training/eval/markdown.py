@@ -19,7 +19,7 @@ __all__ = ["render_markdown", "policy_table"]
 
 def policy_table(rows: list[dict[str, Any]]) -> list[str]:
     hdr = (
-        "| policy | success (± SE) | cost USD | cost/run | cost @95% AF | AIQ | escal. | recall | precision "
+        "| policy | success (± SE) | cost USD | cost/run | cost @95% AF | AIQ [95% CI] | escal. | recall | precision "
         "| cache hit (bound) | flaps/run | short p95 s | run p95 s | rej/spill |"
     )
     out = [hdr, "|" + "---|" * 14]
@@ -27,13 +27,43 @@ def policy_table(rows: list[dict[str, Any]]) -> list[str]:
         out.append(
             f"| {r['policy']} | {fnum(r.get('success_rate'))} (± {fnum(r.get('success_se'))}) | {fusd(r.get('cost_usd'))} "
             f"| {fusd(r.get('cost_per_run_usd'))} | {fusd(r.get('cost_at_95pct_frontier_success_usd'))} "
-            f"| {fnum(r.get('aiq'))} | {fpct(r.get('escalation_rate'))} | {fpct(r.get('needs_frontier_recall'))} "
+            f"| {fnum(r.get('aiq'))} {_ci(r, 'aiq')} | {fpct(r.get('escalation_rate'))} | {fpct(r.get('needs_frontier_recall'))} "
             f"| {fpct(r.get('needs_frontier_precision'))} | {fpct(r.get('cache_hit_rate'))} "
             f"({fpct(r.get('cache_hit_upper_bound'))}) | {fnum(r.get('flaps_per_run'), 2)} "
             f"| {fnum(r.get('short_step_latency_s_p95'), 2)} | {fnum(r.get('run_completion_s_p95'), 1)} "
             f"| {r.get('runs_rejected', '-')}/{r.get('runs_spilled', '-')} |"
         )
+    if any(r.get("success_diff_vs_ref") is not None for r in rows):
+        out += [
+            "",
+            "Paired against per-step-threshold (same runs, task-bootstrap 95% CI):",
+            "",
+            "| policy | success - per-step-threshold [95% CI] | AIQ - per-step-threshold [95% CI] |",
+            "|---|---|---|",
+        ]
+        for r in rows:
+            if r.get("policy") == "per-step-threshold" or r.get("success_diff_vs_ref") is None:
+                continue
+            out.append(
+                f"| {r['policy']} | {_signed(r.get('success_diff_vs_ref'))} {_ci(r, 'success_diff_vs_ref')} "
+                f"| {_signed(r.get('aiq_diff_vs_ref'))} {_ci(r, 'aiq_diff_vs_ref')} |"
+            )
     return out
+
+
+def _signed(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.3f}"
+
+
+def _ci(r: dict[str, Any], key: str) -> str:
+    lo, hi = r.get(f"{key}_ci_low"), r.get(f"{key}_ci_high")
+    return (
+        ""
+        if lo is None or hi is None
+        else f"[{lo:+.3f}, {hi:+.3f}]"
+        if "diff" in key
+        else f"[{lo:.3f}, {hi:.3f}]"
+    )
 
 
 def _outcome_model_md(card: dict[str, Any]) -> list[str]:

@@ -71,6 +71,7 @@ __all__ = [
     "OutcomeModel",
     "DEFAULT_VARIANTS",
     "parse_variant",
+    "run_values",
     "RunRecord",
     "records_from_frames",
     "run_costs",
@@ -384,6 +385,26 @@ def run_success(rec: RunRecord, tiers: np.ndarray, variant: Any = None) -> float
 
 def _div(a: float, b: float) -> float | None:
     return a / b if b else None
+
+
+def run_values(
+    records: Mapping[str, RunRecord],
+    tiers: Mapping[str, np.ndarray],
+    prices: Prices,
+    variant: Any = None,
+) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Per run, in ``records`` order: its task (the bootstrap group), its expected success under
+    ``variant`` (NaN when the outcome model cannot score it) and its cost (USD); the inputs of the
+    task-bootstrap AIQ and of paired comparisons (:mod:`training.eval.compare`)."""
+    tasks: list[str] = []
+    succ, cost = np.empty(len(records)), np.empty(len(records))
+    for i, (rid, rec) in enumerate(records.items()):
+        t = np.asarray(tiers[rid])
+        s = run_success(rec, t, variant)
+        succ[i] = math.nan if s is None else s
+        cost[i] = run_costs(rec, t, prices)[0]
+        tasks.append(rec.task_id if rec.task_id is not None else rid)
+    return tasks, succ, cost
 
 
 def policy_outcomes(

@@ -73,6 +73,18 @@ def write_report(card: Scorecard | dict[str, Any], out: Path) -> dict[str, Path]
     return written
 
 
+def _paired(r: dict[str, Any]) -> str:
+    """Success and AIQ differences to per-step-threshold with their paired intervals."""
+    d = r.get("success_diff_vs_ref")
+    if d is None or r.get("policy") == "per-step-threshold":
+        return "-"
+    a = r.get("aiq_diff_vs_ref")
+    out = f"{d:+.3f} [{r.get('success_diff_vs_ref_ci_low') or 0:+.3f}, {r.get('success_diff_vs_ref_ci_high') or 0:+.3f}]"
+    if a is not None and r.get("aiq_diff_vs_ref_ci_low") is not None:
+        out += f" / {a:+.3f} [{r['aiq_diff_vs_ref_ci_low']:+.3f}, {r['aiq_diff_vs_ref_ci_high']:+.3f}]"
+    return out
+
+
 def print_scorecard(card: Scorecard | dict[str, Any], console: Any = None) -> None:
     """One rich table per set: the headline figures of every policy."""
     from rich.console import Console
@@ -89,7 +101,8 @@ def print_scorecard(card: Scorecard | dict[str, Any], console: Any = None) -> No
             "success",
             "cost $",
             "cost@95%AF $",
-            "AIQ",
+            "AIQ [95% CI]",
+            "vs per-step-thr. (paired): d success / d AIQ [95% CI]",
             "escal.",
             "recall",
             "prec.",
@@ -106,7 +119,13 @@ def print_scorecard(card: Scorecard | dict[str, Any], console: Any = None) -> No
                 f"{fnum(r.get('success_rate'))}±{fnum(r.get('success_se'), 2)}",
                 fusd(r.get("cost_usd")),
                 fusd(r.get("cost_at_95pct_frontier_success_usd")),
-                fnum(r.get("aiq")),
+                fnum(r.get("aiq"))
+                + (
+                    f" [{fnum(r.get('aiq_ci_low'))}, {fnum(r.get('aiq_ci_high'))}]"
+                    if r.get("aiq_ci_low") is not None
+                    else ""
+                ),
+                _paired(r),
                 fpct(r.get("escalation_rate")),
                 fpct(r.get("needs_frontier_recall")),
                 fpct(r.get("needs_frontier_precision")),

@@ -211,6 +211,27 @@ class PolicyRow(_Card):
         "x = (cost - always-local cost) / (always-frontier cost - always-local cost) in [0, 1], hull "
         "anchored at always-local (`training.eval.curves`)"
     )
+    aiq_se: float | None = _f(
+        "task-bootstrap standard error of `aiq` (tasks resampled, one draw shared by every policy, the "
+        "anchors and sweep points recomputed in each resample; `training.eval.compare`)",
+        default=None,
+    )
+    aiq_ci_low: float | None = _f("2.5th percentile of `aiq` over the same resamples", default=None)
+    aiq_ci_high: float | None = _f("97.5th percentile of the same", default=None)
+    success_diff_vs_ref: float | None = _f(
+        "`success_rate` minus per-step-threshold's on the same runs (a paired comparison; null without "
+        "that baseline)",
+        default=None,
+    )
+    success_diff_vs_ref_ci_low: float | None = _f(
+        "2.5th percentile of the paired success difference over the task-bootstrap resamples", default=None
+    )
+    success_diff_vs_ref_ci_high: float | None = _f("97.5th percentile of the same", default=None)
+    aiq_diff_vs_ref: float | None = _f("`aiq` minus per-step-threshold's (paired)", default=None)
+    aiq_diff_vs_ref_ci_low: float | None = _f(
+        "2.5th percentile of the paired AIQ difference over the same resamples", default=None
+    )
+    aiq_diff_vs_ref_ci_high: float | None = _f("97.5th percentile of the same", default=None)
 
 
 class SweepPoint(_Card):
