@@ -419,6 +419,9 @@ def _run_domain(
                 "frontier_budget": fb,
             }
         }
+    # each day is served by a fresh simulator (a router process whose budget windows start afresh):
+    # the OPE replay restarts a budgeted candidate's windows at each day too
+    epochs: dict[str, int] = {}
     for d in range(cfg.days):
         td = time.perf_counter()
         runs, steps, starts = world.arrivals(
@@ -428,6 +431,7 @@ def _run_domain(
             seed=cfg.seed * 1000 + d,
             prefix=f"{dom}-d{d:02d}",
         )
+        epochs.update(dict.fromkeys(runs["run_id"].astype(str), d))
         explore = cfg.explore.model_copy(update={"seed": cfg.seed * 1000 + d})
         logging_pol = build_policy({**champ_cfg, "explore": explore.model_dump()}, bundle)
         served = world.serve(runs, steps, starts, logging_pol, champ_pred, scfg)
@@ -471,6 +475,7 @@ def _run_domain(
             "seed": cfg.seed + d,
             "max_unsupported_share": 0.05,
             "skip_unsupported": True,
+            "epochs": epochs,
         }
         try:
             rep = evaluate_policies(wlog, pols, **ope_kw)  # type: ignore[arg-type]

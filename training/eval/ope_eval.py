@@ -146,6 +146,7 @@ def evaluate_policies(
     references: bool = True,
     skip_unsupported: bool = False,
     progress: Callable[[str], None] | None = None,
+    epochs: Mapping[str, int] | None = None,
 ) -> OPEReport:
     """See the module docstring. ``candidates``: name -> (deterministic policy, predictor);
     ``log``: a :class:`features.runlog.RunLog`."""
@@ -166,7 +167,7 @@ def evaluate_policies(
     combos = {"net": {"success": value_of_success, "cost": -1.0}}
 
     def one(name: str, policy: Any, predictor: Any) -> CandidateResult:
-        rep = replay_candidate(logged, policy, CachedPredictor(predictor, logged.X), backends)
+        rep = replay_candidate(logged, policy, CachedPredictor(predictor, logged.X), backends, epochs)
         share = rep.unsupported_runs / logged.n_runs
         if share > max_unsupported_share:
             r, k = rep.first_unsupported or ("?", -1)

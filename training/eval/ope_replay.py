@@ -32,12 +32,16 @@ Candidates must be deterministic (an ``explore`` block is stripped by the caller
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from training.eval.outcome import Prices, RunRecord, records_from_frames
+
+if TYPE_CHECKING:
+    from router.policy.types import Decision, RunState
 
 __all__ = [
     "OPEError",
@@ -89,6 +93,7 @@ class LoggedRuns:
     steps: Any  # the steps frame of the kept runs, sorted by (run_id, step)
     started: dict[str, float]
     left_out: dict[str, int] = field(default_factory=dict)
+    domains: dict[str, str] = field(default_factory=dict)  # run id -> its logged domain (run context)
 
     @property
     def n_runs(self) -> int:
@@ -103,6 +108,7 @@ def load_logged(log: Any, prices: Prices) -> LoggedRuns:
     import pandas as pd
 
     from features.extract import N_FEATURES
+    from features.logged import run_context
 
     steps, runs = log.steps, log.runs
     if len(steps) == 0:
@@ -171,6 +177,7 @@ def load_logged(log: Any, prices: Prices) -> LoggedRuns:
         steps=st,
         started=started,
         left_out=left,
+        domains=run_context(runs)[0],
     )
 
 
@@ -216,23 +223,33 @@ class Replayed:
 
 
 def replay_candidate(
-    logged: LoggedRuns, policy: Any, predictor: Any, backends: list[Any] | None = None
+    logged: LoggedRuns,
+    policy: Any,
+    predictor: Any,
+    backends: list[Any] | None = None,
+    epochs: Mapping[str, int] | None = None,
 ) -> Replayed:
     """See the module docstring."""
     import math
 
     from features.extract import step_views, steps_columns
     from features.logged import signals_of
+    from router.core.budget import BudgetTracker
     from router.core.engine import StepEngine
     from router.core.record import StepRequest, StepResult
     from router.core.runs import RunTrack
+    from router.policy.budget import budget_of
     from router.policy.types import RunState
     from router.replay import default_backends
 
     template = [replace(b) for b in (backends if backends is not None else default_backends())]
     cols = steps_columns(logged.steps)
     est, tools, wants = cols["prompt_tokens_est"], cols["n_tools_offered"], cols["wants_json"]
+    replicas = logged.steps["replica"].tolist() if "replica" in logged.steps else [None] * len(logged.a)
+    why = logged.steps["reason"].tolist() if "reason" in logged.steps else [None] * len(logged.a)
+    domains = logged.domains
     engine = StepEngine(max_steps=1 << 30)
+    stateful = budget_of(policy) is not None  # its decisions read state built from other runs
     n = len(logged.a)
     pi, pf = np.zeros(n), np.zeros(n)
     deviated = unsupported = 0
@@ -246,68 +263,111 @@ def replay_candidate(
             else v
         )
 
-    for r, lo, hi in zip(logged.run_ids, logged.ptr[:-1], logged.ptr[1:], strict=True):
-        run = RunState(run_id=r)
-        track = RunTrack.new(r, logged.started.get(r, step_views(cols, lo).arrival_s))  # type: ignore[arg-type]
+    # every step and every run end in the logs' arrival order (per epoch), so a stateful (budgeted)
+    # candidate reads the threshold its own scores on the runs ended before would have set
+    events: list[tuple[int, float, int, int, int]] = []  # (epoch, time, 0 end / 1 step, run, step)
+    for k, (r, lo, hi) in enumerate(zip(logged.run_ids, logged.ptr[:-1], logged.ptr[1:], strict=True)):
+        ep = int(epochs.get(r, 0)) if epochs is not None else 0
+        t_last = 0.0
         for j in range(hi - lo):
-            i = lo + j
-            v = step_views(cols, i)
-            seen = opt(est[i])
-            req = StepRequest(
-                prompt_tokens=int(v.prompt_tokens if seen is None else seen),
-                tool_results_n=v.tool_results_n,
-                tool_result_errors=v.tool_result_errors,
-                tool_result_tokens=v.tool_result_tokens,
-                n_tools_offered=int(opt(tools[i]) or 0),
-                wants_json=bool(opt(wants[i]) or False),
-                label_needs_frontier=logged.records[r].needs_frontier,
-                signals=signals_of(cols["signals"][i]),  # the run context (C2): as logged
-            )
-            plan = engine.plan(
-                run,
-                track,
-                req,
-                [replace(b) for b in template],
-                now=v.arrival_s,
-                policy=policy,
-                predictor=predictor,
-            )
-            d = plan.decision
-            c = 1 if d.tier == "frontier" else 0
+            v = step_views(cols, lo + j)
+            t = float(v.arrival_s) if v.arrival_s is not None else t_last
+            events.append((ep, t, 1, k, j))
+            t_last = t + (float(v.latency_s) if v.latency_s is not None else 0.0)
+        events.append((ep, t_last, 0, k, hi - lo))
+    if stateful:  # else run by run, as logged (nothing crosses runs)
+        events.sort()
+    live: dict[int, tuple[RunState, RunTrack, list[bool]]] = {}
+    epoch: int | None = None
+    for ep, _t, kind, k, j in events:
+        if ep != epoch:  # a new router process: its budget windows start afresh
+            epoch, engine.frontier_budgets = ep, BudgetTracker()
+        r, lo = logged.run_ids[k], int(logged.ptr[k])
+        if kind == 0:
+            got = live.pop(k, None)
+            if got is not None:
+                engine.run_ended(got[0])
+            continue
+        if k not in live:
+            track0 = RunTrack.new(r, logged.started.get(r, step_views(cols, lo).arrival_s))  # type: ignore[arg-type]
+            track0.domain = domains.get(r)
+            live[k] = (RunState(run_id=r), track0, [False])
+        run, track, off = live[k]
+        if off[0] and not stateful:  # nothing of the candidate depends on the rest of this run
+            continue
+        i = lo + j
+        v = step_views(cols, i)
+        seen = opt(est[i])
+        req = StepRequest(
+            prompt_tokens=int(v.prompt_tokens if seen is None else seen),
+            tool_results_n=v.tool_results_n,
+            tool_result_errors=v.tool_result_errors,
+            tool_result_tokens=v.tool_result_tokens,
+            n_tools_offered=int(opt(tools[i]) or 0),
+            wants_json=bool(opt(wants[i]) or False),
+            label_needs_frontier=logged.records[r].needs_frontier,
+            signals=signals_of(cols["signals"][i]),  # the run context (C2): as logged
+        )
+        plan = engine.plan(
+            run,
+            track,
+            req,
+            [replace(b) for b in template],
+            now=v.arrival_s,
+            policy=policy,
+            predictor=predictor,
+        )
+        d = plan.decision
+        c = 1 if d.tier == "frontier" else 0
+        if not off[0]:
             pf[i] = float(c)
             reasons[d.reason] = reasons.get(d.reason, 0) + 1
             if c != logged.a[i]:
+                off[0] = True
                 deviated += 1
                 if logged.mu[i] >= 1.0 - 1e-12:
                     unsupported += 1
                     if first_bad is None:
                         first_bad = (r, j)
-                break
-            pi[i] = 1.0
-            backend = next((b for b in plan.snapshot.backends if b.name == d.backend), None)
-            engine.commit(plan, run, track, backend)
-            end = (
-                v.arrival_s + v.latency_s
-                if v.arrival_s is not None and v.latency_s is not None
-                else v.arrival_s
-            )
-            engine.finish(
-                plan,
-                track,
-                StepResult(
-                    status=200,
-                    prompt_tokens=v.prompt_tokens,
-                    cached_tokens=v.cached_tokens,
-                    completion_tokens=v.completion_tokens,
-                    tool_calls=v.tool_calls,
-                    tool_call_keys=v.tool_call_keys,
-                    latency_s=v.latency_s,
-                    structured=v.structured,
-                ),
-                now=end,
-                tier=v.tier,
-                replica=d.backend,
-                model=d.model,
-                record=False,
-            )
+            else:
+                pi[i] = 1.0
+        if off[0]:
+            # past its deviation the log says nothing of the candidate's outcome; the run is walked
+            # on with the logged action so the candidate's budget state still sees its own scores
+            # on the whole run and the spend the deployment made (``_logged_action``)
+            d = plan.decision = _logged_action(d, run, v.tier, replicas[i], why[i])
+        backend = next((b for b in plan.snapshot.backends if b.name == d.backend), None)
+        engine.commit(plan, run, track, backend)
+        end = v.arrival_s + v.latency_s if v.arrival_s is not None and v.latency_s is not None else v.arrival_s
+        engine.finish(
+            plan,
+            track,
+            StepResult(
+                status=200,
+                prompt_tokens=v.prompt_tokens,
+                cached_tokens=v.cached_tokens,
+                completion_tokens=v.completion_tokens,
+                tool_calls=v.tool_calls,
+                tool_call_keys=v.tool_call_keys,
+                latency_s=v.latency_s,
+                structured=v.structured,
+            ),
+            now=end,
+            tier=v.tier,
+            replica=d.backend,
+            model=d.model,
+            record=False,
+        )
     return Replayed(pi, pf, deviated, unsupported, first_bad, reasons)
+
+
+def _logged_action(d: Decision, run: RunState, tier: object, replica: object, reason: object) -> Decision:
+    """``d`` with the logged tier, replica and reason (the candidate's scores kept)."""
+    t = "frontier" if tier == "frontier" else "local"
+    return replace(
+        d,
+        tier=t,
+        backend=str(replica) if isinstance(replica, str) and replica else d.backend,
+        reason=str(reason) if isinstance(reason, str) and reason else d.reason,
+        switched=run.tier is not None and run.tier != t,
+    )
