@@ -338,7 +338,9 @@ def replay_candidate(
             d = plan.decision = _logged_action(d, run, v.tier, replicas[i], why[i])
         backend = next((b for b in plan.snapshot.backends if b.name == d.backend), None)
         engine.commit(plan, run, track, backend)
-        end = v.arrival_s + v.latency_s if v.arrival_s is not None and v.latency_s is not None else v.arrival_s
+        end = (
+            v.arrival_s + v.latency_s if v.arrival_s is not None and v.latency_s is not None else v.arrival_s
+        )
         engine.finish(
             plan,
             track,
