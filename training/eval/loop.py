@@ -477,6 +477,7 @@ def _run_domain(
             "skip_unsupported": True,
             "epochs": epochs,
         }
+        fold_refused: dict[str, str] = {}
         try:
             rep = evaluate_policies(wlog, pols, **ope_kw)  # type: ignore[arg-type]
             cross = (
@@ -490,6 +491,7 @@ def _run_domain(
                     seed=cfg.seed * 31 + d,
                     prices=cfg.prices,
                     ope_kw=ope_kw,
+                    why=fold_refused,
                 )
                 if cfg.promotion == "crossfit"
                 else None
@@ -508,8 +510,9 @@ def _run_domain(
         )
         scored = {k: e for k, e in scored.items() if e.value is not None}
         if "champion" not in rep.candidates or not scored:
-            say(f"{dom} day {d}: nothing to compare ({rep.refused}); champion kept")
-            day.update(promoted=False, decision=f"no comparable candidate: {rep.refused}", ope=ope)
+            why = {**rep.refused, **fold_refused}
+            say(f"{dom} day {d}: nothing to compare ({why}); champion kept")
+            day.update(promoted=False, decision=f"no comparable candidate: {why}", ope=ope)
             days.append(day)
             continue
         ch = rep.candidates["champion"].estimates["dr"]["net"]

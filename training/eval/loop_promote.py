@@ -65,10 +65,12 @@ def crossfit(
     seed: int,
     prices: Any,
     ope_kw: dict[str, Any],
+    why: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Task-grouped cross-fitted DR net value of each candidate: fold f's model is trained on the
     logs of the other folds' tasks and evaluated on the window's runs of fold f's tasks; the fold
-    estimates are averaged by run count, their half-widths combined as independent errors."""
+    estimates are averaged by run count, their half-widths combined as independent errors. A
+    candidate refused on any fold is left out; ``why`` (when given) gets its first fold's reason."""
     from router.policy.config import build_policy
     from training.eval.ope import Estimate
     from training.eval.ope_eval import evaluate_policies
@@ -103,6 +105,8 @@ def crossfit(
         for k in cands:
             if k not in rep.candidates:  # refused on this fold: not promotable
                 refused.add(k)
+                if why is not None:  # the first fold's reason, for the day's decision
+                    why.setdefault(k, f"fold {f}: {rep.refused.get(k, 'refused')}")
                 continue
             e = rep.candidates[k].estimates["dr"]["net"]
             parts[k].append((rep.n_runs, e.value or 0.0, e.half_width or 0.0))
