@@ -25,6 +25,14 @@ at its deviation and after) and ``pf`` (its probability of the frontier, known u
 the deviation). A deviation where the logged decision had propensity 1 (the logging policy could
 not have taken the candidate's action) is *unsupported*; :func:`replay_candidate` counts them.
 
+A candidate with a ``frontier_budget`` decides on windows built from other runs' scores, so its
+replay interleaves every run's steps and ends in the logs' arrival order (a run ends at its last
+step's arrival + latency, with its logged domain), and past its first deviation a run is walked on
+with the *logged* action (its ``pi`` stays 0): the candidate's windows see its own scores over the
+whole run and the spend the deployment made, exploration included, as the live engine counts it.
+The logging policy so reproduces its logged decisions. ``epochs`` (run id -> int) restarts the
+windows per group (a router restart; default one group). Other candidates are replayed run by run.
+
 Candidates must be deterministic (an ``explore`` block is stripped by the caller). Knobs:
 ``backends`` (the deployment's backend states; default :func:`router.replay.default_backends`),
 ``prices`` (:class:`training.eval.outcome.Prices`).
@@ -41,7 +49,7 @@ import numpy as np
 from training.eval.outcome import Prices, RunRecord, records_from_frames
 
 if TYPE_CHECKING:
-    from router.policy.types import Decision, RunState
+    from router.policy.types import Decision, RunState, Tier
 
 __all__ = [
     "OPEError",
@@ -365,7 +373,7 @@ def replay_candidate(
 
 def _logged_action(d: Decision, run: RunState, tier: object, replica: object, reason: object) -> Decision:
     """``d`` with the logged tier, replica and reason (the candidate's scores kept)."""
-    t = "frontier" if tier == "frontier" else "local"
+    t: Tier = "frontier" if tier == "frontier" else "local"
     return replace(
         d,
         tier=t,
