@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from aiohttp import web
 from pydantic import Field
 
+from router.core.accounting import token_usd
 from router.fakes.frontier import FakeFrontier, FrontierKnobs
 from router.fakes.protocol import ParsedRequest
 from router.fakes.server import Ticket
@@ -120,10 +121,13 @@ class FakeAnthropic(FakeFrontier):
         k = self.knobs
         cached = ticket.cached_tokens
         write = int(ticket.extra.get("cache_write", 0))
-        fresh = max(ticket.prompt_tokens - cached - write, 0)
-        return (
-            fresh * k.price_in_per_m
-            + write * k.price_cache_write_per_m
-            + cached * k.price_cached_in_per_m
-            + comp.completion_tokens * k.price_out_per_m
-        ) / 1e6
+        return token_usd(
+            float(ticket.prompt_tokens),
+            float(cached),
+            float(comp.completion_tokens),
+            price_in_per_m=k.price_in_per_m,
+            price_cached_in_per_m=k.price_cached_in_per_m,
+            price_out_per_m=k.price_out_per_m,
+            cache_write=float(write),
+            price_cache_write_per_m=k.price_cache_write_per_m,
+        )

@@ -12,7 +12,8 @@ Algorithm (per request, no queueing inside the provider):
   uncached input; decode speed ~ lognormal(median ``tokens_per_s_p50``, ``tokens_per_s_sigma``);
   end-to-end = wait + TTFT + (output - 1) / speed.
 - **Cost** = (uncached input x ``price_in_per_m`` + cached input x ``price_cached_in_per_m`` + output x
-  ``price_out_per_m``) / 1e6 USD.
+  ``price_out_per_m``) / 1e6 USD
+  (:func:`router.core.accounting.token_usd`).
 
 All draws come from the event loop's seeded ``random.Random``.
 """
@@ -23,6 +24,8 @@ import heapq
 import math
 import random
 from dataclasses import dataclass
+
+from router.core.accounting import token_usd
 
 __all__ = ["FrontierConfig", "Frontier"]
 
@@ -118,11 +121,14 @@ class Frontier:
         ttft += cfg.prefill_s_per_token * (prompt - cached)
         tps = math.exp(self._mu_tps + cfg.tokens_per_s_sigma * rng.gauss(0.0, 1.0))
         latency = ttft + max(completion - 1, 0) / tps
-        cost = (
-            (prompt - cached) * cfg.price_in_per_m
-            + cached * cfg.price_cached_in_per_m
-            + completion * cfg.price_out_per_m
-        ) / 1e6
+        cost = token_usd(
+            float(prompt),
+            float(cached),
+            float(completion),
+            price_in_per_m=cfg.price_in_per_m,
+            price_cached_in_per_m=cfg.price_cached_in_per_m,
+            price_out_per_m=cfg.price_out_per_m,
+        )
         self.cost_usd += cost
         self.tokens_in += prompt
         self.tokens_cached += cached

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from router.core.accounting import gpu_usd
 from training.eval.outcome import Prices, RunRecord, parse_variant, records_from_frames, run_costs
 from training.eval.trials import task_success
 
@@ -113,7 +114,7 @@ def sim_backends(cfg: Any) -> list[Any]:
             max_context=ctx,
             prefill_s_per_token=prof.b,
             ttft_base_s=prof.a,
-            gpu_usd_per_hour=cfg.gpu_hour_usd * prof.gpus_per_replica,
+            gpu_usd_per_hour=gpu_usd(3600.0, cfg.gpu_hour_usd, prof.gpus_per_replica),
         )
         for i in range(cfg.replicas)
     ]

@@ -60,6 +60,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from router.core.accounting import gpu_usd, token_usd
 from training.eval.trials import bootstrap_mean_ci, strong_expectation
 
 __all__ = [
@@ -113,11 +114,11 @@ class Prices(BaseModel):
 
     @property
     def local_in_per_m(self) -> float:
-        return self.gpu_hour_usd / (self.local_prefill_tokens_per_s * 3600.0) * 1e6
+        return gpu_usd(1e6 / self.local_prefill_tokens_per_s, self.gpu_hour_usd)
 
     @property
     def local_out_per_m(self) -> float:
-        return self.gpu_hour_usd / (self.local_decode_tokens_per_s * 3600.0) * 1e6
+        return gpu_usd(1e6 / self.local_decode_tokens_per_s, self.gpu_hour_usd)
 
     def table(self) -> dict[str, float]:
         """All prices in USD per 1M tokens (local ones derived) plus the GPU-hour price."""
@@ -348,15 +349,24 @@ def run_costs(rec: RunRecord, tiers: np.ndarray, prices: Prices) -> tuple[float,
     loc = t == LOCAL
     fr = t == FRONTIER
     local = float(
-        (cold[loc].sum() * prices.local_in_per_m + rec.completion[loc].sum() * prices.local_out_per_m) / 1e6
+        token_usd(
+            float(cold[loc].sum()),
+            0.0,
+            float(rec.completion[loc].sum()),
+            price_in_per_m=prices.local_in_per_m,
+            price_cached_in_per_m=0.0,
+            price_out_per_m=prices.local_out_per_m,
+        )
     )
     frontier = float(
-        (
-            cold[fr].sum() * prices.frontier_in_per_m
-            + warm[fr].sum() * prices.frontier_cached_in_per_m
-            + rec.completion[fr].sum() * prices.frontier_out_per_m
+        token_usd(
+            float(rec.prompt[fr].sum()),
+            float(warm[fr].sum()),
+            float(rec.completion[fr].sum()),
+            price_in_per_m=prices.frontier_in_per_m,
+            price_cached_in_per_m=prices.frontier_cached_in_per_m,
+            price_out_per_m=prices.frontier_out_per_m,
         )
-        / 1e6
     )
     return local + frontier, local, frontier
 
