@@ -42,6 +42,7 @@ from router.core.prefix_cache import Allocation, PrefixCache, block_hashes
 from router.fakes.protocol import ParsedRequest
 from router.fakes.server import CommonKnobs, FakeServer, Ticket
 from router.fakes.synth import Completion
+from router.policy.defaults import FRONTIER_CACHED_IN_PER_M, FRONTIER_IN_PER_M, FRONTIER_OUT_PER_M
 
 __all__ = ["FrontierKnobs", "FakeFrontier"]
 
@@ -54,9 +55,9 @@ class FrontierKnobs(CommonKnobs):
     ttft_ms: float = Field(400.0, ge=0)
     tokens_per_s: float = Field(80.0, gt=0)
     jitter: float = Field(0.0, ge=0, lt=1)
-    price_in_per_m: float = Field(2.5, ge=0)
-    price_cached_in_per_m: float = Field(1.25, ge=0)
-    price_out_per_m: float = Field(10.0, ge=0)
+    price_in_per_m: float = Field(FRONTIER_IN_PER_M, ge=0)
+    price_cached_in_per_m: float = Field(FRONTIER_CACHED_IN_PER_M, ge=0)
+    price_out_per_m: float = Field(FRONTIER_OUT_PER_M, ge=0)
     prompt_cache: bool = True
     # API style: "openai" (/v1/chat/completions + /v1/responses, Bearer), "azure"
     # (/openai/deployments/{azure_deployment}/chat/completions?api-version=..., api-key header),

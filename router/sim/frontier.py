@@ -26,6 +26,7 @@ import random
 from dataclasses import dataclass
 
 from router.core.accounting import token_usd
+from router.policy.defaults import FRONTIER_CACHED_IN_PER_M, FRONTIER_IN_PER_M, FRONTIER_OUT_PER_M
 
 __all__ = ["FrontierConfig", "Frontier"]
 
@@ -39,9 +40,9 @@ class FrontierConfig:
     prefill_s_per_token: float = 0.0
     tokens_per_s_p50: float = 60.0
     tokens_per_s_sigma: float = 0.25
-    price_in_per_m: float = 2.0  # defaults = router.server.settings.FrontierTier's
-    price_cached_in_per_m: float = 0.5
-    price_out_per_m: float = 8.0
+    price_in_per_m: float = FRONTIER_IN_PER_M  # router.policy.defaults, as the sidecar's FrontierTier
+    price_cached_in_per_m: float = FRONTIER_CACHED_IN_PER_M
+    price_out_per_m: float = FRONTIER_OUT_PER_M
     rpm_limit: float | None = None
     cache_ttl_s: float = 300.0
     cache_min_tokens: int = 1024
