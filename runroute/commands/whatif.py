@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
             "auto",
             "--kv-cache-gb",
             help="KV cache per replica (GB), e.g. 16,32; auto = what vLLM leaves on the profile's GPU "
-            "(memory x 0.9 - weights - reserve; 16 when the profile has no memory figures)",
+            f"(memory x 0.9 - weights - reserve; {KV_CACHE_GB:g} when the profile has no memory figures)",
         ),
         policy: str = typer.Option(
             "always-local,session-sticky,always-frontier",

@@ -77,7 +77,7 @@ class Served:
 
 
 def sim_config(seed: int = 0, replicas: int = 4, gpu: str = "a100", prices: Prices | None = None) -> Any:
-    """The loop's deployment: ``replicas`` local replicas (16 GB KV), the outcome model's frontier
+    """The loop's deployment: ``replicas`` local replicas (KV GB of router.policy.defaults), the outcome model's frontier
     prices, step records logged, no /metrics scrape."""
     from router.sim.frontier import FrontierConfig
     from router.sim.profiles import load_profile
