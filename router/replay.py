@@ -60,6 +60,7 @@ import numpy as np
 
 from features.prefix import StepView
 from features.runlog import RunLog
+from router.core.accounting import backend_step_usd
 from router.core.engine import StepEngine
 from router.core.prefix_index import PrefixIndex
 from router.core.record import StepRequest, StepResult
@@ -397,11 +398,7 @@ def _replay_run(
             t.frontier_tokens += done
             fb = frontier_prices.get(d.backend)
             if fb is not None:
-                t.frontier_cost_usd += (
-                    warm * fb.price_cached_in_per_m
-                    + (prompt - warm) * fb.price_in_per_m
-                    + (done - prompt) * fb.price_out_per_m
-                ) * 1e-6
+                t.frontier_cost_usd += backend_step_usd(fb, prompt, warm, done - prompt)
             if esc_step is None:
                 esc_step = k
         if last_tier is not None and last_tier != tier:

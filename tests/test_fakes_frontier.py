@@ -13,6 +13,7 @@ import pytest
 from router.fakes import KnobError, fake_in_thread, start_fake, start_fake_process
 from router.fakes.launch import parse_knob_args
 from router.fakes.server import Ticket
+from router.policy.defaults import FRONTIER_IN_PER_M, FRONTIER_OUT_PER_M
 
 
 async def post(session: aiohttp.ClientSession, url: str, body: dict, **kw) -> tuple[int, dict, dict]:
@@ -91,11 +92,11 @@ async def test_frontier_auth_rate_limit_prices_and_prompt_cache(session) -> None
             and headers["x-fake-backend"] == "frontier-fake"
         )
         status, r1, h1 = await post(session, fake.url, {"model": "big", "messages": long_msgs}, headers=auth)
-        assert status == 200 and r1["model"] == "big" and "in=2.5" in h1["x-fake-prices"]
+        assert status == 200 and r1["model"] == "big" and f"in={FRONTIER_IN_PER_M}" in h1["x-fake-prices"]
         n = r1["usage"]["prompt_tokens"]
         assert n >= 1024 and r1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert float(h1["x-fake-cost-usd"]) == pytest.approx(
-            (n * 2.5 + r1["usage"]["completion_tokens"] * 10) / 1e6
+            (n * FRONTIER_IN_PER_M + r1["usage"]["completion_tokens"] * FRONTIER_OUT_PER_M) / 1e6
         )
         status, r2, _ = await post(session, fake.url, {"model": "big", "messages": long_msgs}, headers=auth)
         cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from sim_helpers import FRONT, PROF, Fixed, decode_s, frame, prefill_s, simulate
 
+from router.policy.defaults import GPU_HOUR_USD
 from router.policy.types import Decision, Snapshot
 from router.sim.engine import EventLoop
 from router.sim.frontier import FrontierConfig
@@ -91,7 +92,7 @@ def test_frontier_step_latency_and_provider_cache_cost():
         + 20 * f.price_out_per_m
     ) / 1e6
     assert res.frontier_cost_usd == pytest.approx(cost, rel=1e-12)
-    gpu = res.makespan_s / 3600 * 0.20  # one always-on replica
+    gpu = res.makespan_s / 3600 * GPU_HOUR_USD  # one always-on replica at the deployment default
     assert scorecard(res)["cost_usd"] == pytest.approx(cost + gpu, abs=1e-6)
 
 

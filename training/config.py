@@ -24,6 +24,7 @@ from models.bundle import ModelBundle
 from models.cache_reuse import CacheReuseRegressor
 from models.escalation import EscalationClassifier
 from models.remaining import RemainingWorkRegressor
+from router.policy.defaults import KV_CACHE_GB
 from training.benefit import BenefitConfig
 from training.dataset import Dataset
 
@@ -48,7 +49,7 @@ class TrainConfig(BaseModel):
     # cache-label replay: None = one replica's KV blocks of the node profile (training.dataset.node_cache_blocks)
     cache_capacity_blocks: int | None = Field(default=None, ge=1)
     node_gpu: str = "a100"
-    kv_cache_gb: float = Field(default=16.0, gt=0.0)
+    kv_cache_gb: float = Field(default=KV_CACHE_GB, gt=0.0)
     cache_replicas: int = Field(default=2, ge=1)
     block_tokens: int = Field(default=512, ge=1)
     # LightGBM for the regressors (cache reuse; remaining work unless overridden below)

@@ -87,6 +87,7 @@ import pandas as pd
 from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES, extract, iter_frame_prefixes
 from features.runlog import RunLog
 from router.core.prefix_cache import PrefixCache, turnover
+from router.policy.defaults import KV_CACHE_GB
 
 __all__ = [
     "Dataset",
@@ -194,7 +195,7 @@ def lru_replay(
 def node_cache_blocks(
     node_gpu: str = "a100",
     node_profile: str | None = None,
-    kv_cache_gb: float = 16.0,
+    kv_cache_gb: float = KV_CACHE_GB,
     block_tokens: int = 512,
 ) -> int:
     """KV blocks of one replica of the node profile: the simulator's own definition
@@ -287,7 +288,7 @@ def build_dataset(
     replicas: int = 1,
     node_gpu: str = "a100",
     node_profile: str | None = None,
-    kv_cache_gb: float = 16.0,
+    kv_cache_gb: float = KV_CACHE_GB,
     synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
     synthetic_cache_share: float = 1.0,
     missing_rate_tol: float = MISSING_TOL,
@@ -391,7 +392,7 @@ def replay_cache_labels(
     replicas: int = 1,
     node_gpu: str = "a100",
     node_profile: str | None = None,
-    kv_cache_gb: float = 16.0,
+    kv_cache_gb: float = KV_CACHE_GB,
     synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
     synthetic_cache_share: float = 1.0,
     hash_chains: Any = None,

@@ -1,9 +1,8 @@
 """The exploration budget: a cap on the frontier spend of exploring runs, across runs.
 
 Algorithm (:class:`ExploreBudget`, a leaky bucket on the engine's clock): every step served on
-the frontier by an exploring run (``Decision.explore``) adds its price (prompt tokens not cached x
-input price + cached tokens x cached-input price + completion tokens x output price, from the
-serving backend's :class:`~router.policy.types.BackendState`) to ``level``; ``level`` drains at
+the frontier by an exploring run (``Decision.explore``) adds its price (:func:`router.core.accounting.backend_step_usd`
+at the serving backend's token prices) to ``level``; ``level`` drains at
 ``budget_usd / window_s`` USD per second of the clock the engine is given (``now`` of plan and
 finish; a log without timestamps never drains). While ``level >= budget_usd`` the budget is
 closed: a new run cannot start exploring (``Snapshot.explore_allowed`` is False at its first step;
@@ -17,18 +16,12 @@ process has its own, so N sidecar replicas spend up to N caps. Knobs: ``budget_u
 
 from __future__ import annotations
 
-from router.policy.types import BackendState
+from router.core.accounting import backend_step_usd
 
 __all__ = ["ExploreBudget", "step_price_usd"]
 
 
-def step_price_usd(b: BackendState, prompt: int, cached: int, completion: int) -> float:
-    """USD of one step on backend ``b`` at its token prices."""
-    return (
-        (prompt - cached) * b.price_in_per_m
-        + cached * b.price_cached_in_per_m
-        + completion * b.price_out_per_m
-    ) * 1e-6
+step_price_usd = backend_step_usd  # USD of one step on a backend (router.core.accounting)
 
 
 class ExploreBudget:

@@ -15,7 +15,7 @@ step's breakpoint is found from the next step's). Usage: ``cache_read_input_toke
 ``price_cache_write_per_m`` + reads x ``price_cached_in_per_m`` + output x ``price_out_per_m``.
 ``POST /v1/messages/count_tokens`` answers ``{"input_tokens": n}``.
 
-Knobs (besides the frontier fake's): ``price_cache_write_per_m`` (3.75), ``cache_ttl_s`` (300),
+Knobs (besides the frontier fake's): ``price_cache_write_per_m`` (:mod:`router.policy.defaults`), ``cache_ttl_s`` (300),
 ``cache_min_tokens`` (1024).
 """
 
@@ -29,20 +29,27 @@ from typing import Any, ClassVar
 from aiohttp import web
 from pydantic import Field
 
+from router.core.accounting import token_usd
 from router.fakes.frontier import FakeFrontier, FrontierKnobs
 from router.fakes.protocol import ParsedRequest
 from router.fakes.server import Ticket
 from router.fakes.synth import Completion
+from router.policy.defaults import (
+    FRONTIER_CACHE_WRITE_PER_M,
+    FRONTIER_CACHED_IN_PER_M,
+    FRONTIER_IN_PER_M,
+    FRONTIER_OUT_PER_M,
+)
 
 __all__ = ["AnthropicKnobs", "FakeAnthropic"]
 
 
 class AnthropicKnobs(FrontierKnobs):
     model: str = "claude-fake"
-    price_in_per_m: float = Field(3.0, ge=0)
-    price_cached_in_per_m: float = Field(0.3, ge=0)
-    price_cache_write_per_m: float = Field(3.75, ge=0)
-    price_out_per_m: float = Field(15.0, ge=0)
+    price_in_per_m: float = Field(FRONTIER_IN_PER_M, ge=0)
+    price_cached_in_per_m: float = Field(FRONTIER_CACHED_IN_PER_M, ge=0)
+    price_cache_write_per_m: float = Field(FRONTIER_CACHE_WRITE_PER_M, ge=0)
+    price_out_per_m: float = Field(FRONTIER_OUT_PER_M, ge=0)
     cache_ttl_s: float = Field(300.0, gt=0)
 
 
@@ -120,10 +127,13 @@ class FakeAnthropic(FakeFrontier):
         k = self.knobs
         cached = ticket.cached_tokens
         write = int(ticket.extra.get("cache_write", 0))
-        fresh = max(ticket.prompt_tokens - cached - write, 0)
-        return (
-            fresh * k.price_in_per_m
-            + write * k.price_cache_write_per_m
-            + cached * k.price_cached_in_per_m
-            + comp.completion_tokens * k.price_out_per_m
-        ) / 1e6
+        return token_usd(
+            float(ticket.prompt_tokens),
+            float(cached),
+            float(comp.completion_tokens),
+            price_in_per_m=k.price_in_per_m,
+            price_cached_in_per_m=k.price_cached_in_per_m,
+            price_out_per_m=k.price_out_per_m,
+            cache_write=float(write),
+            price_cache_write_per_m=k.price_cache_write_per_m,
+        )

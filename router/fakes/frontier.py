@@ -11,7 +11,8 @@ their longest cached prefix in ``cache_block`` (128) token increments reported a
 ``prompt_tokens_details.cached_tokens`` (the vLLM fake's model, ``router.core.prefix_cache``, with a
 large capacity; a prompt that does not fit beside the requests in flight is served uncached).
 Prices (USD per 1M tokens) are announced in ``x-fake-prices``; a non-streaming response also carries
-its cost in ``x-fake-cost-usd`` = (uncached in x price_in + cached x price_cached_in + out x price_out) / 1e6.
+its cost in ``x-fake-cost-usd`` = (uncached in x price_in + cached x price_cached_in + out x price_out) / 1e6
+(:func:`router.core.accounting.token_usd`).
 
 API styles (``api_style``): ``openai`` serves ``/v1/chat/completions`` and ``/v1/responses`` with a
 Bearer key; ``azure`` serves ``/openai/deployments/{azure_deployment}/chat/completions`` and
@@ -36,10 +37,12 @@ from typing import Any, ClassVar
 from aiohttp import web
 from pydantic import Field
 
+from router.core.accounting import token_usd
 from router.core.prefix_cache import Allocation, PrefixCache, block_hashes
 from router.fakes.protocol import ParsedRequest
 from router.fakes.server import CommonKnobs, FakeServer, Ticket
 from router.fakes.synth import Completion
+from router.policy.defaults import FRONTIER_CACHED_IN_PER_M, FRONTIER_IN_PER_M, FRONTIER_OUT_PER_M
 
 __all__ = ["FrontierKnobs", "FakeFrontier"]
 
@@ -52,9 +55,9 @@ class FrontierKnobs(CommonKnobs):
     ttft_ms: float = Field(400.0, ge=0)
     tokens_per_s: float = Field(80.0, gt=0)
     jitter: float = Field(0.0, ge=0, lt=1)
-    price_in_per_m: float = Field(2.5, ge=0)
-    price_cached_in_per_m: float = Field(1.25, ge=0)
-    price_out_per_m: float = Field(10.0, ge=0)
+    price_in_per_m: float = Field(FRONTIER_IN_PER_M, ge=0)
+    price_cached_in_per_m: float = Field(FRONTIER_CACHED_IN_PER_M, ge=0)
+    price_out_per_m: float = Field(FRONTIER_OUT_PER_M, ge=0)
     prompt_cache: bool = True
     # API style: "openai" (/v1/chat/completions + /v1/responses, Bearer), "azure"
     # (/openai/deployments/{azure_deployment}/chat/completions?api-version=..., api-key header),
@@ -214,11 +217,14 @@ class FakeFrontier(FakeServer):
     def cost(self, ticket: Ticket, comp: Completion) -> float:
         k = self.knobs
         cached = ticket.cached_tokens
-        return (
-            (ticket.prompt_tokens - cached) * k.price_in_per_m
-            + cached * k.price_cached_in_per_m
-            + comp.completion_tokens * k.price_out_per_m
-        ) / 1e6
+        return token_usd(
+            float(ticket.prompt_tokens),
+            float(cached),
+            float(comp.completion_tokens),
+            price_in_per_m=k.price_in_per_m,
+            price_cached_in_per_m=k.price_cached_in_per_m,
+            price_out_per_m=k.price_out_per_m,
+        )
 
     def response_headers(
         self, ticket: Ticket, comp: Completion, usage: dict[str, Any] | None

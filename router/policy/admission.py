@@ -31,7 +31,7 @@ Algorithm (pure; the caller supplies a :class:`LoadSnapshot`, no clock, no I/O):
    Retry-After estimated from how long until enough active runs finish.
 
 Knobs (:class:`AdmissionConfig`, the one definition: the sidecar's settings extend it and the
-simulator derives it from its node profile): ``enabled``; ``slo_short_step_s`` (2.0); the local
+simulator derives it from its node profile): ``enabled``; ``slo_short_step_s`` (:mod:`router.policy.defaults`); the local
 tier's speed, in *work tokens* (decode-token equivalents: ``completion + prefill_weight x uncached
 prompt``): ``decode_s_per_token`` (0.01, one sequence's decode time per token), ``replica_slots``
 (32, sequences a replica decodes at about that speed), ``prefill_s_per_token`` (1e-4) and
@@ -55,6 +55,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from router.policy.defaults import SLO_SHORT_STEP_S
+
 __all__ = [
     "AdmissionConfig",
     "LoadSnapshot",
@@ -74,7 +76,9 @@ class AdmissionConfig(BaseModel):
     """Admission knobs (see the module docstring for the algorithm and each knob)."""
 
     enabled: bool = True
-    slo_short_step_s: float = Field(default=2.0, gt=0, description="per-step SLO for short steps (seconds)")
+    slo_short_step_s: float = Field(
+        default=SLO_SHORT_STEP_S, gt=0, description="per-step SLO for short steps (seconds)"
+    )
     decode_s_per_token: float = Field(default=0.01, gt=0, description="one sequence's decode time per token")
     replica_slots: int = Field(
         default=32, ge=1, description="sequences a replica decodes at about that speed"

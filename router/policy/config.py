@@ -41,6 +41,7 @@ from router.policy.baselines import (
     StallEscalationPolicy,
 )
 from router.policy.budget import FrontierBudget
+from router.policy.defaults import GPU_HOUR_USD
 from router.policy.explore import ExploreConfig, ExplorePolicy
 from router.policy.filters import ScoreWeights
 from router.policy.learned import LearnedPolicy
@@ -171,7 +172,7 @@ class LearnedConfig(_Base):
         default=0.05, ge=0, le=1, description="share of remaining tokens that are output"
     )
     local_gpu_usd_per_hour: float = Field(
-        default=2.0, ge=0, description="local GPU price when a local backend carries none"
+        default=GPU_HOUR_USD, ge=0, description="local GPU price when a local backend carries none"
     )
     latency_usd_per_s: float = Field(
         default=0.0, ge=0, description="USD per second of prefill latency (0 = money only)"

@@ -64,6 +64,7 @@ cap still apply. The model orders runs, the budget decides how many escalate).
 from __future__ import annotations
 
 from router.policy.budget import FrontierBudget, tie_break
+from router.policy.defaults import GPU_HOUR_USD
 from router.policy.filters import DEFAULT_WEIGHTS, ScoreWeights, make_decision, place, place_requested
 from router.policy.trouble import TroubleTerm
 from router.policy.types import BackendState, Decision, Snapshot, Tier
@@ -104,7 +105,7 @@ class LearnedPolicy:
         off_boundary_ratio: float = 4.0,
         frontier_cache_hit: float = 0.8,
         output_token_share: float = 0.05,
-        local_gpu_usd_per_hour: float = 2.0,
+        local_gpu_usd_per_hour: float = GPU_HOUR_USD,
         latency_usd_per_s: float = 0.0,
         weights: ScoreWeights = DEFAULT_WEIGHTS,
         name: str = "learned",

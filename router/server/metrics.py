@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
+from router.core.accounting import backend_step_usd
 from router.server.metrics_specs import (
     CHAT_HANDLER,
     DEPRECATED,
@@ -185,11 +186,7 @@ class RouterMetrics:
             c(self.xturn_cached, tier, backend).inc(cached)
             c(self.xturn_bound, tier, backend).inc(min(prompt, prev_tokens))
         if state is not None:
-            usd = (
-                (prompt - cached) * state.price_in_per_m
-                + cached * state.price_cached_in_per_m
-                + out * state.price_out_per_m
-            ) / 1e6
+            usd = backend_step_usd(state, prompt, cached, out)
             if usd > 0:
                 c(self.spend, tier, model).inc(usd)
 

@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from router.policy.defaults import FRONTIER_CACHED_IN_PER_M, FRONTIER_IN_PER_M, FRONTIER_OUT_PER_M
+
 __all__ = [
     "ProtocolName",
     "SettingsError",
@@ -90,10 +92,10 @@ class FrontierTier(StrictModel):
     api_key_env: str | None = "OPENAI_API_KEY"
     allow_no_key: bool = False  # only for loopback fakes
     max_context: int = Field(default=131072, gt=0)
-    price_in_per_m: float = Field(default=2.0, ge=0)
-    price_cached_in_per_m: float = Field(default=0.5, ge=0)
+    price_in_per_m: float = Field(default=FRONTIER_IN_PER_M, ge=0)
+    price_cached_in_per_m: float = Field(default=FRONTIER_CACHED_IN_PER_M, ge=0)
     price_cache_write_per_m: float | None = Field(default=None, ge=0)  # None = price_in_per_m
-    price_out_per_m: float = Field(default=8.0, ge=0)
+    price_out_per_m: float = Field(default=FRONTIER_OUT_PER_M, ge=0)
     ttft_base_s: float = Field(default=0.4, ge=0)
     # azure
     deployment: str | None = None

@@ -12,7 +12,8 @@ Algorithm (per request, no queueing inside the provider):
   uncached input; decode speed ~ lognormal(median ``tokens_per_s_p50``, ``tokens_per_s_sigma``);
   end-to-end = wait + TTFT + (output - 1) / speed.
 - **Cost** = (uncached input x ``price_in_per_m`` + cached input x ``price_cached_in_per_m`` + output x
-  ``price_out_per_m``) / 1e6 USD.
+  ``price_out_per_m``) / 1e6 USD
+  (:func:`router.core.accounting.token_usd`).
 
 All draws come from the event loop's seeded ``random.Random``.
 """
@@ -23,6 +24,9 @@ import heapq
 import math
 import random
 from dataclasses import dataclass
+
+from router.core.accounting import token_usd
+from router.policy.defaults import FRONTIER_CACHED_IN_PER_M, FRONTIER_IN_PER_M, FRONTIER_OUT_PER_M
 
 __all__ = ["FrontierConfig", "Frontier"]
 
@@ -36,9 +40,9 @@ class FrontierConfig:
     prefill_s_per_token: float = 0.0
     tokens_per_s_p50: float = 60.0
     tokens_per_s_sigma: float = 0.25
-    price_in_per_m: float = 2.0  # defaults = router.server.settings.FrontierTier's
-    price_cached_in_per_m: float = 0.5
-    price_out_per_m: float = 8.0
+    price_in_per_m: float = FRONTIER_IN_PER_M  # router.policy.defaults, as the sidecar's FrontierTier
+    price_cached_in_per_m: float = FRONTIER_CACHED_IN_PER_M
+    price_out_per_m: float = FRONTIER_OUT_PER_M
     rpm_limit: float | None = None
     cache_ttl_s: float = 300.0
     cache_min_tokens: int = 1024
@@ -118,11 +122,14 @@ class Frontier:
         ttft += cfg.prefill_s_per_token * (prompt - cached)
         tps = math.exp(self._mu_tps + cfg.tokens_per_s_sigma * rng.gauss(0.0, 1.0))
         latency = ttft + max(completion - 1, 0) / tps
-        cost = (
-            (prompt - cached) * cfg.price_in_per_m
-            + cached * cfg.price_cached_in_per_m
-            + completion * cfg.price_out_per_m
-        ) / 1e6
+        cost = token_usd(
+            float(prompt),
+            float(cached),
+            float(completion),
+            price_in_per_m=cfg.price_in_per_m,
+            price_cached_in_per_m=cfg.price_cached_in_per_m,
+            price_out_per_m=cfg.price_out_per_m,
+        )
         self.cost_usd += cost
         self.tokens_in += prompt
         self.tokens_cached += cached

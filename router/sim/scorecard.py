@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from router.core.accounting import gpu_usd
 from router.sim.simconfig import SimConfig
 
 __all__ = [
@@ -92,7 +93,7 @@ class SimResult:
 
     @property
     def local_cost_usd(self) -> float:
-        return self.gpu_hours * self.config.gpu_hour_usd
+        return gpu_usd(self.gpu_hours * 3600.0, self.config.gpu_hour_usd)
 
     @property
     def cost_usd(self) -> float:
@@ -164,12 +165,11 @@ def details(res: SimResult) -> dict[str, Any]:
         "gpu_hours": round(res.gpu_hours, 6),
         "cold_starts": res.cold_starts,
         "cold_start_cost_usd": round(
-            res.cold_starts
-            * sum(res.config.wake_s)
-            / 2
-            / 3600
-            * res.config.profile.gpus_per_replica
-            * res.config.gpu_hour_usd,
+            gpu_usd(
+                res.cold_starts * sum(res.config.wake_s) / 2,
+                res.config.gpu_hour_usd,
+                res.config.profile.gpus_per_replica,
+            ),
             6,
         ),
         "steps_local": int((oc == SERVED_LOCAL).sum()),

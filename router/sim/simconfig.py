@@ -3,8 +3,8 @@
 Knobs (:class:`SimConfig`): ``profile`` (the node's step-time coefficients and limits),
 ``replicas``, ``kv_cache_gb`` (per replica), ``block_tokens`` (512: the Mooncake block size; also
 the KV allocation unit), ``frontier`` (:class:`~router.sim.frontier.FrontierConfig`),
-``gpu_hour_usd`` (0.20 per GPU), ``scale_to_zero``, ``wake_s`` (267-282 s), ``idle_reap_s``
-(1800 s), ``slo_short_s`` (p95 target and per-step SLO of short steps), ``slo_ttft_s`` (per-step
+``gpu_hour_usd`` (per GPU; default :mod:`router.policy.defaults`), ``scale_to_zero``, ``wake_s`` (267-282 s), ``idle_reap_s``
+(1800 s), ``slo_short_s`` (:mod:`router.policy.defaults`; p95 target and per-step SLO of short steps), ``slo_ttft_s`` (per-step
 SLO of long steps: their TTFT), ``slo_tpot_s`` (None; when set, details report the goodput share:
 served steps with TTFT <= ``slo_ttft_s`` and time per output token <= it, DistServe's measure),
 ``local_model``, ``seed``, ``fast_forward`` (False = step every
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from router.policy.defaults import GPU_HOUR_USD, KV_CACHE_GB, SLO_SHORT_STEP_S
 from router.sim.frontier import FrontierConfig
 from router.sim.profiles import NodeProfile
 from router.sim.specdec import SpecDecode
@@ -80,14 +81,14 @@ def kv_quant_note(dtype: str) -> str | None:
 class SimConfig:
     profile: NodeProfile
     replicas: int = 2
-    kv_cache_gb: float = 16.0
+    kv_cache_gb: float = KV_CACHE_GB
     block_tokens: int = 512
     frontier: FrontierConfig = field(default_factory=FrontierConfig)
-    gpu_hour_usd: float = 0.20
+    gpu_hour_usd: float = GPU_HOUR_USD
     scale_to_zero: bool = False
     wake_s: tuple[float, float] = (267.0, 282.0)
     idle_reap_s: float = 1800.0
-    slo_short_s: float = 5.0
+    slo_short_s: float = SLO_SHORT_STEP_S
     slo_ttft_s: float = 5.0
     slo_tpot_s: float | None = None
     local_model: str = "local"

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from models.predictor import ConstantPredictor
+from router.core.accounting import gpu_usd
 from router.core.admission import AdmissionGate
 from router.core.engine import StepEngine, StepPlan
 from router.core.prefix_index import PrefixIndex
@@ -148,7 +149,9 @@ class Simulator:
         self.unfit = 0  # runs rejected because a prompt can never fit one replica's KV cache
         self._runs_left = len(workload.runs)
         self._last_end = 0.0
-        self._gpu_price = config.gpu_hour_usd * config.profile.gpus_per_replica
+        self._gpu_price = gpu_usd(
+            3600.0, config.gpu_hour_usd, config.profile.gpus_per_replica
+        )  # per replica-hour
         self._B = config.block_tokens
         # backend states of the router's replicas, rebuilt per step only for replicas that changed
         self._changed: list[Replica] = []

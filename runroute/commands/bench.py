@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from router.policy.defaults import KV_CACHE_GB
 from runroute.errors import CliError
 
 
@@ -35,7 +36,9 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("--report-dir", help="also write report.md + all plots here")
         ] = None,
         replicas: Annotated[int, typer.Option("--replicas", help="simulated local replicas")] = 2,
-        kv_cache_gb: Annotated[float, typer.Option("--kv-cache-gb", help="KV cache per replica (GB)")] = 16.0,
+        kv_cache_gb: Annotated[
+            float, typer.Option("--kv-cache-gb", help="KV cache per replica (GB)")
+        ] = KV_CACHE_GB,
         arrival_rate: Annotated[float, typer.Option("--arrival-rate", help="run starts per second")] = 0.1,
         no_admission: Annotated[bool, typer.Option("--no-admission", help="no admission control")] = False,
         frontier_price: Annotated[

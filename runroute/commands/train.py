@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from router.policy.defaults import KV_CACHE_GB
 from runroute.errors import CliError
 
 
@@ -48,7 +49,7 @@ def register(app: typer.Typer) -> None:
             help="LRU replay capacity per replica (default: the node profile's KV blocks at --kv-cache-gb)",
         ),
         node_gpu: str = typer.Option("a100", "--node-gpu", help="node profile of the cache-label replay"),
-        kv_cache_gb: float = typer.Option(16.0, "--kv-cache-gb", help="KV cache per replica (GB)"),
+        kv_cache_gb: float = typer.Option(KV_CACHE_GB, "--kv-cache-gb", help="KV cache per replica (GB)"),
         cache_replicas: int = typer.Option(2, "--cache-replicas", help="local replicas (one cache each)"),
         n_estimators: int = typer.Option(200, "--n-estimators", help="trees of the regressors"),
         no_mlflow: bool = typer.Option(False, "--no-mlflow", help="do not log to MLflow"),

@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from router.policy.defaults import GPU_HOUR_USD, KV_CACHE_GB, SLO_SHORT_STEP_S
 from runroute.errors import CliError
 
 
@@ -48,7 +49,7 @@ def register(app: typer.Typer) -> None:
             "auto",
             "--kv-cache-gb",
             help="KV cache per replica (GB), e.g. 16,32; auto = what vLLM leaves on the profile's GPU "
-            "(memory x 0.9 - weights - reserve; 16 when the profile has no memory figures)",
+            f"(memory x 0.9 - weights - reserve; {KV_CACHE_GB:g} when the profile has no memory figures)",
         ),
         policy: str = typer.Option(
             "always-local,session-sticky,always-frontier",
@@ -69,10 +70,10 @@ def register(app: typer.Typer) -> None:
         scale_to_zero: bool = typer.Option(
             False, "--scale-to-zero", help="replicas sleep when idle (compared with always-on)"
         ),
-        gpu_hour_usd: float = typer.Option(0.20, "--gpu-hour-usd", help="local price per GPU-hour"),
+        gpu_hour_usd: float = typer.Option(GPU_HOUR_USD, "--gpu-hour-usd", help="local price per GPU-hour"),
         wake_s: str = typer.Option("267,282", "--wake-s", help="scale-to-zero wake time range LO,HI (s)"),
         idle_reap_s: float = typer.Option(1800.0, "--idle-reap-s", help="scale-to-zero idle reaper (s)"),
-        slo_short_s: float = typer.Option(5.0, "--slo-short-s", help="p95 short-step SLO (s)"),
+        slo_short_s: float = typer.Option(SLO_SHORT_STEP_S, "--slo-short-s", help="p95 short-step SLO (s)"),
         slo_ttft_s: float = typer.Option(5.0, "--slo-ttft-s", help="per-step SLO of long steps: TTFT (s)"),
         admission: bool = typer.Option(
             False,
@@ -184,7 +185,7 @@ def register(app: typer.Typer) -> None:
         flagged: list[str] = []  # defaults that change the answer, said out loud
         if kv_cache_gb.strip().lower() == "auto":
             derived = prof.default_kv_cache_gb()
-            kvs = [derived if derived is not None else 16.0]
+            kvs = [derived if derived is not None else KV_CACHE_GB]
             flagged.append(
                 f"KV cache {kvs[0]:g} GB per replica: "
                 + (
@@ -198,10 +199,10 @@ def register(app: typer.Typer) -> None:
             kvs = _floats(kv_cache_gb, "--kv-cache-gb")
         if any(k <= 0 for k in kvs):
             raise CliError("--kv-cache-gb: sizes must be > 0")
-        if gpu_hour_usd == 0.20:
+        if gpu_hour_usd == GPU_HOUR_USD:
             flagged.append(
-                "GPU price $0.20 per GPU-hour is the default (one measured deployment), not a market "
-                "price: set --gpu-hour-usd for cost answers"
+                f"GPU price ${GPU_HOUR_USD:.2f} per GPU-hour is the deployment default, not a quote: set "
+                "--gpu-hour-usd for cost answers"
             )
         if not no_kv_double and find_ is None:
             kvs = sorted(set(kvs) | {2 * max(kvs)})

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from router.policy.defaults import KV_CACHE_GB, SLO_SHORT_STEP_S
+
 __all__ = ["SimSettings", "LiveSettings"]
 
 
@@ -24,12 +26,12 @@ class SimSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     replicas: int = Field(default=2, ge=1, description="local vLLM replicas")
-    kv_cache_gb: float = Field(default=16.0, gt=0, description="KV cache per replica (GB)")
+    kv_cache_gb: float = Field(default=KV_CACHE_GB, gt=0, description="KV cache per replica (GB)")
     gpu: str = Field(default="a100", description="node profile family (router.sim.profiles)")
     arrival_rate: float = Field(
         default=0.1, gt=0, description="run starts per second (Poisson) in the held-out replay"
     )
-    slo_short_s: float = Field(default=5.0, gt=0, description="per-step SLO of short steps (s)")
+    slo_short_s: float = Field(default=SLO_SHORT_STEP_S, gt=0, description="per-step SLO of short steps (s)")
     admission: bool = Field(
         default=True, description="consult router.policy.admission at each run's first step (spill/reject)"
     )

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from router.core.accounting import gpu_usd
 from training.eval.outcome import Prices, RunRecord, parse_variant, records_from_frames, run_costs
 from training.eval.trials import task_success
 
@@ -76,7 +77,7 @@ class Served:
 
 
 def sim_config(seed: int = 0, replicas: int = 4, gpu: str = "a100", prices: Prices | None = None) -> Any:
-    """The loop's deployment: ``replicas`` local replicas (16 GB KV), the outcome model's frontier
+    """The loop's deployment: ``replicas`` local replicas (KV GB of router.policy.defaults), the outcome model's frontier
     prices, step records logged, no /metrics scrape."""
     from router.sim.frontier import FrontierConfig
     from router.sim.profiles import load_profile
@@ -113,7 +114,7 @@ def sim_backends(cfg: Any) -> list[Any]:
             max_context=ctx,
             prefill_s_per_token=prof.b,
             ttft_base_s=prof.a,
-            gpu_usd_per_hour=cfg.gpu_hour_usd * prof.gpus_per_replica,
+            gpu_usd_per_hour=gpu_usd(3600.0, cfg.gpu_hour_usd, prof.gpus_per_replica),
         )
         for i in range(cfg.replicas)
     ]

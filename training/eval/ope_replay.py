@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from router.core.accounting import token_usd
 from training.eval.outcome import Prices, RunRecord, records_from_frames
 
 if TYPE_CHECKING:
@@ -76,13 +77,24 @@ def step_costs(rec: RunRecord, tiers: np.ndarray, prices: Prices) -> np.ndarray:
         same[1:] = t[1:] == t[:-1]
     warm = np.where(same, rec.reuse, 0)
     cold = rec.prompt - warm
-    local = cold * prices.local_in_per_m + rec.completion * prices.local_out_per_m
-    front = (
-        cold * prices.frontier_in_per_m
-        + warm * prices.frontier_cached_in_per_m
-        + rec.completion * prices.frontier_out_per_m
+    prompt, completion = rec.prompt.astype(float), rec.completion.astype(float)
+    local = token_usd(
+        cold.astype(float),
+        np.zeros_like(prompt),
+        completion,
+        price_in_per_m=prices.local_in_per_m,
+        price_cached_in_per_m=0.0,
+        price_out_per_m=prices.local_out_per_m,
     )
-    return np.where(t == 1, front, local) / 1e6
+    front = token_usd(
+        prompt,
+        warm.astype(float),
+        completion,
+        price_in_per_m=prices.frontier_in_per_m,
+        price_cached_in_per_m=prices.frontier_cached_in_per_m,
+        price_out_per_m=prices.frontier_out_per_m,
+    )
+    return np.where(t == 1, front, local)
 
 
 @dataclass

@@ -60,6 +60,13 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from router.core.accounting import gpu_usd, token_usd
+from router.policy.defaults import (
+    FRONTIER_CACHED_IN_PER_M,
+    FRONTIER_IN_PER_M,
+    FRONTIER_OUT_PER_M,
+    GPU_HOUR_USD,
+)
 from training.eval.trials import bootstrap_mean_ci, strong_expectation
 
 __all__ = [
@@ -88,9 +95,9 @@ LOCAL, FRONTIER, REJECTED = 0, 1, -1
 class Prices(BaseModel):
     """Every price the scorecard uses, in one place. Defaults are assumptions, not quotes.
 
-    - Frontier: USD per 1M tokens, list prices of a Claude-Sonnet-class API (input $3, cached input
-      read $0.30, output $15), the strong model the tau2 weak runs are paired against.
-    - Local: ``gpu_hour_usd`` (on-demand A100-80GB class GPU at a GPU cloud, ~$1.5/h) spread over a
+    - Frontier: USD per 1M tokens, the deployment defaults of :mod:`router.policy.defaults` (the
+      prices the sidecar serves with; set the strong model's list prices in config to price a pair).
+    - Local: ``gpu_hour_usd`` (:mod:`router.policy.defaults`, USD per GPU-hour) spread over a
       sustained batched throughput of one GPU serving an 8B model with vLLM
       (``local_prefill_tokens_per_s`` of uncached prompt, ``local_decode_tokens_per_s`` of output);
       cached local prefix tokens are free.
@@ -98,12 +105,16 @@ class Prices(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    frontier_in_per_m: float = Field(default=3.0, ge=0, description="frontier input, USD per 1M tokens")
-    frontier_cached_in_per_m: float = Field(
-        default=0.30, ge=0, description="frontier cached input, USD per 1M"
+    frontier_in_per_m: float = Field(
+        default=FRONTIER_IN_PER_M, ge=0, description="frontier input, USD per 1M tokens"
     )
-    frontier_out_per_m: float = Field(default=15.0, ge=0, description="frontier output, USD per 1M tokens")
-    gpu_hour_usd: float = Field(default=1.50, ge=0, description="local GPU price, USD per GPU-hour")
+    frontier_cached_in_per_m: float = Field(
+        default=FRONTIER_CACHED_IN_PER_M, ge=0, description="frontier cached input, USD per 1M"
+    )
+    frontier_out_per_m: float = Field(
+        default=FRONTIER_OUT_PER_M, ge=0, description="frontier output, USD per 1M tokens"
+    )
+    gpu_hour_usd: float = Field(default=GPU_HOUR_USD, ge=0, description="local GPU price, USD per GPU-hour")
     local_prefill_tokens_per_s: float = Field(
         default=10000.0, gt=0, description="sustained uncached prompt tokens/s per GPU"
     )
@@ -113,11 +124,11 @@ class Prices(BaseModel):
 
     @property
     def local_in_per_m(self) -> float:
-        return self.gpu_hour_usd / (self.local_prefill_tokens_per_s * 3600.0) * 1e6
+        return gpu_usd(1e6 / self.local_prefill_tokens_per_s, self.gpu_hour_usd)
 
     @property
     def local_out_per_m(self) -> float:
-        return self.gpu_hour_usd / (self.local_decode_tokens_per_s * 3600.0) * 1e6
+        return gpu_usd(1e6 / self.local_decode_tokens_per_s, self.gpu_hour_usd)
 
     def table(self) -> dict[str, float]:
         """All prices in USD per 1M tokens (local ones derived) plus the GPU-hour price."""
@@ -348,15 +359,24 @@ def run_costs(rec: RunRecord, tiers: np.ndarray, prices: Prices) -> tuple[float,
     loc = t == LOCAL
     fr = t == FRONTIER
     local = float(
-        (cold[loc].sum() * prices.local_in_per_m + rec.completion[loc].sum() * prices.local_out_per_m) / 1e6
+        token_usd(
+            float(cold[loc].sum()),
+            0.0,
+            float(rec.completion[loc].sum()),
+            price_in_per_m=prices.local_in_per_m,
+            price_cached_in_per_m=0.0,
+            price_out_per_m=prices.local_out_per_m,
+        )
     )
     frontier = float(
-        (
-            cold[fr].sum() * prices.frontier_in_per_m
-            + warm[fr].sum() * prices.frontier_cached_in_per_m
-            + rec.completion[fr].sum() * prices.frontier_out_per_m
+        token_usd(
+            float(rec.prompt[fr].sum()),
+            float(warm[fr].sum()),
+            float(rec.completion[fr].sum()),
+            price_in_per_m=prices.frontier_in_per_m,
+            price_cached_in_per_m=prices.frontier_cached_in_per_m,
+            price_out_per_m=prices.frontier_out_per_m,
         )
-        / 1e6
     )
     return local + frontier, local, frontier
 

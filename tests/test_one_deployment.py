@@ -1,0 +1,77 @@
+"""serve, whatif and bench, given no price / SLO / KV flags, describe the same deployment.
+
+serve reads a config file (one frontier tier, nothing else set); whatif and bench are read from
+their CLI option defaults and the configs they build from them (``SimConfig`` / ``FrontierConfig``
+for whatif, ``Prices`` / ``SimSettings`` for bench). Every figure must equal the one in
+``router.policy.defaults``.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from router.policy import defaults as d
+from router.policy.config import build_policy
+from router.server.settings import RouterSettings
+from router.sim.frontier import FrontierConfig
+from router.sim.simconfig import SimConfig
+from runroute.cli import _typer_app
+from training.eval.config import SimSettings
+from training.eval.outcome import Prices
+
+
+def _option_defaults(command: str) -> dict[str, object]:
+    group = typer.main.get_command(_typer_app)
+    cmd = group.commands[command]  # type: ignore[attr-defined]
+    return {p.name: p.default for p in cmd.params if p.name}
+
+
+def test_serve_whatif_and_bench_report_the_same_prices_slo_and_kv(tmp_path):
+    cfg = tmp_path / "runroute.yaml"
+    cfg.write_text(
+        "frontier:\n  url: http://127.0.0.1:9\n  allow_no_key: true\n"
+        "policy: session-sticky\n"  # learned needs a bundle; its GPU price is the policy config's default
+    )
+    s = RouterSettings.load(cfg)
+    assert s.frontier is not None
+    serve = {
+        "in": s.frontier.price_in_per_m,
+        "cached_in": s.frontier.price_cached_in_per_m,
+        "out": s.frontier.price_out_per_m,
+        "gpu_hour": build_policy(
+            {"kind": "learned", "p_frontier_up": 0.5, "p_frontier_down": 0.2}
+        ).local_gpu_usd_per_hour,  # type: ignore[attr-defined]
+        "slo_short": s.admission.slo_short_step_s,
+    }
+
+    w = _option_defaults("whatif")
+    fr = FrontierConfig()  # whatif builds it with no price kwargs when --frontier-price is unset
+    sim_kv = SimConfig.__dataclass_fields__["kv_cache_gb"].default  # whatif's KV fallback is this constant
+    whatif = {
+        "in": fr.price_in_per_m,
+        "cached_in": fr.price_cached_in_per_m,
+        "out": fr.price_out_per_m,
+        "gpu_hour": w["gpu_hour_usd"],
+        "slo_short": w["slo_short_s"],
+    }
+
+    b = _option_defaults("bench")
+    p, sim = Prices(), SimSettings()  # bench's figures when --frontier-price / --gpu-hour-usd are unset
+    assert b["frontier_price"] in (None, "") and b["gpu_hour_usd"] is None
+    bench = {
+        "in": p.frontier_in_per_m,
+        "cached_in": p.frontier_cached_in_per_m,
+        "out": p.frontier_out_per_m,
+        "gpu_hour": p.gpu_hour_usd,
+        "slo_short": sim.slo_short_s,
+    }
+
+    want = {
+        "in": d.FRONTIER_IN_PER_M,
+        "cached_in": d.FRONTIER_CACHED_IN_PER_M,
+        "out": d.FRONTIER_OUT_PER_M,
+        "gpu_hour": d.GPU_HOUR_USD,
+        "slo_short": d.SLO_SHORT_STEP_S,
+    }
+    assert serve == whatif == bench == want
+    assert b["kv_cache_gb"] == sim_kv == d.KV_CACHE_GB
