@@ -177,6 +177,9 @@ class Replica:
         self.tiers = tiers
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # prompt tokens still to prefill (waiting requests whole, running ones' remainders), kept
+        # incrementally: the router-visible prefill queue (simulator.prefill_owed is its definition)
+        self.owed = 0
         self.kv = PrefixCache(kv_capacity_blocks, block_tokens)  # KV blocks and the prefix cache
         if tiers is not None:
             self.kv.spill = []  # GPU evictions, demoted to the tiers after each admission
@@ -242,6 +245,7 @@ class Replica:
             return False
         t = self.loop.now
         self.waiting.append(req)
+        self.owed += req.prompt
         self._touch()
         self._reap_gen += 1
         if self.state == "off":
@@ -395,6 +399,7 @@ class Replica:
             waiting.popleft()
             running.append(r)
             rem = r.prompt - r.prefilled
+            self.owed -= r.prompt if rem <= 0 else r.prompt - rem
             if rem <= 0:  # arrived prefilled (a decode-role replica): decodes in this iteration
                 n_dec += 1
                 ctx += r.c0 + r.decoded * r.grow
@@ -446,6 +451,7 @@ class Replica:
             if ln:
                 r.chunk = 0
                 r.prefilled += ln
+                self.owed -= ln
                 if r.prefilled >= r.prompt:
                     r.decoded = 1
                     r.first_token_t = t

@@ -68,7 +68,8 @@ def admission_from_controller(controller: AdmissionController) -> AdmissionContr
 def prefill_owed(rep: Any) -> int:
     """Prompt tokens ``rep`` still has to prefill for the requests sent to it (running ones'
     remainders, waiting ones whole): what the router knows of what it sent and has not yet seen a
-    first token for (BackendState.prefill_queue_tokens)."""
+    first token for (BackendState.prefill_queue_tokens). The definition, O(queue): the simulator reads
+    the replica's incremental count (``Replica.owed``), which the tests check against this."""
     n = 0
     for r in rep.running:
         if r.prefilled < r.prompt:
@@ -220,7 +221,7 @@ class Simulator:
             prefill_s_per_token=prof.b,
             ttft_base_s=prof.a if rep.state == "on" else prof.a + rep.wake_remaining(t),
             gpu_usd_per_hour=self._gpu_price,
-            prefill_queue_tokens=prefill_owed(rep),
+            prefill_queue_tokens=rep.owed,
         )
 
     def _backends(self, run: _Run, t: float) -> list[BackendState]:
