@@ -213,8 +213,10 @@ def register(app: typer.Typer) -> None:
             raise CliError(str(e)) from None
         if find_ is not None and slo_t is None:
             raise CliError("--find needs --slo (e.g. --slo short_p95=2s)")
-        if find_ is not None and disagg_prefill:
-            raise CliError("--disagg-prefill works in grid mode only (a search changes the replica count)")
+        if find_ is not None and disagg_prefill and max_replicas <= disagg_prefill:
+            raise CliError(
+                "--find with --disagg-prefill P searches P+1..--max-replicas: raise --max-replicas"
+            )
         if slo_t is not None:
             slo_short_s = slo_t.short_p95_s if slo_t.short_p95_s is not None else slo_short_s
             slo_ttft_s = slo_t.ttft_p95_s if slo_t.ttft_p95_s is not None else slo_ttft_s
@@ -251,7 +253,7 @@ def register(app: typer.Typer) -> None:
                 disagg_prefill=disagg_prefill,
                 kv_link_gbps=kv_link_gbps,
             )
-            if disagg_prefill and min(reps) <= disagg_prefill:
+            if disagg_prefill and min(reps) <= disagg_prefill and find_ != "replicas":
                 raise SimError(
                     "--disagg-prefill P needs every --replicas count > P (one decode replica at least)"
                 )
