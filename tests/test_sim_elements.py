@@ -180,6 +180,42 @@ def test_disaggregated_request_prefills_transfers_then_decodes() -> None:
     assert res.gpu_hours == pytest.approx(2 * res.makespan_s / 3600)
 
 
+def test_tensor_parallel_pools_scale_the_profile_terms_the_gpus_and_the_kv() -> None:
+    """tp_prefill/tp_decode: each pool's time terms / (t x efficiency), t GPUs and t x the KV each."""
+    from router.sim.disagg import tp_profile
+
+    eff = 0.8
+    res, _ = simulate(
+        [[(3000, 50, 0.0, None, None)]],
+        Fixed("local-0"),
+        replicas=2,
+        disagg_prefill=1,
+        kv_link_gbps=2.0,
+        kv_link_latency_s=0.003,
+        tp=2,
+        tp_decode=4,
+        tp_efficiency=eff,
+    )
+    p2, p4 = tp_profile(PROF, 2, eff), tp_profile(PROF, 4, eff)
+    assert p2.b == pytest.approx(PROF.b / 1.6) and p4.d == pytest.approx(PROF.d / 3.2)
+    assert (p2.gpus_per_replica, p4.gpus_per_replica) == (2, 4) and tp_profile(PROF, 1, eff) is PROF
+    ttft = prefill_s(p2, [(3000, 0)])
+    xfer = 0.003 + 3000 * PROF.kv_bytes_per_token / 2e9
+    assert res.ttft[0] == pytest.approx(ttft, abs=1e-9)
+    assert res.latency[0] == pytest.approx(ttft + xfer + decode_s(p4, 3000, 50), abs=1e-9)
+    assert res.gpu_hours == pytest.approx((2 + 4) * res.makespan_s / 3600)
+    co, _ = simulate([[(3000, 50, 0.0, None, None)]], Fixed("local-0"), tp=2, tp_efficiency=eff)
+    assert co.latency[0] == pytest.approx(prefill_s(p2, [(3000, 0)]) + decode_s(p2, 3000, 50), abs=1e-9)
+    from router.sim.disagg import build_replicas
+    from router.sim.engine import EventLoop
+
+    cfg = SimConfig(profile=PROF, replicas=2, disagg_prefill=1, tp=2, tp_decode=4, kv_cache_gb=1.0)
+    _, reps, _ = build_replicas(cfg, EventLoop(start=0.0, seed=0), lambda r: None)
+    assert [r.capacity for r in reps] == [2 * cfg.kv_blocks(), 4 * cfg.kv_blocks()]
+    with pytest.raises(SimError, match="tp"):
+        SimConfig(profile=PROF, tp=0)
+
+
 def test_disaggregation_conserves_requests_and_bytes_and_shares_the_link() -> None:
     runs = [
         [(1500 + 100 * i, 1 + (i % 3) * 20, 0.0, None, None), (2000, 10, 1.0, None, None)] for i in range(12)

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from router.sim.engine import EventLoop
 from router.sim.kvtier import KVTier, TierStack, tier_blocks
 from router.sim.node import Replica, Request
+from router.sim.profiles import NodeProfile
 from router.sim.simconfig import SimConfig
 from router.sim.workload import SimError
 
@@ -146,6 +148,33 @@ def _tiers(cfg: SimConfig) -> TierStack | None:
     return TierStack(tiers)
 
 
+def tp_profile(prof: NodeProfile, tp: int, efficiency: float) -> NodeProfile:
+    """The profile of a replica sharded over ``tp`` GPUs: a stated scaling, not a fit.
+
+    Algorithm: every time term (``a`` the per-iteration overhead, ``b`` per prefill token, ``c`` the
+    causal-attention term, ``d`` per decode KV token read, ``e`` per sequence) is divided by
+    ``tp x efficiency`` (each GPU does 1/tp of the matmuls and reads 1/tp of the weights and of the
+    KV; ``efficiency`` is what the all-reduces leave of that); ``gpus_per_replica`` is multiplied
+    by ``tp`` (the cost). The KV a replica holds grows by ``tp`` (:func:`build_replicas`; the
+    weights' freed memory on each GPU is not counted, so this under-states it). ``tp == 1`` returns
+    the profile unchanged.
+
+    Knobs: ``tp`` (>= 1), ``efficiency`` (0 < x <= 1; SimConfig.tp_efficiency, 0.8 assumed)."""
+    if tp == 1:
+        return prof
+    k = tp * efficiency
+    return replace(
+        prof,
+        name=f"{prof.name}-tp{tp}",
+        a=prof.a / k,
+        b=prof.b / k,
+        c=prof.c / k,
+        d=prof.d / k,
+        e=prof.e / k,
+        gpus_per_replica=prof.gpus_per_replica * tp,
+    )
+
+
 def build_replicas(
     cfg: SimConfig, loop: EventLoop, on_done: Callable[[Request], None]
 ) -> tuple[list[Replica], list[Replica], DisaggNode | None]:
@@ -158,11 +187,13 @@ def build_replicas(
         raise SimError("disaggregation with scale-to-zero is not modelled")
 
     def rep(name: str, role: str) -> Replica:
+        t = cfg.pool_tp(role)
+        p = tp_profile(prof, t, cfg.tp_efficiency)
         return Replica(
             name,
-            prof,
+            p,
             loop,
-            blocks,
+            blocks * t,
             cfg.block_tokens,
             on_done,
             scale_to_zero=cfg.scale_to_zero,
@@ -171,7 +202,7 @@ def build_replicas(
             fast_forward=cfg.fast_forward,
             tiers=_tiers(cfg) if role != "decode" else None,
             spec=spec is not None and role != "prefill",
-            draft_s=draft,
+            draft_s=draft if t == 1 else spec.draft_s(p) if spec is not None else 0.0,
             role=role,
         )
 

@@ -34,6 +34,11 @@ Disaggregation (:mod:`router.sim.disagg`): ``disagg_prefill`` (0 = co-located ch
 ``P > 0``: of the ``replicas`` GPUs, P are prefill-only replicas, the router's local backends, and
 ``replicas - P`` decode-only), ``kv_link_gbps`` (prefill -> decode KV transfer bandwidth per
 prefill replica, GB/s) and ``kv_link_latency_s`` (per transfer).
+
+Tensor parallelism (:func:`router.sim.disagg.tp_profile`): ``tp`` (GPUs per replica sharding the
+model, every replica; 1 = the profile as fitted), ``tp_decode`` (the decode pool's degree when
+disaggregated; 0 = ``tp``), ``tp_efficiency`` (0.8, an assumption, not fitted: the share of the
+t-fold speed-up left after the all-reduces). A TP-t replica costs t GPUs and holds t x the KV.
 """
 
 from __future__ import annotations
@@ -110,6 +115,9 @@ class SimConfig:
     disagg_prefill: int = 0
     kv_link_gbps: float = 50.0
     kv_link_latency_s: float = 0.0005
+    tp: int = 1
+    tp_decode: int = 0
+    tp_efficiency: float = 0.8
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -129,6 +137,12 @@ class SimConfig:
             raise SimError("tier and link bandwidths must be > 0")
         if self.disagg_prefill < 0 or (self.disagg_prefill and self.disagg_prefill >= self.replicas):
             raise SimError("disagg_prefill must leave at least one decode replica (0 < P < replicas)")
+        if self.tp < 1 or self.tp_decode < 0 or not 0 < self.tp_efficiency <= 1:
+            raise SimError("tp must be >= 1, tp_decode >= 0 (0: tp) and 0 < tp_efficiency <= 1")
+
+    def pool_tp(self, role: str) -> int:
+        """The tensor-parallel degree of a replica of ``role`` (both, prefill or decode)."""
+        return self.tp_decode if role == "decode" and self.tp_decode else self.tp
 
     def kv_scale(self) -> float:
         """Node KV bytes per token / the profile's (fp16) bytes per token."""

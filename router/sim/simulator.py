@@ -129,7 +129,8 @@ class Simulator:
         self.spec = config.spec
         self.by_name = {r.name: r for r in self.replicas}
         self.frontier = Frontier(config.frontier, self.loop.rng, config.block_tokens)
-        self.local_max_context = min(config.profile.max_context, blocks * config.block_tokens)
+        cap = self.replicas[0].capacity if self.replicas else blocks  # x tp (router.sim.disagg.tp_profile)
+        self.local_max_context = min(config.profile.max_context, cap * config.block_tokens)
         self.engine = self._engine(admission)
         n = workload.n_steps
         self.outcome = np.zeros(n, dtype=np.int8)
@@ -150,6 +151,8 @@ class Simulator:
         self._runs_left = len(workload.runs)
         self._last_end = 0.0
         self._gpu_price = config.gpu_hour_usd * config.profile.gpus_per_replica
+        if config.tp != 1:
+            self._gpu_price *= config.tp
         self._B = config.block_tokens
         # backend states of the router's replicas, rebuilt per step only for replicas that changed
         self._changed: list[Replica] = []
@@ -189,7 +192,7 @@ class Simulator:
             )
             gate = AdmissionGate(ctrl.cfg, traffic, budget_hook=ctrl.budget_hook)
             gate.controller = ctrl  # the caller's controller object (its hysteresis state)
-        index = PrefixIndex(B, [(r.name, self.cfg.kv_blocks()) for r in self.replicas])
+        index = PrefixIndex(B, [(r.name, r.capacity) for r in self.replicas])
         return StepEngine(
             admission=gate,
             cache_reader=reading,
@@ -423,9 +426,9 @@ class Simulator:
         if self.cfg.scale_to_zero:
             for r in self.replicas:
                 r.finalize(makespan)
-            gpu_s = sum(r.billed_s for r in self.replicas)
-        else:
-            gpu_s = makespan * len(self.all_replicas)
+            gpu_s = sum(r.billed_s * self.cfg.pool_tp(r.role) for r in self.replicas)
+        else:  # replicas x their tensor-parallel degree (each 1 by default)
+            gpu_s = makespan * sum(self.cfg.pool_tp(r.role) for r in self.all_replicas)
         gpu_hours = gpu_s / 3600 * self.cfg.profile.gpus_per_replica
         if np.any(self.outcome == 0):
             missing = int(np.sum(self.outcome == 0))

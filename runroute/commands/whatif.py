@@ -135,6 +135,13 @@ def register(app: typer.Typer) -> None:
             help="of each replica count, this many prefill-only replicas (0 = co-located)",
         ),
         kv_link_gbps: float = typer.Option(50.0, "--kv-link-gbps", help="disaggregation: KV link GB/s"),
+        tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel GPUs per replica (prefill pool too)"),
+        tp_decode: int = typer.Option(
+            0, "--tp-decode", min=0, help="disaggregation: decode pool TP (0: --tp)"
+        ),
+        tp_efficiency: float = typer.Option(
+            0.8, "--tp-efficiency", help="share of the TP speed-up kept after all-reduces (assumed)"
+        ),
         dask: str | None = typer.Option(
             None,
             "--dask",
@@ -252,6 +259,9 @@ def register(app: typer.Typer) -> None:
                 spec=spec_m,
                 disagg_prefill=disagg_prefill,
                 kv_link_gbps=kv_link_gbps,
+                tp=tp,
+                tp_decode=tp_decode,
+                tp_efficiency=tp_efficiency,
             )
             if disagg_prefill and min(reps) <= disagg_prefill and find_ != "replicas":
                 raise SimError(
