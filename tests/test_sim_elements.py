@@ -255,3 +255,24 @@ def test_all_elements_together_serve_every_step_once_and_conserve() -> None:
     assert (res.outcome == SERVED_LOCAL).all()
     check_tier_conservation(res)
     assert all(t["hit_blocks"] > 0 for t in res.tier_stats)  # both the CPU and the SSD tier served hits
+
+
+def test_global_cpu_pool_is_one_tier_shared_by_the_replicas() -> None:
+    """cpu_kv_global: one CPU tier of the summed size; a block replica 0 demoted extends replica 1's hit."""
+    from router.sim.disagg import build_replicas
+    from router.sim.engine import EventLoop
+
+    base = SimConfig(profile=PROF, replicas=2, kv_cache_gb=1.0, cpu_kv_x=2.0)
+    glob = SimConfig(profile=PROF, replicas=2, kv_cache_gb=1.0, cpu_kv_x=2.0, cpu_kv_global=True)
+    _, own, _ = build_replicas(base, EventLoop(start=0.0, seed=0), lambda r: None)
+    _, pool, _ = build_replicas(glob, EventLoop(start=0.0, seed=0), lambda r: None)
+    assert own[0].tiers.tiers[0] is not own[1].tiers.tiers[0]
+    assert pool[0].tiers.tiers[0] is pool[1].tiers.tiers[0]
+    assert pool[0].tiers.tiers[0].capacity == 2 * own[0].tiers.tiers[0].capacity
+    for reps in (own, pool):
+        reps[0].tiers.demote([11, 12, 13])
+    assert own[1].tiers.extend([11, 12, 13, 14], 0, 4)[0] == [0]
+    got, secs = pool[1].tiers.extend([11, 12, 13, 14], 0, 4)
+    assert got == [3] and secs == pytest.approx(pool[1].tiers.tiers[0].transfer_s(3))
+    with pytest.raises(SimError, match="global"):
+        SimConfig(profile=PROF, cpu_kv_x=1.0, ssd_kv_x=1.0, cpu_kv_global=True)

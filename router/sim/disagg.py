@@ -136,9 +136,11 @@ class DisaggNode:
         }
 
 
-def _tiers(cfg: SimConfig) -> TierStack | None:
+def _tiers(cfg: SimConfig, shared: KVTier | None = None) -> TierStack | None:
     if not cfg.tiers_on:
         return None
+    if shared is not None:  # the global CPU pool (SimConfig.cpu_kv_global): the same tier object
+        return TierStack([shared])
     bpb = cfg.kv_bytes_per_token() * cfg.block_tokens
     tiers = [KVTier("cpu", tier_blocks(cfg.cpu_gb(), bpb), cfg.cpu_kv_gbps, cfg.cpu_kv_latency_s, bpb)]
     if cfg.ssd_gb() > 0:
@@ -186,6 +188,12 @@ def build_replicas(
     if cfg.disagg_prefill and cfg.scale_to_zero:
         raise SimError("disaggregation with scale-to-zero is not modelled")
 
+    shared = None
+    if cfg.cpu_kv_global and cfg.tiers_on:  # one pool of every tiered replica's DRAM together
+        bpb = cfg.kv_bytes_per_token() * cfg.block_tokens
+        n = cfg.disagg_prefill or cfg.replicas
+        shared = KVTier("cpu", tier_blocks(cfg.cpu_gb() * n, bpb), cfg.cpu_kv_gbps, cfg.cpu_kv_latency_s, bpb)
+
     def rep(name: str, role: str) -> Replica:
         t = cfg.pool_tp(role)
         p = tp_profile(prof, t, cfg.tp_efficiency)
@@ -200,7 +208,7 @@ def build_replicas(
             wake_s=cfg.wake_s,
             idle_reap_s=cfg.idle_reap_s,
             fast_forward=cfg.fast_forward,
-            tiers=_tiers(cfg) if role != "decode" else None,
+            tiers=_tiers(cfg, shared) if role != "decode" else None,
             spec=spec is not None and role != "prefill",
             draft_s=draft if t == 1 else spec.draft_s(p) if spec is not None else 0.0,
             role=role,

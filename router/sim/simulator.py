@@ -484,6 +484,8 @@ class Simulator:
     def _tier_stats(self) -> list[dict[str, Any]] | None:
         if self.tier_cached is None:
             return None
+        if self.cfg.cpu_kv_global:  # one shared tier: counted once
+            return self.replicas[0].tiers.stats() if self.replicas[0].tiers is not None else None
         per = [r.tiers.stats() for r in self.replicas if r.tiers is not None]
         out = []
         for t in range(len(per[0])):

@@ -120,6 +120,9 @@ def register(app: typer.Typer) -> None:
             "0", "--cpu-kv-gb", help="CPU KV tier per replica: GB, or Nx of the GPU KV"
         ),
         cpu_kv_gbps: float = typer.Option(25.0, "--cpu-kv-gbps", help="CPU tier -> GPU bandwidth (GB/s)"),
+        cpu_kv_global: bool = typer.Option(
+            False, "--cpu-kv-global", help="one CPU KV pool shared by all replicas (their summed size)"
+        ),
         ssd_kv_gb: str = typer.Option(
             "0", "--ssd-kv-gb", help="SSD KV tier per replica: GB, or Nx of the GPU KV"
         ),
@@ -253,6 +256,7 @@ def register(app: typer.Typer) -> None:
                 cpu_kv_gb=cpu_gb,
                 cpu_kv_x=cpu_x,
                 cpu_kv_gbps=cpu_kv_gbps,
+                cpu_kv_global=cpu_kv_global,
                 ssd_kv_gb=ssd_gb,
                 ssd_kv_x=ssd_x,
                 ssd_kv_gbps=ssd_kv_gbps,
