@@ -13,7 +13,7 @@ from router.sim.kvtier import KVTier, TierStack
 from router.sim.node import Request
 from router.sim.profiles import NodeProfile
 from router.sim.simconfig import SimConfig, kv_quant_note
-from router.sim.specdec import KindRate, SpecDecode, eagle, parse_spec, prompt_lookup
+from router.sim.specdec import KindRate, SpecDecode, SpecError, eagle, parse_spec, prompt_lookup
 from router.sim.whatif import SERVED_LOCAL, SimError, details
 
 B = 512
@@ -142,6 +142,29 @@ def test_eagle_decode_time_and_token_conservation() -> None:
     spec.apply(req, tool_call=False)
     m = req.it_target - 1
     assert 1 + m * e >= 50 > 1 + (m - 1) * e  # the iterations emit every output token, no fewer
+
+
+def test_draft_model_prices_each_proposed_token_of_each_decoding_request() -> None:
+    """draft-model: the drafting time of an iteration is ms x the proposed tokens of its batch."""
+    spec = parse_spec("draft-model:alpha=0.5,k=3,ms=2")
+    assert (
+        spec is not None and spec.method == "draft-model" and spec.draft_s_per_token == pytest.approx(0.002)
+    )
+    assert spec.draft_s(PROF) == 0.0
+    e = (1 - 0.5**4) / 0.5
+    for ff in (True, False):
+        res, _ = simulate([[(3000, 50, 0.0, None, None)]], Fixed("local-0"), spec=spec, fast_forward=ff)
+        want = prefill_s(PROF, [(3000, 0)]) + spec_decode_s(PROF, 3000, 50, e, 3.0, 3 * 0.002)
+        assert res.latency[0] == pytest.approx(want, abs=1e-9)
+    # two decoding requests: twice the proposed tokens, twice the drafting time per iteration
+    one = simulate([[(3000, 50, 0.0, None, None)]], Fixed("local-0"), spec=spec)[0].latency[0]
+    two = simulate([[(3000, 50, 0.0, None, None)]] * 2, Fixed("local-0"), spec=spec)[0].latency
+    free = parse_spec("draft-model:alpha=0.5,k=3,ms=0")
+    one0 = simulate([[(3000, 50, 0.0, None, None)]], Fixed("local-0"), spec=free)[0].latency[0]
+    two0 = simulate([[(3000, 50, 0.0, None, None)]] * 2, Fixed("local-0"), spec=free)[0].latency
+    assert two[0] - two0[0] == pytest.approx(2 * (one - one0), rel=1e-9)
+    with pytest.raises(SpecError, match="ms"):
+        parse_spec("draft-model:alpha=0.5")
 
 
 def test_prompt_lookup_rates_are_per_step_kind_and_measured() -> None:

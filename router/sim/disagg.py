@@ -211,6 +211,7 @@ def build_replicas(
             tiers=_tiers(cfg, shared) if role != "decode" else None,
             spec=spec is not None and role != "prefill",
             draft_s=draft if t == 1 else spec.draft_s(p) if spec is not None else 0.0,
+            draft_s_per_token=spec.draft_s_per_token if spec is not None else 0.0,  # drafter: not TP-scaled
             role=role,
         )
 

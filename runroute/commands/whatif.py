@@ -130,7 +130,8 @@ def register(app: typer.Typer) -> None:
         spec: str = typer.Option(
             "none",
             "--spec",
-            help="speculative decoding: none | prompt-lookup[:min=,max=,k=] | eagle:alpha=A[,k=K]",
+            help="speculative decoding: none | prompt-lookup[:min=,max=,k=] | eagle:alpha=A[,k=K] | "
+            "draft-model:alpha=A,ms=M[,k=K] (M ms per proposed token)",
         ),
         disagg_prefill: int = typer.Option(
             0,
