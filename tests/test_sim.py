@@ -197,3 +197,30 @@ def test_empty_runlog_is_a_clear_error():
     steps, runs = frame([[(10, 1, 0.0, None, None)]])
     with pytest.raises(SimError, match="no step records"):
         Workload.from_frames(steps.iloc[:0], runs)
+
+
+def test_incremental_prefill_queue_equals_its_definition_at_every_step(monkeypatch):
+    """Replica.owed (kept incrementally, what the policy sees) equals prefill_owed (the O(queue) sum)
+    every time a backend state is built, on an overloaded generated workload (long queues, chunks)."""
+    from features.generate import generate
+    from features.runlog import RunLog
+    from router.policy.config import build_policy
+    from router.sim import simulator as simmod
+    from router.sim.arrivals import run_starts
+    from router.sim.profiles import load_profile
+    from router.sim.whatif import SimConfig, Simulator
+
+    seen = []
+    orig = simmod.Simulator._local_state
+
+    def checked(self, rep, t):
+        assert rep.owed == simmod.prefill_owed(rep)
+        seen.append(rep.owed)
+        return orig(self, rep, t)
+
+    monkeypatch.setattr(simmod.Simulator, "_local_state", checked)
+    w = Workload.from_runlog(RunLog.from_frame(generate(150, seed=3)))
+    st = run_starts("trace", len(w.runs), logged_starts=w.logged_starts())
+    cfg = SimConfig(profile=load_profile(None, "a100"), replicas=2, kv_cache_gb=16.0)
+    Simulator(w, build_policy("session-sticky"), cfg, st).run()
+    assert len(seen) > 100 and max(seen) > 0

@@ -13,7 +13,7 @@ from router.sim.kvtier import KVTier, TierStack
 from router.sim.node import Request
 from router.sim.profiles import NodeProfile
 from router.sim.simconfig import SimConfig, kv_quant_note
-from router.sim.specdec import KindRate, SpecDecode, eagle, parse_spec, prompt_lookup
+from router.sim.specdec import KindRate, SpecDecode, SpecError, eagle, parse_spec, prompt_lookup
 from router.sim.whatif import SERVED_LOCAL, SimError, details
 
 B = 512
@@ -144,6 +144,29 @@ def test_eagle_decode_time_and_token_conservation() -> None:
     assert 1 + m * e >= 50 > 1 + (m - 1) * e  # the iterations emit every output token, no fewer
 
 
+def test_draft_model_prices_each_proposed_token_of_each_decoding_request() -> None:
+    """draft-model: the drafting time of an iteration is ms x the proposed tokens of its batch."""
+    spec = parse_spec("draft-model:alpha=0.5,k=3,ms=2")
+    assert (
+        spec is not None and spec.method == "draft-model" and spec.draft_s_per_token == pytest.approx(0.002)
+    )
+    assert spec.draft_s(PROF) == 0.0
+    e = (1 - 0.5**4) / 0.5
+    for ff in (True, False):
+        res, _ = simulate([[(3000, 50, 0.0, None, None)]], Fixed("local-0"), spec=spec, fast_forward=ff)
+        want = prefill_s(PROF, [(3000, 0)]) + spec_decode_s(PROF, 3000, 50, e, 3.0, 3 * 0.002)
+        assert res.latency[0] == pytest.approx(want, abs=1e-9)
+    # two decoding requests: twice the proposed tokens, twice the drafting time per iteration
+    one = simulate([[(3000, 50, 0.0, None, None)]], Fixed("local-0"), spec=spec)[0].latency[0]
+    two = simulate([[(3000, 50, 0.0, None, None)]] * 2, Fixed("local-0"), spec=spec)[0].latency
+    free = parse_spec("draft-model:alpha=0.5,k=3,ms=0")
+    one0 = simulate([[(3000, 50, 0.0, None, None)]], Fixed("local-0"), spec=free)[0].latency[0]
+    two0 = simulate([[(3000, 50, 0.0, None, None)]] * 2, Fixed("local-0"), spec=free)[0].latency
+    assert two[0] - two0[0] == pytest.approx(2 * (one - one0), rel=1e-9)
+    with pytest.raises(SpecError, match="ms"):
+        parse_spec("draft-model:alpha=0.5")
+
+
 def test_prompt_lookup_rates_are_per_step_kind_and_measured() -> None:
     pl = prompt_lookup()
     assert pl.method == "prompt-lookup" and pl.source.startswith("measured")
@@ -178,6 +201,42 @@ def test_disaggregated_request_prefills_transfers_then_decodes() -> None:
     assert (st["prefilled"], st["kv_transfers"], st["decoded"]) == (1, 1, 1)
     assert st["kv_transfer_s"] == pytest.approx(xfer)
     assert res.gpu_hours == pytest.approx(2 * res.makespan_s / 3600)
+
+
+def test_tensor_parallel_pools_scale_the_profile_terms_the_gpus_and_the_kv() -> None:
+    """tp_prefill/tp_decode: each pool's time terms / (t x efficiency), t GPUs and t x the KV each."""
+    from router.sim.disagg import tp_profile
+
+    eff = 0.8
+    res, _ = simulate(
+        [[(3000, 50, 0.0, None, None)]],
+        Fixed("local-0"),
+        replicas=2,
+        disagg_prefill=1,
+        kv_link_gbps=2.0,
+        kv_link_latency_s=0.003,
+        tp=2,
+        tp_decode=4,
+        tp_efficiency=eff,
+    )
+    p2, p4 = tp_profile(PROF, 2, eff), tp_profile(PROF, 4, eff)
+    assert p2.b == pytest.approx(PROF.b / 1.6) and p4.d == pytest.approx(PROF.d / 3.2)
+    assert (p2.gpus_per_replica, p4.gpus_per_replica) == (2, 4) and tp_profile(PROF, 1, eff) is PROF
+    ttft = prefill_s(p2, [(3000, 0)])
+    xfer = 0.003 + 3000 * PROF.kv_bytes_per_token / 2e9
+    assert res.ttft[0] == pytest.approx(ttft, abs=1e-9)
+    assert res.latency[0] == pytest.approx(ttft + xfer + decode_s(p4, 3000, 50), abs=1e-9)
+    assert res.gpu_hours == pytest.approx((2 + 4) * res.makespan_s / 3600)
+    co, _ = simulate([[(3000, 50, 0.0, None, None)]], Fixed("local-0"), tp=2, tp_efficiency=eff)
+    assert co.latency[0] == pytest.approx(prefill_s(p2, [(3000, 0)]) + decode_s(p2, 3000, 50), abs=1e-9)
+    from router.sim.disagg import build_replicas
+    from router.sim.engine import EventLoop
+
+    cfg = SimConfig(profile=PROF, replicas=2, disagg_prefill=1, tp=2, tp_decode=4, kv_cache_gb=1.0)
+    _, reps, _ = build_replicas(cfg, EventLoop(start=0.0, seed=0), lambda r: None)
+    assert [r.capacity for r in reps] == [2 * cfg.kv_blocks(), 4 * cfg.kv_blocks()]
+    with pytest.raises(SimError, match="tp"):
+        SimConfig(profile=PROF, tp=0)
 
 
 def test_disaggregation_conserves_requests_and_bytes_and_shares_the_link() -> None:
@@ -219,3 +278,24 @@ def test_all_elements_together_serve_every_step_once_and_conserve() -> None:
     assert (res.outcome == SERVED_LOCAL).all()
     check_tier_conservation(res)
     assert all(t["hit_blocks"] > 0 for t in res.tier_stats)  # both the CPU and the SSD tier served hits
+
+
+def test_global_cpu_pool_is_one_tier_shared_by_the_replicas() -> None:
+    """cpu_kv_global: one CPU tier of the summed size; a block replica 0 demoted extends replica 1's hit."""
+    from router.sim.disagg import build_replicas
+    from router.sim.engine import EventLoop
+
+    base = SimConfig(profile=PROF, replicas=2, kv_cache_gb=1.0, cpu_kv_x=2.0)
+    glob = SimConfig(profile=PROF, replicas=2, kv_cache_gb=1.0, cpu_kv_x=2.0, cpu_kv_global=True)
+    _, own, _ = build_replicas(base, EventLoop(start=0.0, seed=0), lambda r: None)
+    _, pool, _ = build_replicas(glob, EventLoop(start=0.0, seed=0), lambda r: None)
+    assert own[0].tiers.tiers[0] is not own[1].tiers.tiers[0]
+    assert pool[0].tiers.tiers[0] is pool[1].tiers.tiers[0]
+    assert pool[0].tiers.tiers[0].capacity == 2 * own[0].tiers.tiers[0].capacity
+    for reps in (own, pool):
+        reps[0].tiers.demote([11, 12, 13])
+    assert own[1].tiers.extend([11, 12, 13, 14], 0, 4)[0] == [0]
+    got, secs = pool[1].tiers.extend([11, 12, 13, 14], 0, 4)
+    assert got == [3] and secs == pytest.approx(pool[1].tiers.tiers[0].transfer_s(3))
+    with pytest.raises(SimError, match="global"):
+        SimConfig(profile=PROF, cpu_kv_x=1.0, ssd_kv_x=1.0, cpu_kv_global=True)

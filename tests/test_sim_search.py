@@ -215,3 +215,34 @@ def test_find_replicas_then_kv_shrinks_the_kv_to_the_smallest_that_still_holds()
     lower = [v for v in ladder if v < kv["kv_cache_gb"]]
     assert not lower or probes[lower[-1]] is False  # the next smaller size was simulated and failed
     assert out["simulations"] == rep["simulations"] + kv["simulations"]
+
+
+def test_find_with_disaggregation_searches_the_total_above_the_prefill_pool_and_matches_the_grid() -> None:
+    """--find replicas with P prefill replicas: probes only P+1.., the answer equals the brute-force
+    grid's fewest disaggregated count holding an ITL target, and each result says its P."""
+    from dataclasses import replace
+
+    w, st = many_runs()
+    base = SimConfig(profile=PROF, frontier=FRONT, kv_cache_gb=1.0, replicas=2, disagg_prefill=1)
+    pols = {"always-local": lambda: build_policy("always-local")}
+    itl = {}
+    for n in range(2, 9):
+        pt = Point(
+            w,
+            replace(base, replicas=n),
+            pols["always-local"],
+            "x",
+            st,
+            slo=parse_slo("itl_p95=3600s"),
+            n_boot=20,
+        )
+        itl[n] = simulate_point(pt).details["slo"]["itl_p95"]["hi"]  # the search answers on the upper bound
+    target = sorted(itl.values())[3]
+    brute = min(n for n, v in itl.items() if v <= target)
+    out = find(w, pols, base, st, parse_slo(f"itl_p95={target}s"), max_replicas=8, start=1, n_boot=20)
+    (e,) = out["results"]
+    assert e["disagg_prefill"] == 1 and e["searched"] == [2, 8]
+    assert all(p["value"] >= 2 for p in e["probes"])
+    assert e["replicas"] == brute and e["interval_at_answer"]["itl_p95"]["hi"] <= target
+    with pytest.raises(SimError, match="prefill"):
+        find(w, pols, base, st, parse_slo("itl_p95=1s"), max_replicas=1)

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from router.sim.engine import EventLoop
 from router.sim.kvtier import KVTier, TierStack, tier_blocks
 from router.sim.node import Replica, Request
+from router.sim.profiles import NodeProfile
 from router.sim.simconfig import SimConfig
 from router.sim.workload import SimError
 
@@ -134,9 +136,11 @@ class DisaggNode:
         }
 
 
-def _tiers(cfg: SimConfig) -> TierStack | None:
+def _tiers(cfg: SimConfig, shared: KVTier | None = None) -> TierStack | None:
     if not cfg.tiers_on:
         return None
+    if shared is not None:  # the global CPU pool (SimConfig.cpu_kv_global): the same tier object
+        return TierStack([shared])
     bpb = cfg.kv_bytes_per_token() * cfg.block_tokens
     tiers = [KVTier("cpu", tier_blocks(cfg.cpu_gb(), bpb), cfg.cpu_kv_gbps, cfg.cpu_kv_latency_s, bpb)]
     if cfg.ssd_gb() > 0:
@@ -144,6 +148,33 @@ def _tiers(cfg: SimConfig) -> TierStack | None:
             KVTier("ssd", tier_blocks(cfg.ssd_gb(), bpb), cfg.ssd_kv_gbps, cfg.ssd_kv_latency_s, bpb)
         )
     return TierStack(tiers)
+
+
+def tp_profile(prof: NodeProfile, tp: int, efficiency: float) -> NodeProfile:
+    """The profile of a replica sharded over ``tp`` GPUs: a stated scaling, not a fit.
+
+    Algorithm: every time term (``a`` the per-iteration overhead, ``b`` per prefill token, ``c`` the
+    causal-attention term, ``d`` per decode KV token read, ``e`` per sequence) is divided by
+    ``tp x efficiency`` (each GPU does 1/tp of the matmuls and reads 1/tp of the weights and of the
+    KV; ``efficiency`` is what the all-reduces leave of that); ``gpus_per_replica`` is multiplied
+    by ``tp`` (the cost). The KV a replica holds grows by ``tp`` (:func:`build_replicas`; the
+    weights' freed memory on each GPU is not counted, so this under-states it). ``tp == 1`` returns
+    the profile unchanged.
+
+    Knobs: ``tp`` (>= 1), ``efficiency`` (0 < x <= 1; SimConfig.tp_efficiency, 0.8 assumed)."""
+    if tp == 1:
+        return prof
+    k = tp * efficiency
+    return replace(
+        prof,
+        name=f"{prof.name}-tp{tp}",
+        a=prof.a / k,
+        b=prof.b / k,
+        c=prof.c / k,
+        d=prof.d / k,
+        e=prof.e / k,
+        gpus_per_replica=prof.gpus_per_replica * tp,
+    )
 
 
 def build_replicas(
@@ -157,21 +188,30 @@ def build_replicas(
     if cfg.disagg_prefill and cfg.scale_to_zero:
         raise SimError("disaggregation with scale-to-zero is not modelled")
 
+    shared = None
+    if cfg.cpu_kv_global and cfg.tiers_on:  # one pool of every tiered replica's DRAM together
+        bpb = cfg.kv_bytes_per_token() * cfg.block_tokens
+        n = cfg.disagg_prefill or cfg.replicas
+        shared = KVTier("cpu", tier_blocks(cfg.cpu_gb() * n, bpb), cfg.cpu_kv_gbps, cfg.cpu_kv_latency_s, bpb)
+
     def rep(name: str, role: str) -> Replica:
+        t = cfg.pool_tp(role)
+        p = tp_profile(prof, t, cfg.tp_efficiency)
         return Replica(
             name,
-            prof,
+            p,
             loop,
-            blocks,
+            blocks * t,
             cfg.block_tokens,
             on_done,
             scale_to_zero=cfg.scale_to_zero,
             wake_s=cfg.wake_s,
             idle_reap_s=cfg.idle_reap_s,
             fast_forward=cfg.fast_forward,
-            tiers=_tiers(cfg) if role != "decode" else None,
+            tiers=_tiers(cfg, shared) if role != "decode" else None,
             spec=spec is not None and role != "prefill",
-            draft_s=draft,
+            draft_s=draft if t == 1 else spec.draft_s(p) if spec is not None else 0.0,
+            draft_s_per_token=spec.draft_s_per_token if spec is not None else 0.0,  # drafter: not TP-scaled
             role=role,
         )
 

@@ -21,6 +21,10 @@ Algorithm (one :class:`TierStack` per replica, tiers ordered fastest first: CPU,
   the request lasts that much longer (vLLM's KV connector loads before the forward pass), which
   also delays the requests batched with it.
 - **Loss.** :meth:`TierStack.wipe` empties every tier (the node was released: scale-to-zero).
+- **Global pool** (``SimConfig.cpu_kv_global``, Mooncake's store): every tiered replica's stack holds
+  the *same* CPU :class:`KVTier`, of the replicas' summed size, so a block one replica demoted is
+  found by another's lookup and loaded at the pool's ``gbps`` (``cpu_kv_gbps``; an assumption: the
+  network path of a remote pool is not modelled apart from it). Its stats are counted once.
 
 Conservation (checked in the tests): in every tier ``resident == stored - dropped <= capacity``;
 with a tier below the GPU, every GPU eviction is one write (``stored + refreshed`` of the first

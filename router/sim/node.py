@@ -40,7 +40,7 @@ Algorithm (one replica):
 - **Speculative decoding** (``spec``, :mod:`router.sim.specdec`): a request may emit ``grow`` tokens
   per decode iteration (expected accepted drafts + 1) and verify ``vt`` draft tokens in it;
   ``it_target`` = 1 + ceil((output - 1) / grow) iterations finish it. A decode iteration then costs
-  ``a + e*n + d*sum(ctx) + b*sum(vt) + draft_s`` with ``ctx`` growing by ``grow`` per iteration
+  ``a + e*n + d*sum(ctx) + b*sum(vt) + draft_s + draft_tok_s*sum(vt)`` with ``ctx`` growing by ``grow`` per iteration
   (the fast-forward uses ``d*sum(grow)`` for ``d*n``). Off, ``grow = 1``, ``vt = 0``: the formulas
   above, bit for bit.
 - **Roles** (``role``, for :mod:`router.sim.disagg`): ``both`` (the default, chunked-prefill
@@ -56,7 +56,8 @@ Knobs (constructor): ``profile`` (coefficients and limits), ``kv_capacity_blocks
 ``scale_to_zero``, ``wake_s`` (low, high seconds), ``idle_reap_s`` (None = never), ``fast_forward``
 (False steps every decode iteration as its own event: the reference the fast path is tested against),
 ``tiers`` (a :class:`~router.sim.kvtier.TierStack` or None), ``spec`` (True when requests may carry
-speculative-decoding rates), ``draft_s`` (draft cost per decode iteration, seconds), ``role``.
+speculative-decoding rates), ``draft_s`` (draft cost per decode iteration, seconds),
+``draft_s_per_token`` (a draft model's seconds per proposed token), ``role``.
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ class Replica:
         tiers: TierStack | None = None,
         spec: bool = False,
         draft_s: float = 0.0,
+        draft_s_per_token: float = 0.0,
         role: str = "both",
     ):
         if kv_capacity_blocks < 2:
@@ -174,9 +176,13 @@ class Replica:
         self.role = role
         self.spec = spec
         self.draft_s = draft_s if spec else 0.0
+        self.draft_tok_s = draft_s_per_token if spec else 0.0
         self.tiers = tiers
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # prompt tokens still to prefill (waiting requests whole, running ones' remainders), kept
+        # incrementally: the router-visible prefill queue (simulator.prefill_owed is its definition)
+        self.owed = 0
         self.kv = PrefixCache(kv_capacity_blocks, block_tokens)  # KV blocks and the prefix cache
         if tiers is not None:
             self.kv.spill = []  # GPU evictions, demoted to the tiers after each admission
@@ -242,6 +248,7 @@ class Replica:
             return False
         t = self.loop.now
         self.waiting.append(req)
+        self.owed += req.prompt
         self._touch()
         self._reap_gen += 1
         if self.state == "off":
@@ -395,6 +402,7 @@ class Replica:
             waiting.popleft()
             running.append(r)
             rem = r.prompt - r.prefilled
+            self.owed -= r.prompt if rem <= 0 else r.prompt - rem
             if rem <= 0:  # arrived prefilled (a decode-role replica): decodes in this iteration
                 n_dec += 1
                 ctx += r.c0 + r.decoded * r.grow
@@ -422,6 +430,8 @@ class Replica:
             dt = p.a + p.b * pt + p.c * quad + p.d * ctx + p.e * (n_dec + n_chunks) + load
             if spec and n_dec:
                 dt += p.b * vt + self.draft_s
+                if self.draft_tok_s:
+                    dt += self.draft_tok_s * vt
             self._ep = None
             self.loop.schedule(t + dt, self._end_chunk, self.gen)
             return
@@ -429,6 +439,8 @@ class Replica:
         a_term = p.a + p.e * n_dec + p.d * ctx
         if spec:
             a_term += p.b * vt + self.draft_s
+            if self.draft_tok_s:
+                a_term += self.draft_tok_s * vt
             dn = p.d * grow
         else:
             dn = p.d * n_dec
@@ -446,6 +458,7 @@ class Replica:
             if ln:
                 r.chunk = 0
                 r.prefilled += ln
+                self.owed -= ln
                 if r.prefilled >= r.prompt:
                     r.decoded = 1
                     r.first_token_t = t

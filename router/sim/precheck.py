@@ -110,7 +110,7 @@ def capacity_check(
     spec = cfg.spec
     if spec is not None:
         e, v = spec.free_text.tokens_per_iteration, spec.free_text.proposed_per_iteration
-        per_tok = (per_tok + p.b * v + spec.draft_s(p) / n_batch) / e
+        per_tok = (per_tok + p.b * v + spec.draft_s(p) / n_batch + spec.draft_s_per_token * v) / e
     dec_s = dec_tok * per_tok
     load1 = (pre_s + dec_s) / horizon
     load1_pc = (pre_s_pc + dec_s) / horizon

@@ -28,6 +28,10 @@ Algorithm (:func:`find`; one :class:`Ladder` per key, i.e. per policy x the othe
   through :func:`router.sim.points.run_points` (one ``map``, so keys run in parallel on Dask).
 - Dimensions: ``replicas`` (per policy x KV size) and ``kv`` (per policy x replica count, over KV
   sizes); ``replicas,kv`` first finds the replicas, then the smallest KV at that count.
+- **Disaggregated** (``base.disagg_prefill`` = P > 0): P prefill replicas stay fixed and the count
+  searched is the total, ``P + 1 .. max_replicas`` (so the answer's decode pool is ``replicas - P``);
+  each result carries ``disagg_prefill``, the same intervals and ``indistinguishable`` pairs, so an
+  ITL (TPOT) target can be searched with and without disaggregation and the answers compared.
 
 Knobs (:func:`find`): ``dimension``, ``max_replicas`` (64), ``kv_values`` (the KV ladder, GB),
 ``start`` (the first probe's value), ``seed_starts`` (() = one seed), ``n_boot`` (0 = no interval),
@@ -163,12 +167,23 @@ def find(
         return out
     if dimension not in ("replicas", "kv"):
         raise SimError(f"--find: expected replicas, kv or replicas,kv, got {dimension!r}")
+    # disaggregated: P prefill replicas stay fixed, the count searched is the total (P + decode >= 1)
+    n_min = base.disagg_prefill + 1
+    if dimension == "replicas" and max_replicas < n_min:
+        raise SimError(
+            f"--find replicas: --max-replicas {max_replicas} leaves no decode replica beside "
+            f"{base.disagg_prefill} prefill replicas"
+        )
+    if dimension == "kv" and any(n < n_min for n in replicas):
+        raise SimError(
+            f"--find kv: every replica count must exceed the {base.disagg_prefill} prefill replicas"
+        )
     keys: list[tuple[str, float]] = []
     ladders: dict[tuple[str, float], Ladder] = {}
     for label in policies:
         if dimension == "replicas":
-            vals: Sequence[float] = list(range(1, max_replicas + 1))
-            s0 = int(start) - 1 if start is not None else 0
+            vals: Sequence[float] = list(range(n_min, max_replicas + 1))
+            s0 = min(max(int(start) - n_min, 0), len(vals) - 1) if start is not None else 0
             for kv in kv_cache_gb:
                 keys.append((label, float(kv)))
                 ladders[keys[-1]] = Ladder(vals, s0)
@@ -237,6 +252,7 @@ def find(
                 if dimension == "replicas"
                 else int(other),
                 "frontier_only": frontier_only,
+                "disagg_prefill": base.disagg_prefill,
                 "kv_cache_gb": other if dimension == "replicas" else lad.answer,
                 "found": dimension,
                 "short_step_latency_s_p95": best["short_step_latency_s_p95"] if best else None,

@@ -27,6 +27,8 @@ Lower KV tiers per replica (:mod:`router.sim.kvtier`; 0 GB = off): ``cpu_kv_gb``
 multiple of ``kv_cache_gb``, used when ``cpu_kv_gb`` is 0; the same for SSD), ``cpu_kv_gbps``
 (25: an assumption, ~80% of PCIe 4.0 x16's 32 GB/s), ``cpu_kv_latency_s`` (0.001, assumed);
 ``ssd_kv_gb``, ``ssd_kv_gbps`` (5, assumed NVMe read), ``ssd_kv_latency_s`` (0.002, assumed).
+``cpu_kv_global`` (False): one CPU pool shared by every tiered replica (Mooncake's store) instead of
+one per replica, of their summed size, read at ``cpu_kv_gbps`` (:mod:`router.sim.kvtier`).
 
 Speculative decoding: ``spec`` (a :class:`~router.sim.specdec.SpecDecode`, None = off).
 
@@ -34,6 +36,11 @@ Disaggregation (:mod:`router.sim.disagg`): ``disagg_prefill`` (0 = co-located ch
 ``P > 0``: of the ``replicas`` GPUs, P are prefill-only replicas, the router's local backends, and
 ``replicas - P`` decode-only), ``kv_link_gbps`` (prefill -> decode KV transfer bandwidth per
 prefill replica, GB/s) and ``kv_link_latency_s`` (per transfer).
+
+Tensor parallelism (:func:`router.sim.disagg.tp_profile`): ``tp`` (GPUs per replica sharding the
+model, every replica; 1 = the profile as fitted), ``tp_decode`` (the decode pool's degree when
+disaggregated; 0 = ``tp``), ``tp_efficiency`` (0.8, an assumption, not fitted: the share of the
+t-fold speed-up left after the all-reduces). A TP-t replica costs t GPUs and holds t x the KV.
 """
 
 from __future__ import annotations
@@ -107,10 +114,14 @@ class SimConfig:
     ssd_kv_x: float = 0.0
     ssd_kv_gbps: float = 5.0
     ssd_kv_latency_s: float = 0.002
+    cpu_kv_global: bool = False
     spec: SpecDecode | None = None
     disagg_prefill: int = 0
     kv_link_gbps: float = 50.0
     kv_link_latency_s: float = 0.0005
+    tp: int = 1
+    tp_decode: int = 0
+    tp_efficiency: float = 0.8
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -130,6 +141,14 @@ class SimConfig:
             raise SimError("tier and link bandwidths must be > 0")
         if self.disagg_prefill < 0 or (self.disagg_prefill and self.disagg_prefill >= self.replicas):
             raise SimError("disagg_prefill must leave at least one decode replica (0 < P < replicas)")
+        if self.cpu_kv_global and (self.ssd_gb() > 0 or self.scale_to_zero):
+            raise SimError("a global CPU KV pool is modelled without an SSD tier and without scale-to-zero")
+        if self.tp < 1 or self.tp_decode < 0 or not 0 < self.tp_efficiency <= 1:
+            raise SimError("tp must be >= 1, tp_decode >= 0 (0: tp) and 0 < tp_efficiency <= 1")
+
+    def pool_tp(self, role: str) -> int:
+        """The tensor-parallel degree of a replica of ``role`` (both, prefill or decode)."""
+        return self.tp_decode if role == "decode" and self.tp_decode else self.tp
 
     def kv_scale(self) -> float:
         """Node KV bytes per token / the profile's (fp16) bytes per token."""

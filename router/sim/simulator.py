@@ -69,7 +69,8 @@ def admission_from_controller(controller: AdmissionController) -> AdmissionContr
 def prefill_owed(rep: Any) -> int:
     """Prompt tokens ``rep`` still has to prefill for the requests sent to it (running ones'
     remainders, waiting ones whole): what the router knows of what it sent and has not yet seen a
-    first token for (BackendState.prefill_queue_tokens)."""
+    first token for (BackendState.prefill_queue_tokens). The definition, O(queue): the simulator reads
+    the replica's incremental count (``Replica.owed``), which the tests check against this."""
     n = 0
     for r in rep.running:
         if r.prefilled < r.prompt:
@@ -129,7 +130,8 @@ class Simulator:
         self.spec = config.spec
         self.by_name = {r.name: r for r in self.replicas}
         self.frontier = Frontier(config.frontier, self.loop.rng, config.block_tokens)
-        self.local_max_context = min(config.profile.max_context, blocks * config.block_tokens)
+        cap = self.replicas[0].capacity if self.replicas else blocks  # x tp (router.sim.disagg.tp_profile)
+        self.local_max_context = min(config.profile.max_context, cap * config.block_tokens)
         self.engine = self._engine(admission)
         n = workload.n_steps
         self.outcome = np.zeros(n, dtype=np.int8)
@@ -149,9 +151,8 @@ class Simulator:
         self.unfit = 0  # runs rejected because a prompt can never fit one replica's KV cache
         self._runs_left = len(workload.runs)
         self._last_end = 0.0
-        self._gpu_price = gpu_usd(
-            3600.0, config.gpu_hour_usd, config.profile.gpus_per_replica
-        )  # per replica-hour
+        # per replica-hour: a replica of tensor-parallel degree T holds T x the profile's GPUs
+        self._gpu_price = gpu_usd(3600.0, config.gpu_hour_usd, config.profile.gpus_per_replica * config.tp)
         self._B = config.block_tokens
         # backend states of the router's replicas, rebuilt per step only for replicas that changed
         self._changed: list[Replica] = []
@@ -191,7 +192,7 @@ class Simulator:
             )
             gate = AdmissionGate(ctrl.cfg, traffic, budget_hook=ctrl.budget_hook)
             gate.controller = ctrl  # the caller's controller object (its hysteresis state)
-        index = PrefixIndex(B, [(r.name, self.cfg.kv_blocks()) for r in self.replicas])
+        index = PrefixIndex(B, [(r.name, r.capacity) for r in self.replicas])
         return StepEngine(
             admission=gate,
             cache_reader=reading,
@@ -223,7 +224,7 @@ class Simulator:
             prefill_s_per_token=prof.b,
             ttft_base_s=prof.a if rep.state == "on" else prof.a + rep.wake_remaining(t),
             gpu_usd_per_hour=self._gpu_price,
-            prefill_queue_tokens=prefill_owed(rep),
+            prefill_queue_tokens=rep.owed,
         )
 
     def _backends(self, run: _Run, t: float) -> list[BackendState]:
@@ -425,9 +426,9 @@ class Simulator:
         if self.cfg.scale_to_zero:
             for r in self.replicas:
                 r.finalize(makespan)
-            gpu_s = sum(r.billed_s for r in self.replicas)
-        else:
-            gpu_s = makespan * len(self.all_replicas)
+            gpu_s = sum(r.billed_s * self.cfg.pool_tp(r.role) for r in self.replicas)
+        else:  # replicas x their tensor-parallel degree (each 1 by default)
+            gpu_s = makespan * sum(self.cfg.pool_tp(r.role) for r in self.all_replicas)
         gpu_hours = gpu_s / 3600 * self.cfg.profile.gpus_per_replica
         if np.any(self.outcome == 0):
             missing = int(np.sum(self.outcome == 0))
@@ -483,6 +484,8 @@ class Simulator:
     def _tier_stats(self) -> list[dict[str, Any]] | None:
         if self.tier_cached is None:
             return None
+        if self.cfg.cpu_kv_global:  # one shared tier: counted once
+            return self.replicas[0].tiers.stats() if self.replicas[0].tiers is not None else None
         per = [r.tiers.stats() for r in self.replicas if r.tiers is not None]
         out = []
         for t in range(len(per[0])):

@@ -18,11 +18,19 @@ Algorithm (applied per request by :meth:`SpecDecode.apply`; the node prices it, 
   measurement), i.i.d. per position: ``E = (1 - alpha^(k+1)) / (1 - alpha)`` (Leviathan et al.),
   ``V = k``; the head runs ``k`` times per iteration, each costing ``draft_cost_ratio`` of the
   target's fixed per-iteration time: ``draft_s = k * draft_cost_ratio * a``.
+- **Draft model** (a separate small model, vLLM ``method: "draft_model"``): the same assumed
+  acceptance as EAGLE, and a stated cost per *proposed token*: each decoding request's ``V = k``
+  drafts cost ``draft_s_per_token`` seconds each, so an iteration's drafting time is
+  ``draft_s_per_token * sum(V)`` over its decoding requests (it grows with the batch, unlike the
+  head's per-iteration ``draft_s``). The figure is a parameter (``ms=``), e.g. a small model's
+  batch-1 decode step time divided by the batch it runs at; not fitted, and not scaled by TP.
 
 Knobs (:class:`SpecDecode`): ``method``, ``num_speculative_tokens`` (k), the two :class:`KindRate`
-(``tool_call``, ``free_text``), ``draft_cost_ratio``, ``source`` (where the rates come from).
+(``tool_call``, ``free_text``), ``draft_cost_ratio``, ``draft_s_per_token`` (draft model, seconds per
+proposed token), ``source`` (where the rates come from).
 :func:`parse_spec` reads the CLI form: ``prompt-lookup`` (the shipped default configuration),
-``prompt-lookup:min=2,max=4,k=4`` (a measured configuration), ``eagle:alpha=0.7,k=4[,draft=0.05]``.
+``prompt-lookup:min=2,max=4,k=4`` (a measured configuration), ``eagle:alpha=0.7,k=4[,draft=0.05]``,
+``draft-model:alpha=0.7,ms=1.5[,k=4]`` (ms per proposed token).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ __all__ = [
     "KindRate",
     "SpecDecode",
     "SpecError",
+    "draft_model",
     "eagle",
     "prompt_lookup",
     "parse_spec",
@@ -72,6 +81,7 @@ class SpecDecode:
     draft_cost_ratio: float = 0.0
     source: str = ""
     params: tuple[tuple[str, Any], ...] = ()
+    draft_s_per_token: float = 0.0  # a draft model's seconds per proposed token (per request)
 
     def draft_s(self, profile: NodeProfile) -> float:
         """Drafter seconds per decode iteration (0 for prompt lookup)."""
@@ -94,6 +104,7 @@ class SpecDecode:
             "tool_call": vars(self.tool_call),
             "free_text": vars(self.free_text),
             "draft_cost_ratio": self.draft_cost_ratio,
+            "draft_s_per_token": self.draft_s_per_token,
             "source": self.source,
             **dict(self.params),
         }
@@ -113,6 +124,24 @@ def eagle(alpha: float, k: int = 4, draft_cost_ratio: float = 0.05) -> SpecDecod
         draft_cost_ratio,
         source="parameter (assumed acceptance, not measured)",
         params=(("alpha", alpha),),
+    )
+
+
+def draft_model(alpha: float, ms_per_token: float, k: int = 4) -> SpecDecode:
+    """A separate draft model: EAGLE's assumed acceptance, drafting priced per proposed token."""
+    if not 0.0 <= alpha < 1.0 or k < 1 or ms_per_token < 0:
+        raise SpecError("draft-model: need 0 <= alpha < 1, k >= 1, ms >= 0")
+    e = (1 - alpha ** (k + 1)) / (1 - alpha)
+    rate = KindRate(e, float(k))
+    return SpecDecode(
+        "draft-model",
+        k,
+        rate,
+        rate,
+        0.0,
+        source="parameters (assumed acceptance and draft cost, not measured)",
+        params=(("alpha", alpha),),
+        draft_s_per_token=ms_per_token / 1000.0,
     )
 
 
@@ -187,6 +216,13 @@ def parse_spec(text: str | None) -> SpecDecode | None:
                 raise SpecError(f"--spec prompt-lookup: unknown keys {sorted(unknown)}")
             ints = {key: int(v) for key, v in kv.items()}
             return prompt_lookup(ints.get("min"), ints.get("max"), ints.get("k"))
+        if kind == "draft-model":
+            unknown = set(kv) - {"alpha", "k", "ms"}
+            if unknown or "alpha" not in kv or "ms" not in kv:
+                raise SpecError(
+                    "--spec draft-model: needs alpha=A and ms=M (ms per proposed token; optionally k=K)"
+                )
+            return draft_model(float(kv["alpha"]), float(kv["ms"]), int(kv.get("k", 4)))
         if kind == "eagle":
             unknown = set(kv) - {"alpha", "k", "draft"}
             if unknown or "alpha" not in kv:
@@ -196,4 +232,6 @@ def parse_spec(text: str | None) -> SpecDecode | None:
         if isinstance(e, SpecError):
             raise
         raise SpecError(f"--spec {text!r}: {e}") from None
-    raise SpecError(f"--spec {text!r}: expected none, prompt-lookup[:min=,max=,k=] or eagle:alpha=A")
+    raise SpecError(
+        f"--spec {text!r}: expected none, prompt-lookup[:min=,max=,k=], eagle:alpha=A or draft-model:alpha=A,ms=M"
+    )

@@ -121,6 +121,9 @@ def register(app: typer.Typer) -> None:
             "0", "--cpu-kv-gb", help="CPU KV tier per replica: GB, or Nx of the GPU KV"
         ),
         cpu_kv_gbps: float = typer.Option(25.0, "--cpu-kv-gbps", help="CPU tier -> GPU bandwidth (GB/s)"),
+        cpu_kv_global: bool = typer.Option(
+            False, "--cpu-kv-global", help="one CPU KV pool shared by all replicas (their summed size)"
+        ),
         ssd_kv_gb: str = typer.Option(
             "0", "--ssd-kv-gb", help="SSD KV tier per replica: GB, or Nx of the GPU KV"
         ),
@@ -128,7 +131,8 @@ def register(app: typer.Typer) -> None:
         spec: str = typer.Option(
             "none",
             "--spec",
-            help="speculative decoding: none | prompt-lookup[:min=,max=,k=] | eagle:alpha=A[,k=K]",
+            help="speculative decoding: none | prompt-lookup[:min=,max=,k=] | eagle:alpha=A[,k=K] | "
+            "draft-model:alpha=A,ms=M[,k=K] (M ms per proposed token)",
         ),
         disagg_prefill: int = typer.Option(
             0,
@@ -136,6 +140,13 @@ def register(app: typer.Typer) -> None:
             help="of each replica count, this many prefill-only replicas (0 = co-located)",
         ),
         kv_link_gbps: float = typer.Option(50.0, "--kv-link-gbps", help="disaggregation: KV link GB/s"),
+        tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel GPUs per replica (prefill pool too)"),
+        tp_decode: int = typer.Option(
+            0, "--tp-decode", min=0, help="disaggregation: decode pool TP (0: --tp)"
+        ),
+        tp_efficiency: float = typer.Option(
+            0.8, "--tp-efficiency", help="share of the TP speed-up kept after all-reduces (assumed)"
+        ),
         dask: str | None = typer.Option(
             None,
             "--dask",
@@ -214,8 +225,10 @@ def register(app: typer.Typer) -> None:
             raise CliError(str(e)) from None
         if find_ is not None and slo_t is None:
             raise CliError("--find needs --slo (e.g. --slo short_p95=2s)")
-        if find_ is not None and disagg_prefill:
-            raise CliError("--disagg-prefill works in grid mode only (a search changes the replica count)")
+        if find_ is not None and disagg_prefill and max_replicas <= disagg_prefill:
+            raise CliError(
+                "--find with --disagg-prefill P searches P+1..--max-replicas: raise --max-replicas"
+            )
         if slo_t is not None:
             slo_short_s = slo_t.short_p95_s if slo_t.short_p95_s is not None else slo_short_s
             slo_ttft_s = slo_t.ttft_p95_s if slo_t.ttft_p95_s is not None else slo_ttft_s
@@ -245,14 +258,18 @@ def register(app: typer.Typer) -> None:
                 cpu_kv_gb=cpu_gb,
                 cpu_kv_x=cpu_x,
                 cpu_kv_gbps=cpu_kv_gbps,
+                cpu_kv_global=cpu_kv_global,
                 ssd_kv_gb=ssd_gb,
                 ssd_kv_x=ssd_x,
                 ssd_kv_gbps=ssd_kv_gbps,
                 spec=spec_m,
                 disagg_prefill=disagg_prefill,
                 kv_link_gbps=kv_link_gbps,
+                tp=tp,
+                tp_decode=tp_decode,
+                tp_efficiency=tp_efficiency,
             )
-            if disagg_prefill and min(reps) <= disagg_prefill:
+            if disagg_prefill and min(reps) <= disagg_prefill and find_ != "replicas":
                 raise SimError(
                     "--disagg-prefill P needs every --replicas count > P (one decode replica at least)"
                 )
