@@ -19,7 +19,8 @@ runs", not "how fast": the what-if simulator adds load and time.
 Prefix-cache accounting (per step, on the chosen backend)::
 
     reusable    = the step's prefix_reuse_tokens (prompt tokens repeating earlier context),
-                  or its whole prompt after step 0 when the log lacks it
+                  or the previous step's prompt + output when the log lacks it, at most the
+                  prompt (router.core.accounting.reusable_tokens; 0 at step 0)
     warm        = min(reusable, what the chosen backend holds of the step's prompt)
     re-prefill  = reusable - warm   (avoidable work caused by the placement)
     new prefill = prompt - reusable
@@ -34,8 +35,9 @@ reuse from *other* runs included, evicted leaf-LRU at the capacity. Replay has n
 index sees the runs in the log's order (run by run, each run's steps in order), not interleaved
 in time as they arrived; the what-if simulator replays them in time. Otherwise (no chain: most
 agent logs, and the frontier's provider cache) the run's own model, no eviction, an upper bound:
-the context the run left cached on that backend when it last ran there (prompt + completion of
-that step).
+the one warm-prefix rule (:class:`router.core.accounting.RunContext`): the context the run left
+cached on that backend when it last ran there (prompt + completion of that step), as far as every
+step since repeated it.
 
 Report per policy (``replay(...)["policies"][name]``): ``runs``, ``steps``, ``escalation_rate``
 (share of runs that ever ran on the frontier), ``frontier_step_share``, ``escalation_step`` (first
@@ -44,7 +46,8 @@ of needs-frontier runs (labelled runs only; a run counts as flagged when it ever
 frontier), ``switches_per_run`` (mean, incl. replica moves), ``tier_switches_per_run``,
 ``max_switches``, ``runs_with_flaps`` (two or more tier switches), token accounting (``warm_tokens``,
 ``reprefill_tokens``, ``new_prefill_tokens``, ``warm_share`` = warm / (warm + re-prefill), split by
-tier), ``frontier_tokens`` and ``frontier_cost_usd`` (warm tokens at the cached price), and
+tier), ``cache_hit_rate`` (the scorecard's cross-turn hit rate: warm / prompt tokens of local steps
+after a run's first, :mod:`router.core.figures`), ``frontier_tokens`` and ``frontier_cost_usd`` (warm tokens at the cached price), and
 ``reasons`` (decision reason counts).
 """
 
@@ -60,8 +63,9 @@ import numpy as np
 
 from features.prefix import StepView
 from features.runlog import RunLog
-from router.core.accounting import backend_step_usd
+from router.core.accounting import RunContext, backend_step_usd, reusable_tokens
 from router.core.engine import StepEngine
+from router.core.figures import cache_figures, escalation_quality, ratio, run_figures, switches
 from router.core.prefix_index import PrefixIndex
 from router.core.record import StepRequest, StepResult
 from router.core.runs import RunTrack
@@ -106,16 +110,18 @@ def default_backends(
 
 @dataclass
 class PolicyTally:
-    """Running totals of one policy over a replay (see the module docstring for each figure)."""
+    """Running totals of one policy over a replay (see the module docstring for each figure; the
+    definitions are :mod:`router.core.figures`' and the step price :mod:`router.core.accounting`'s).
+
+    :meth:`step` adds one replayed step, :meth:`run_done` closes a run, :meth:`report` gives the
+    figures."""
 
     name: str
     runs: int = 0
     steps: int = 0
     frontier_steps: int = 0
-    escalated_runs: int = 0
-    tp: int = 0
-    fp: int = 0
-    fn: int = 0
+    run_frontier_steps: list[int] = field(default_factory=list)
+    quality: list[tuple[bool, bool | None]] = field(default_factory=list)  # (escalated, label) per run
     switches: list[int] = field(default_factory=list)
     tier_switches: list[int] = field(default_factory=list)
     escalation_step: dict[str, int | None] = field(default_factory=dict)
@@ -125,31 +131,80 @@ class PolicyTally:
     frontier_tokens: int = 0
     frontier_cost_usd: float = 0.0
     reasons: Counter[str] = field(default_factory=Counter)
+    _tiers: list[str] = field(default_factory=list)  # the open run's tier per step
+    _cross_prompt: int = 0  # prompt tokens of local steps after a run's first
+    _cross_warm: int = 0  # their warm tokens
+
+    def step(
+        self,
+        tier: str,
+        reason: str,
+        prompt: int,
+        reusable: int,
+        warm: int,
+        completion: int,
+        frontier: BackendState | None,
+    ) -> None:
+        """One replayed step: served on ``tier`` with ``warm`` of its ``reusable`` prompt tokens
+        cached; ``frontier``: the frontier backend that served it (its prices), else None."""
+        self.steps += 1
+        self.reasons[reason] += 1
+        self.warm[tier] += warm
+        self.reprefill[tier] += reusable - warm
+        self.new_prefill[tier] += prompt - reusable
+        if tier == "local" and self._tiers:  # cross-turn (router.core.figures.cache_figures)
+            self._cross_prompt += prompt
+            self._cross_warm += warm
+        if tier == "frontier":
+            self.frontier_steps += 1
+            self.frontier_tokens += prompt + completion
+            if frontier is not None:
+                self.frontier_cost_usd += backend_step_usd(frontier, prompt, warm, completion)
+        self._tiers.append(tier)
+
+    def run_done(self, run_id: str, backend_switches: int, label: bool | None) -> None:
+        """Close the open run: its switches (the engine's count: tier and replica moves) and label."""
+        tiers, self._tiers = self._tiers, []
+        esc = next((k for k, t in enumerate(tiers) if t == "frontier"), None)
+        self.runs += 1
+        self.switches.append(backend_switches)
+        self.tier_switches.append(switches(tiers))
+        self.run_frontier_steps.append(sum(1 for t in tiers if t == "frontier"))
+        self.quality.append((esc is not None, label))
+        if label is True:
+            self.escalation_step[run_id] = esc
 
     def report(self) -> dict[str, Any]:
         warm, rep = sum(self.warm.values()), sum(self.reprefill.values())
         esc_steps = [s for s in self.escalation_step.values() if s is not None]
         tier_sw = self.tier_switches
+        esc_rate, switches_per_run = run_figures(
+            np.asarray(self.run_frontier_steps), np.asarray(self.switches)
+        )
+        eq = escalation_quality(self.quality)
         return {
             "runs": self.runs,
             "steps": self.steps,
-            "escalation_rate": _div(self.escalated_runs, self.runs),
-            "frontier_step_share": _div(self.frontier_steps, self.steps),
-            "recall": _div(self.tp, self.tp + self.fn),
-            "precision": _div(self.tp, self.tp + self.fp),
-            "needs_frontier_runs": self.tp + self.fn,
-            "true_positive_runs": self.tp,
-            "false_positive_runs": self.fp,
+            "escalation_rate": esc_rate,
+            "frontier_step_share": ratio(self.frontier_steps, self.steps),
+            "recall": eq.recall,
+            "precision": eq.precision,
+            "needs_frontier_runs": eq.needs_frontier_runs,
+            "true_positive_runs": eq.true_positive_runs,
+            "false_positive_runs": eq.false_positive_runs,
             "escalation_step": dict(self.escalation_step),
             "escalation_step_median": float(np.median(esc_steps)) if esc_steps else None,
-            "switches_per_run": _div(sum(self.switches), self.runs),
-            "tier_switches_per_run": _div(sum(tier_sw), self.runs),
+            "switches_per_run": switches_per_run,
+            "tier_switches_per_run": ratio(sum(tier_sw), self.runs),
             "max_switches": max(self.switches, default=0),
             "runs_with_flaps": sum(1 for s in tier_sw if s >= 2),
             "warm_tokens": warm,
             "reprefill_tokens": rep,
             "new_prefill_tokens": sum(self.new_prefill.values()),
-            "warm_share": _div(warm, warm + rep),
+            "warm_share": ratio(warm, warm + rep),
+            "cache_hit_rate": cache_figures(
+                np.ones(1, bool), np.ones(1), np.array([self._cross_prompt]), np.array([self._cross_warm])
+            )[0],
             "by_tier": {
                 t: {
                     "warm_tokens": self.warm[t],
@@ -162,10 +217,6 @@ class PolicyTally:
             "frontier_cost_usd": self.frontier_cost_usd,
             "reasons": dict(sorted(self.reasons.items())),
         }
-
-
-def _div(a: float, b: float) -> float | None:
-    return a / b if b else None
 
 
 def _labels(runlog: RunLog) -> tuple[dict[str, bool | None], dict[str, float], dict[str, str]]:
@@ -323,14 +374,12 @@ def _replay_run(
     st = RunState(run_id=run_id)
     track = RunTrack.new(run_id, start)  # type: ignore[arg-type]
     track.domain, track.task_embedding = context
-    wm: dict[str, int] = {}  # backend -> tokens of this run's context left cached there
-    esc_step: int | None = None
-    tier_sw = 0
-    last_tier: str | None = None
+    ctx = RunContext()  # the run's own prefix model: per backend, its context cached there
+    prev_context = 0
     for k, v in enumerate(views):
         prompt, n_tools, wants, signals = extra[k]
         ru = reuse[k]
-        reusable = (prompt if k > 0 else 0) if math.isnan(ru) else min(int(ru), prompt)
+        reusable = reusable_tokens(k, prompt, None if math.isnan(ru) else int(ru), prev_context)
         req = StepRequest(
             prompt_tokens=prompt,
             tool_results_n=v.tool_results_n,
@@ -362,10 +411,9 @@ def _replay_run(
         chosen = next((b for b in states if b.name == d.backend), None) if indexed else None
         engine.commit(plan, st, track, chosen)
         tier = d.tier
+        warm = ctx.warm(d.backend, prompt, reusable)
         if indexed and tier == "local":
             warm = min(plan.warm_tokens, reusable)  # the index's match on the chosen replica
-        else:
-            warm = min(wm.get(d.backend, 0), reusable)
         done = prompt + v.completion_tokens
         engine.finish(
             plan,
@@ -388,33 +436,7 @@ def _replay_run(
             model=d.model,
             record=False,
         )
-        t.steps += 1
-        t.reasons[d.reason] += 1
-        t.warm[tier] += warm
-        t.reprefill[tier] += reusable - warm
-        t.new_prefill[tier] += prompt - reusable
-        if tier == "frontier":
-            t.frontier_steps += 1
-            t.frontier_tokens += done
-            fb = frontier_prices.get(d.backend)
-            if fb is not None:
-                t.frontier_cost_usd += backend_step_usd(fb, prompt, warm, done - prompt)
-            if esc_step is None:
-                esc_step = k
-        if last_tier is not None and last_tier != tier:
-            tier_sw += 1
-        last_tier = tier
-        wm[d.backend] = done
-    t.runs += 1
-    t.switches.append(st.switches)
-    t.tier_switches.append(tier_sw)
-    escalated = esc_step is not None
-    t.escalated_runs += escalated
-    if label is True:
-        t.escalation_step[run_id] = esc_step
-        if escalated:
-            t.tp += 1
-        else:
-            t.fn += 1
-    elif label is False and escalated:
-        t.fp += 1
+        t.step(tier, d.reason, prompt, reusable, warm, done - prompt, frontier_prices.get(d.backend))
+        ctx.served(d.backend, prompt, done - prompt)
+        prev_context = done
+    t.run_done(run_id, st.switches, label)

@@ -5,9 +5,11 @@ Algorithm (per request, no queueing inside the provider):
 - **Rate limit** (``rpm_limit`` requests/minute, None = unlimited): a generic cell-rate algorithm
   (token bucket of ``rpm_limit`` requests refilled continuously). A request over the limit waits
   (client retry) until the bucket admits it; the wait is part of its latency and counted.
-- **Provider prompt cache**: the provider keeps the run's latest prompt prefix for ``cache_ttl_s``
-  after the run's previous frontier call; a new prompt's leading blocks equal to that prefix are cached
-  input if at least ``cache_min_tokens`` long (priced at ``price_cached_in_per_m``).
+- **Provider prompt cache**: the run's warm prefix on the frontier by the one warm-prefix rule
+  (:class:`router.core.accounting.RunContext`, block chains): the provider keeps the run's latest
+  prompt chain for ``cache_ttl_s`` after the run's previous frontier call ends; a new prompt's
+  leading blocks equal to it are cached input if at least ``cache_min_tokens`` long (priced at
+  ``price_cached_in_per_m``).
 - **Latency**: TTFT ~ lognormal(median ``ttft_p50_s``, ``ttft_sigma``) + ``prefill_s_per_token`` x
   uncached input; decode speed ~ lognormal(median ``tokens_per_s_p50``, ``tokens_per_s_sigma``);
   end-to-end = wait + TTFT + (output - 1) / speed.
@@ -25,7 +27,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from router.core.accounting import token_usd
+from router.core.accounting import RunContext, token_usd
 from router.policy.defaults import FRONTIER_CACHED_IN_PER_M, FRONTIER_IN_PER_M, FRONTIER_OUT_PER_M
 
 __all__ = ["FrontierConfig", "Frontier"]
@@ -68,7 +70,7 @@ class Frontier:
         self._mu_ttft = math.log(cfg.ttft_p50_s)
         self._mu_tps = math.log(cfg.tokens_per_s_p50)
         self._tat = -math.inf  # GCRA theoretical arrival time
-        self._caches: dict[int, tuple[tuple[int, ...] | list[int], int, float]] = {}
+        self._caches: dict[int, RunContext] = {}  # run -> its prefix model (the one backend: None)
         self._inflight: list[float] = []
         self.rate_limited = 0
         self.cost_usd = 0.0
@@ -85,16 +87,11 @@ class Frontier:
     def cached_tokens(
         self, run: int, chain: tuple[int, ...] | list[int], n_lookup: int, prompt: int, t: float
     ) -> int:
-        hit = self._caches.get(run)
-        if hit is None or t > hit[2]:
+        """The run's warm prefix here at ``t`` (module docstring), in tokens."""
+        ctx = self._caches.get(run)
+        if ctx is None:
             return 0
-        prev, n_prev, _ = hit
-        n = 0
-        lim = min(n_lookup, n_prev)
-        while n < lim and chain[n] == prev[n]:
-            n += 1
-        tok = min(n * self.block_tokens, prompt)
-        return tok if tok >= self.cfg.cache_min_tokens else 0
+        return ctx.warm_chain(None, chain, n_lookup, prompt, self.block_tokens, t, self.cfg.cache_min_tokens)
 
     def serve(
         self,
@@ -134,7 +131,10 @@ class Frontier:
         self.tokens_in += prompt
         self.tokens_cached += cached
         self.tokens_out += completion
-        self._caches[run] = (chain, n_cacheable, t + latency + cfg.cache_ttl_s)
+        ctx = self._caches.get(run)
+        if ctx is None:
+            ctx = self._caches[run] = RunContext()
+        ctx.served_chain(None, chain, n_cacheable, t + latency + cfg.cache_ttl_s)
         heapq.heappush(self._inflight, t + latency)
         return ttft, latency, cached, cost
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from router.core.accounting import gpu_usd
+from router.core.figures import percentile, ratio, run_figures, step_figures
 from router.sim.simconfig import SimConfig
 
 __all__ = [
@@ -101,29 +102,40 @@ class SimResult:
 
 
 def _pct(x: np.ndarray, q: float) -> float | None:
-    return None if x.size == 0 else round(float(np.percentile(x, q)), 6)
+    return _r(percentile(x, q))
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 6)
 
 
 def scorecard(res: SimResult) -> dict[str, Any]:
     """The ARCHITECTURE.md scorecard of one simulation (keys: :data:`SCORECARD_KEYS`, in order).
 
-    Served steps = local + frontier + spilled. Short step: <= 64 output tokens or a tool call.
-    ``cache_hit_rate`` = cached / prompt tokens over local steps with index >= 1 (the 2nd step on);
-    ``cache_hit_upper_bound`` = tokens repeating the run's earlier prefix / prompt tokens, same steps.
-    ``escalation_rate`` = policy-routed runs with at least one frontier step / policy-routed runs.
-    ``flaps_per_run`` = mean switches per policy-routed run. ``slo_attainment`` = served steps within
-    the per-step SLO (short steps: latency <= ``slo_short_s``; others: TTFT <= ``slo_ttft_s``).
-    ``cost_usd`` = frontier tokens x prices + local GPU-hours x ``gpu_hour_usd``.
+    Served steps = local + frontier + spilled. Every figure is :mod:`router.core.figures`'s
+    definition (short steps, cross-turn ``cache_hit_rate`` and ``cache_hit_upper_bound`` over local
+    steps with index >= 1, ``escalation_rate`` and ``flaps_per_run`` over policy-routed runs, the
+    run's switches from the step engine, ``slo_attainment`` at ``slo_short_s`` / ``slo_ttft_s``),
+    rounded to 6 decimals. ``cost_usd`` = frontier tokens x prices + local GPU-hours x
+    ``gpu_hour_usd`` (:mod:`router.core.accounting`).
     """
     cfg = res.config
     served = (res.outcome == SERVED_LOCAL) | (res.outcome == SERVED_FRONTIER) | (res.outcome == SPILLED)
-    lat, ttft = res.latency[served], res.ttft[served]
-    short = res.short[served]
-    local2 = (res.outcome == SERVED_LOCAL) & (res.step_index >= 1)
-    ptok = float(res.prompt[local2].sum())
+    figs = step_figures(
+        served=served,
+        local=res.outcome == SERVED_LOCAL,
+        step=res.step_index,
+        prompt=res.prompt,
+        cached=res.cached,
+        upper=res.upper,
+        latency=res.latency,
+        ttft=res.ttft,
+        short=res.short,
+        slo_s=(cfg.slo_short_s, cfg.slo_ttft_s),
+    )
     routed = res.run_status == 0
     completed = ~np.isnan(res.run_completion_s)
-    ok = np.where(short, lat <= cfg.slo_short_s, ttft <= cfg.slo_ttft_s)
+    esc, flaps = run_figures(res.run_frontier_steps[routed], res.run_switches[routed])
     card = {
         "policy": res.policy,
         "replicas": cfg.replicas,
@@ -133,19 +145,22 @@ def scorecard(res: SimResult) -> dict[str, Any]:
         "runs_spilled": int((res.run_status == 1).sum()),
         "run_completion_s_p50": _pct(res.run_completion_s[completed], 50),
         "run_completion_s_p95": _pct(res.run_completion_s[completed], 95),
-        "step_latency_s_p50": _pct(lat, 50),
-        "step_latency_s_p95": _pct(lat, 95),
-        "step_latency_s_p99": _pct(lat, 99),
-        "short_step_latency_s_p95": _pct(lat[short], 95),
-        "ttft_s_p95": _pct(ttft, 95),
-        "cache_hit_rate": round(float(res.cached[local2].sum()) / ptok, 6) if ptok else None,
-        "cache_hit_upper_bound": round(float(res.upper[local2].sum()) / ptok, 6) if ptok else None,
+        **{
+            k: _r(figs[k])
+            for k in (
+                "step_latency_s_p50",
+                "step_latency_s_p95",
+                "step_latency_s_p99",
+                "short_step_latency_s_p95",
+                "ttft_s_p95",
+                "cache_hit_rate",
+                "cache_hit_upper_bound",
+            )
+        },
         "cost_usd": round(res.cost_usd, 6),
-        "escalation_rate": round(float((res.run_frontier_steps[routed] > 0).mean()), 6)
-        if routed.any()
-        else None,
-        "flaps_per_run": round(float(res.run_switches[routed].mean()), 6) if routed.any() else None,
-        "slo_attainment": round(float(ok.mean()), 6) if ok.size else None,
+        "escalation_rate": _r(esc),
+        "flaps_per_run": _r(flaps),
+        "slo_attainment": _r(figs["slo_attainment"]),
     }
     assert tuple(card) == SCORECARD_KEYS
     return card
@@ -201,9 +216,9 @@ def _elements(res: SimResult) -> dict[str, Any]:
     if res.tier_cached is not None and res.tier_stats is not None:
         lower = res.tier_cached[:, local2].sum(axis=1)
         gpu = float(res.cached[local2].sum()) - float(lower.sum())
-        out["cache_hit_rate_gpu"] = round(gpu / ptok, 6) if ptok else None
+        out["cache_hit_rate_gpu"] = _r(ratio(gpu, ptok))
         for st, n in zip(res.tier_stats, lower, strict=True):
-            out[f"cache_hit_rate_{st['tier']}"] = round(float(n) / ptok, 6) if ptok else None
+            out[f"cache_hit_rate_{st['tier']}"] = _r(ratio(float(n), ptok))
         out["kv_tiers"] = res.tier_stats
     if cfg.spec is not None:
         out["spec_decode"] = cfg.spec.describe()
@@ -221,5 +236,5 @@ def _elements(res: SimResult) -> dict[str, Any]:
             c = res.completion[served]
             per = np.where(c > 1, (res.latency[served] - res.ttft[served]) / np.maximum(c - 1, 1), 0.0)
             good = (res.ttft[served] <= cfg.slo_ttft_s) & (per <= cfg.slo_tpot_s)
-            out["goodput_share"] = round(float(good.mean()), 6) if good.size else None
+            out["goodput_share"] = _r(float(good.mean())) if good.size else None
     return out

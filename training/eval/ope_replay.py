@@ -10,8 +10,10 @@ and refuses what cannot be evaluated, with a one-line :class:`OPEError`:
 
 Per run it keeps the logged tier per step (``a``: 1 = frontier), the logging propensity ``mu``,
 the explore flag, success (outcome == success), the per-step cost of the logged tiers (the outcome
-model's prices, :func:`step_costs`, which sums to :func:`training.eval.outcome.run_costs`) and the
-logged feature vectors (for the doubly robust model).
+model's prices and warm prefixes, :func:`training.eval.outcome.step_costs`, re-exported here as
+:func:`step_costs`; they sum to :func:`training.eval.outcome.run_costs`) and the logged feature
+vectors (for the doubly robust model); :meth:`LoggedRuns.figures` gives the logged tiers' cost and
+cross-turn cache hit rate (the figures the simulator and replay report for the same log).
 
 :func:`replay_candidate` walks each logged run through the step engine (the sidecar's code path,
 :class:`router.core.engine.StepEngine`; no admission) with the candidate policy and predictor: each
@@ -46,8 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from router.core.accounting import token_usd
-from training.eval.outcome import Prices, RunRecord, records_from_frames
+from router.core.figures import cache_figures
+from training.eval.outcome import Prices, RunRecord, records_from_frames, run_warm, step_costs
 
 if TYPE_CHECKING:
     from router.policy.types import Decision, RunState, Tier
@@ -67,36 +69,6 @@ class OPEError(ValueError):
     """The logs cannot support the evaluation asked for; one line meant for a person."""
 
 
-def step_costs(rec: RunRecord, tiers: np.ndarray, prices: Prices) -> np.ndarray:
-    """USD per step of one run served on ``tiers`` (0 local / 1 frontier): the per-step terms of
-    :func:`training.eval.outcome.run_costs` (a step on the same tier as the previous one reuses its
-    prefix: local cached prefix is free, frontier cached prefix at the cached-input price)."""
-    t = np.asarray(tiers)
-    same = np.zeros(len(t), dtype=bool)
-    if len(t) > 1:
-        same[1:] = t[1:] == t[:-1]
-    warm = np.where(same, rec.reuse, 0)
-    cold = rec.prompt - warm
-    prompt, completion = rec.prompt.astype(float), rec.completion.astype(float)
-    local = token_usd(
-        cold.astype(float),
-        np.zeros_like(prompt),
-        completion,
-        price_in_per_m=prices.local_in_per_m,
-        price_cached_in_per_m=0.0,
-        price_out_per_m=prices.local_out_per_m,
-    )
-    front = token_usd(
-        prompt,
-        warm.astype(float),
-        completion,
-        price_in_per_m=prices.frontier_in_per_m,
-        price_cached_in_per_m=prices.frontier_cached_in_per_m,
-        price_out_per_m=prices.frontier_out_per_m,
-    )
-    return np.where(t == 1, front, local)
-
-
 @dataclass
 class LoggedRuns:
     """The evaluable runs of a log (module docstring); run ``i`` is steps ``[ptr[i], ptr[i+1])``."""
@@ -114,6 +86,18 @@ class LoggedRuns:
     started: dict[str, float]
     left_out: dict[str, int] = field(default_factory=dict)
     domains: dict[str, str] = field(default_factory=dict)  # run id -> its logged domain (run context)
+    warm: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per step, warm prefix
+
+    def figures(self) -> dict[str, float | None]:
+        """The logged tiers' cost (USD: total and frontier) and cross-turn cache hit rate, by the
+        outcome model's prices and the one warm-prefix rule (:mod:`router.core.figures`)."""
+        local = self.a == 0
+        hit, _ = cache_figures(local, self.step_index(), self.steps["prompt_tokens"].to_numpy(), self.warm)
+        return {
+            "cost_usd": float(self.cost.sum()),
+            "frontier_cost_usd": float(self.cost[~local].sum()),
+            "cache_hit_rate": hit,
+        }
 
     @property
     def n_runs(self) -> int:
@@ -169,9 +153,9 @@ def load_logged(log: Any, prices: Prices) -> LoggedRuns:
     ptr = np.r_[bounds, len(ids)].astype(np.int64)
     run_ids = [str(ids[i]) for i in bounds]
     a = (st["tier"] == "frontier").to_numpy().astype(np.int8)
-    cost = np.concatenate(
-        [step_costs(recs[r], a[s:e], prices) for r, s, e in zip(run_ids, ptr[:-1], ptr[1:], strict=True)]
-    )
+    spans = list(zip(run_ids, ptr[:-1], ptr[1:], strict=True))
+    cost = np.concatenate([step_costs(recs[r], a[s:e], prices) for r, s, e in spans])
+    warm = np.concatenate([run_warm(recs[r], a[s:e]) for r, s, e in spans])
     X = np.full((len(st), N_FEATURES), np.nan)
     if "features" in st:
         for i, f in enumerate(st["features"].tolist()):
@@ -198,6 +182,7 @@ def load_logged(log: Any, prices: Prices) -> LoggedRuns:
         started=started,
         left_out=left,
         domains=run_context(runs)[0],
+        warm=warm,
     )
 
 

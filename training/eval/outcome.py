@@ -26,10 +26,13 @@ Outcome model (explicit and simple; :class:`OutcomeModel` variants say how sensi
    spent before.
 4. **Cost** (USD) is priced per step from the logged token counts (the weak run's trajectory: the
    strong model's own trajectory after ``k`` is not observed, so its remaining steps are assumed to
-   be the same size). With ``warm_j = reuse_j`` when step ``j-1`` ran on the same tier as step ``j``
-   (else 0: the new tier prefills the whole context), where ``reuse_j`` is the prompt prefix step
-   ``j`` repeats from step ``j-1`` (``prefix_reuse_tokens``, else the previous prompt + output,
-   capped at the prompt)::
+   be the same size). ``warm_j`` is the prefix of step ``j``'s prompt cached on its tier by the one
+   warm-prefix rule (:class:`router.core.accounting.RunContext`): the context the run left on that
+   tier at its last step there, as far as it is still a prefix of this prompt, where ``reuse_j`` is
+   the prompt prefix step ``j`` repeats from step ``j-1`` (``prefix_reuse_tokens``, else the
+   previous prompt + output, capped at the prompt). So ``warm_j = reuse_j`` after a step on the same
+   tier, 0 on a tier the run never ran on, and a run back on a tier after a detour finds what it left
+   there (``min`` of that step's prompt + output and every ``reuse`` since)::
 
        local    (prompt_j - warm_j) * local_in + completion_j * local_out     (cached prefix free)
        frontier (prompt_j - warm_j) * frontier_in + warm_j * frontier_cached_in + completion_j * frontier_out
@@ -43,7 +46,7 @@ Scorecard figures (:func:`policy_outcomes`): ``success_rate``: mean success over
 outcomes known; ``success_se`` / ``success_ci_low`` / ``success_ci_high``: its task-bootstrap
 standard error and 95% interval (:func:`training.eval.trials.bootstrap_mean_ci`); ``cost_usd``: total over all runs;
 escalation rate, recall / precision of needs-frontier runs (a run is *flagged* when any of its steps
-ran on the frontier). The frontier-relative figures (cost at 95% of always-frontier success, AIQ)
+ran on the frontier); the definitions are :mod:`router.core.figures`'. The frontier-relative figures (cost at 95% of always-frontier success, AIQ)
 are in :mod:`training.eval.curves`.
 
 Knobs: :class:`Prices` (every price, one object) and the outcome variant (``kind`` and, for
@@ -55,12 +58,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from router.core.accounting import gpu_usd, token_usd
+from router.core.accounting import gpu_usd, token_usd, warm_by_backend
+from router.core.figures import escalation_quality, ratio, run_figures, switches
 from router.policy.defaults import (
     FRONTIER_CACHED_IN_PER_M,
     FRONTIER_IN_PER_M,
@@ -68,6 +72,9 @@ from router.policy.defaults import (
     GPU_HOUR_USD,
 )
 from training.eval.trials import bootstrap_mean_ci, strong_expectation
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 __all__ = [
     "Prices",
@@ -82,6 +89,8 @@ __all__ = [
     "RunRecord",
     "records_from_frames",
     "run_costs",
+    "run_warm",
+    "step_costs",
     "run_success",
     "policy_outcomes",
     "LOCAL",
@@ -201,14 +210,17 @@ class BeforeFirstError(_Variant):
 
 
 OutcomeModel = Annotated[EscalateAnytime | MustStay | Decay | BeforeFirstError, Field(discriminator="kind")]
-_VARIANT_ADAPTER: TypeAdapter[Any] = TypeAdapter(OutcomeModel)
+Variant = EscalateAnytime | MustStay | Decay | BeforeFirstError
+#: what :func:`parse_variant` accepts: a kind, a dict with ``kind`` (and its knobs), or a variant
+VariantLike = str | Mapping[str, object] | Variant
+_VARIANT_ADAPTER: TypeAdapter[Variant] = TypeAdapter(OutcomeModel)
 
 DEFAULT_VARIANTS: tuple[str, ...] = ("escalate-anytime", "must-stay", "decay", "before-first-error")
 
 
-def parse_variant(v: Any) -> Any:
+def parse_variant(v: VariantLike) -> Variant:
     """A variant object from a kind string, a dict with ``kind``, or a variant object."""
-    if isinstance(v, _Variant):
+    if isinstance(v, EscalateAnytime | MustStay | Decay | BeforeFirstError):
         return v
     if isinstance(v, str):
         v = {"kind": v}
@@ -275,7 +287,7 @@ class RunRecord:
         return cls(run_id=run_id, prompt=p, completion=c, reuse=r, **kw)
 
 
-def _outcome(v: Any) -> bool | None:
+def _outcome(v: object) -> bool | None:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return None
     s = str(v)
@@ -286,7 +298,7 @@ def _outcome(v: Any) -> bool | None:
     return None
 
 
-def records_from_frames(runs: Any, steps: Any) -> dict[str, RunRecord]:
+def records_from_frames(runs: pd.DataFrame | None, steps: pd.DataFrame | None) -> dict[str, RunRecord]:
     """RunRecords for every run with steps (``runs``/``steps``: run-log frames, ``RunLog.runs/.steps``).
 
     weak outcome = ``outcome``; strong outcome = ``strong_outcome`` (None where not paired);
@@ -346,38 +358,50 @@ def records_from_frames(runs: Any, steps: Any) -> dict[str, RunRecord]:
 # ------------------------------------------------------------------------------------ arithmetic
 
 
-def run_costs(rec: RunRecord, tiers: np.ndarray, prices: Prices) -> tuple[float, float, float]:
-    """(total, local, frontier) USD of one run served on ``tiers`` (LOCAL / FRONTIER / REJECTED per step)."""
+def run_warm(rec: RunRecord, tiers: np.ndarray) -> np.ndarray:
+    """Warm prefix tokens per step of one run served on ``tiers`` (module docstring, 4): the one
+    warm-prefix rule (:func:`router.core.accounting.warm_by_backend`), a tier as the backend (a run
+    is pinned to one replica of a tier); a rejected step caches nothing."""
+    t = np.asarray(tiers)
+    backends = [None if x == REJECTED else int(x) for x in t.tolist()]
+    warm = warm_by_backend(backends, rec.prompt.tolist(), rec.completion.tolist(), rec.reuse.tolist())
+    return np.asarray(warm, dtype=np.int64)
+
+
+def step_costs(rec: RunRecord, tiers: np.ndarray, prices: Prices) -> np.ndarray:
+    """USD per step of one run served on ``tiers`` (LOCAL / FRONTIER / REJECTED per step; module
+    docstring, 4): a local step pays its cold prompt and output (its cached prefix is free), a
+    frontier step its cold prompt, cached prefix and output; a rejected step costs nothing."""
     t = np.asarray(tiers)
     if t.shape != rec.prompt.shape:
         raise ValueError(f"run {rec.run_id}: {len(t)} tiers for {rec.n_steps} steps")
-    same = np.zeros(len(t), dtype=bool)
-    if len(t) > 1:
-        same[1:] = t[1:] == t[:-1]
-    warm = np.where(same, rec.reuse, 0)
-    cold = rec.prompt - warm
-    loc = t == LOCAL
-    fr = t == FRONTIER
-    local = float(
-        token_usd(
-            float(cold[loc].sum()),
-            0.0,
-            float(rec.completion[loc].sum()),
-            price_in_per_m=prices.local_in_per_m,
-            price_cached_in_per_m=0.0,
-            price_out_per_m=prices.local_out_per_m,
-        )
+    warm = run_warm(rec, t).astype(float)
+    prompt, completion = rec.prompt.astype(float), rec.completion.astype(float)
+    local = token_usd(
+        prompt - warm,
+        np.zeros_like(prompt),
+        completion,
+        price_in_per_m=prices.local_in_per_m,
+        price_cached_in_per_m=0.0,
+        price_out_per_m=prices.local_out_per_m,
     )
-    frontier = float(
-        token_usd(
-            float(rec.prompt[fr].sum()),
-            float(warm[fr].sum()),
-            float(rec.completion[fr].sum()),
-            price_in_per_m=prices.frontier_in_per_m,
-            price_cached_in_per_m=prices.frontier_cached_in_per_m,
-            price_out_per_m=prices.frontier_out_per_m,
-        )
+    front = token_usd(
+        prompt,
+        warm,
+        completion,
+        price_in_per_m=prices.frontier_in_per_m,
+        price_cached_in_per_m=prices.frontier_cached_in_per_m,
+        price_out_per_m=prices.frontier_out_per_m,
     )
+    return np.where(t == FRONTIER, front, np.where(t == LOCAL, local, 0.0))
+
+
+def run_costs(rec: RunRecord, tiers: np.ndarray, prices: Prices) -> tuple[float, float, float]:
+    """(total, local, frontier) USD of one run served on ``tiers``: the sums of :func:`step_costs`."""
+    t = np.asarray(tiers)
+    per = step_costs(rec, t, prices)
+    local = float(per[t == LOCAL].sum())
+    frontier = float(per[t == FRONTIER].sum())
     return local + frontier, local, frontier
 
 
@@ -386,7 +410,7 @@ def escalation_step(tiers: np.ndarray) -> int | None:
     return int(idx[0]) if idx.size else None
 
 
-def run_success(rec: RunRecord, tiers: np.ndarray, variant: Any = None) -> float | None:
+def run_success(rec: RunRecord, tiers: np.ndarray, variant: VariantLike | None = None) -> float | None:
     """Expected success (0-1) of one run under the outcome model; None without both outcomes."""
     if not rec.quality_known:
         return None
@@ -403,15 +427,11 @@ def run_success(rec: RunRecord, tiers: np.ndarray, variant: Any = None) -> float
     return w * strong + (1.0 - w) * weak
 
 
-def _div(a: float, b: float) -> float | None:
-    return a / b if b else None
-
-
 def run_values(
     records: Mapping[str, RunRecord],
     tiers: Mapping[str, np.ndarray],
     prices: Prices,
-    variant: Any = None,
+    variant: VariantLike | None = None,
 ) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Per run, in ``records`` order: its task (the bootstrap group), its expected success under
     ``variant`` (NaN when the outcome model cannot score it) and its cost (USD); the inputs of the
@@ -431,7 +451,7 @@ def policy_outcomes(
     records: Mapping[str, RunRecord],
     tiers: Mapping[str, np.ndarray],
     prices: Prices,
-    variants: Iterable[Any] = DEFAULT_VARIANTS,
+    variants: Iterable[VariantLike] = DEFAULT_VARIANTS,
     spilled: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Success and cost figures of one policy's tiers over ``records`` (every run must have tiers).
@@ -452,8 +472,9 @@ def policy_outcomes(
     succ: dict[str, list[float]] = {v.kind: [] for v in vs}
     head_tasks: list[str] = []
     cost = local = frontier = 0.0
-    escalated = served = frontier_steps = steps = tier_switches = 0
-    tp = fp = fn = 0
+    frontier_steps = steps = tier_switches = 0
+    routed_escalated: list[int] = []  # per routed run (neither rejected nor spilled): 1 if escalated
+    quality: list[tuple[bool, bool | None]] = []
     esc_steps: list[int] = []
     for rid, rec in records.items():
         t = np.asarray(tiers[rid])
@@ -464,25 +485,21 @@ def policy_outcomes(
         if rid in spilled_set:
             k = None
         if not rejected and rid not in spilled_set:
-            served += 1
-            escalated += k is not None
+            routed_escalated.append(int(k is not None))
         if k is not None:
             esc_steps.append(k)
         steps += len(t)
         frontier_steps += int((t == FRONTIER).sum())
-        srv = t[t != REJECTED]
-        tier_switches += int((srv[1:] != srv[:-1]).sum()) if len(srv) > 1 else 0
-        if rec.needs_frontier is not None and rid not in spilled_set:
-            flagged = k is not None
-            tp += flagged and rec.needs_frontier
-            fp += flagged and not rec.needs_frontier
-            fn += (not flagged) and rec.needs_frontier
+        tier_switches += switches(x for x in t.tolist() if x != REJECTED)
+        if rid not in spilled_set:
+            quality.append((k is not None, rec.needs_frontier))
         for j, v in enumerate(vs):
             s = run_success(rec, t, v)
             if s is not None:
                 succ[v.kind].append(s)
                 if j == 0:
                     head_tasks.append(rec.task_id if rec.task_id is not None else rid)
+    eq = escalation_quality(quality)
     n = len(records)
     head = succ[vs[0].kind]
     rate = float(np.mean(head)) if head else None
@@ -499,14 +516,14 @@ def policy_outcomes(
         "cost_usd": cost,
         "local_cost_usd": local,
         "frontier_cost_usd": frontier,
-        "cost_per_run_usd": _div(cost, n),
-        "cost_per_success_usd": _div(cost, float(np.sum(head))) if head else None,
-        "escalation_rate": _div(escalated, served),
-        "frontier_step_share": _div(frontier_steps, steps),
+        "cost_per_run_usd": ratio(cost, n),
+        "cost_per_success_usd": ratio(cost, float(np.sum(head))) if head else None,
+        "escalation_rate": run_figures(np.asarray(routed_escalated), np.zeros(len(routed_escalated)))[0],
+        "frontier_step_share": ratio(frontier_steps, steps),
         "escalation_step_median": float(np.median(esc_steps)) if esc_steps else None,
-        "tier_switches_per_run": _div(tier_switches, n),
-        "needs_frontier_recall": _div(tp, tp + fn),
-        "needs_frontier_precision": _div(tp, tp + fp),
-        "needs_frontier_runs": tp + fn,
+        "tier_switches_per_run": ratio(tier_switches, n),
+        "needs_frontier_recall": eq.recall,
+        "needs_frontier_precision": eq.precision,
+        "needs_frontier_runs": eq.needs_frontier_runs,
         "spilled_runs": len(spilled_set & set(records)),
     }
