@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from models.benefit import BenefitModel
+from router.core.figures import switches_by_run
 from training import uplift
 from training.benefit import BenefitConfig, BenefitRows, benefit_rows, fit_benefit
 
@@ -37,10 +38,7 @@ __all__ = ["benefit_stage", "held_out_scores", "choose_priors"]
 def _flaps(run_id: np.ndarray, step: np.ndarray, frontier: np.ndarray) -> np.ndarray:
     """Tier changes per run of a per-step tier sequence (rows in any order)."""
     order = np.lexsort((step, run_id.astype(str)))
-    r, f = run_id.astype(str)[order], frontier[order].astype(int)
-    change = (r[1:] == r[:-1]) & (f[1:] != f[:-1])
-    _, inv = np.unique(r, return_inverse=True)
-    return np.bincount(inv[1:], weights=change.astype(float), minlength=inv.max() + 1)
+    return switches_by_run(run_id.astype(str)[order], frontier[order].astype(int))
 
 
 def _sticky(run_id: np.ndarray, step: np.ndarray, uplift: np.ndarray, up: float, down: float) -> np.ndarray:

@@ -27,13 +27,15 @@ short/long split of the latency histogram and the SLO counter.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
 
 from router.core.accounting import backend_step_usd
+from router.core.figures import is_short, upper_bound_tokens
 from router.server.metrics_specs import (
     CHAT_HANDLER,
     DEPRECATED,
@@ -43,6 +45,14 @@ from router.server.metrics_specs import (
     Alias,
     MetricSpec,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from features.schema import Step
+    from models.benefit import BenefitModel
+    from router.core.engine import StepPlan
+    from router.policy.types import BackendState, Decision
+    from router.server.backends import Backend
+    from router.server.scrape import ReplicaStats
 
 __all__ = ["RouterMetrics", "MetricSpec", "SPECS", "DEPRECATED", "Alias", "CHAT_HANDLER"]
 
@@ -60,7 +70,7 @@ class _Exposed:
             out.samples = [s for s in fam.samples if not s.name.endswith("_created")]
             fams.append(out)
         yield from fams
-        by_sample: dict[str, list[Any]] = {}
+        by_sample: dict[str, list[Sample]] = {}
         for fam in fams:
             for s in fam.samples:
                 by_sample.setdefault(s.name, []).append(s)
@@ -68,7 +78,7 @@ class _Exposed:
             yield _alias_family(a, by_sample.get(a.new, []))
 
 
-def _alias_family(a: Alias, samples: Iterable[Any]) -> Metric:
+def _alias_family(a: Alias, samples: Iterable[Sample]) -> Metric:
     base = a.old[: -len("_total")] if a.kind == "counter" else a.old
     fam = Metric(base, f"DEPRECATED (removed in the next release): use {a.new}", a.kind)
     sums: dict[tuple[str, ...], float] = {}
@@ -128,7 +138,7 @@ class RouterMetrics:
     def admission_verdict(self, verdict: str, priority: str, reason: str) -> None:
         self.child(self.admission, verdict, priority, reason).inc()
 
-    def decided(self, plan: Any) -> None:
+    def decided(self, plan: StepPlan) -> None:
         """A committed decision (:class:`router.core.engine.StepPlan`): a run starts at its step 0
         (the store's step index, unique across routers) or at a first-step admission verdict (a run
         id used again after its end); a move of a pinned run (``flapped``) to the frontier is an
@@ -149,7 +159,7 @@ class RouterMetrics:
                     plan.budget_realised
                 )
 
-    def fell_back(self, from_tier: str, decision: Any) -> None:
+    def fell_back(self, from_tier: str, decision: Decision) -> None:
         """A step retried on another backend after an upstream failure."""
         self.child(self.fallbacks, from_tier, decision.tier).inc()
         self.child(self.flaps, "fallback").inc()
@@ -160,10 +170,18 @@ class RouterMetrics:
     def upstream_error(self, tier: str, kind: str) -> None:
         self.child(self.upstream_errors, tier, kind).inc()
 
-    def step_finished(self, rec: Any, prev_tokens: int, state: Any) -> None:
+    def step_finished(self, rec: Step, prev_tokens: int, state: BackendState | None) -> None:
         """Every per-step series from the step's run-log record (:class:`features.schema.Step`);
         ``prev_tokens``: the run's previous served prompt + output tokens as this router saw them
-        (0: unknown), ``state``: the serving backend's ``BackendState`` (prices; None: nothing served)."""
+        (0: unknown), ``state``: the serving backend's ``BackendState`` (prices; None: nothing served).
+
+        Each series is the step's contribution to a scorecard figure as :mod:`router.core.figures`
+        defines it (summed by Prometheus rather than computed over a batch): the short/long split
+        (:func:`~router.core.figures.is_short`), the cross-turn counters (steps after a run's first;
+        the bound is :func:`~router.core.figures.upper_bound_tokens`), the spend
+        (:func:`router.core.accounting.backend_step_usd`). ``runroute_slo_steps`` is not the
+        scorecard's SLO attainment: it judges every step's end-to-end latency against
+        ``slo.step_latency_s``."""
         tier = rec.tier or "none"
         c = self.child
         if rec.error_code != "no_healthy_backend":  # that answer is counted by request_rejected
@@ -174,7 +192,7 @@ class RouterMetrics:
             return
         latency, prompt, cached = rec.latency_s or 0.0, rec.prompt_tokens, rec.cached_tokens or 0
         out, model, backend = rec.completion_tokens, rec.model or "", rec.replica or ""
-        short = bool(rec.tool_calls) or out <= self.short_step_tokens
+        short = is_short(out, bool(rec.tool_calls), bool(rec.structured), self.short_step_tokens)
         c(self.step_latency, tier, "short" if short else "long").observe(latency)
         c(self.slo_steps, "yes" if latency <= self.step_slo_s else "no").inc()
         c(self.prompt_tokens, tier, model).inc(prompt)
@@ -184,7 +202,7 @@ class RouterMetrics:
         if rec.step > 0:
             c(self.xturn_prompt, tier, backend).inc(prompt)
             c(self.xturn_cached, tier, backend).inc(cached)
-            c(self.xturn_bound, tier, backend).inc(min(prompt, prev_tokens))
+            c(self.xturn_bound, tier, backend).inc(upper_bound_tokens(prev_tokens, prompt))
         if state is not None:
             usd = backend_step_usd(state, prompt, cached, out)
             if usd > 0:
@@ -199,7 +217,7 @@ class RouterMetrics:
             self._bundle_labels = (version, registry_version or "")
             self.bundle_info.labels(*self._bundle_labels).set(1)
 
-    def set_domains(self, benefit: Any) -> None:
+    def set_domains(self, benefit: BenefitModel | None) -> None:
         """``runroute_domain_mode{domain,mode}`` = 1 per domain of the serving bundle's benefit
         model (:class:`models.benefit.BenefitModel`; None: no series)."""
         self.domain_mode.clear()
@@ -212,7 +230,7 @@ class RouterMetrics:
     def bundle_reloaded(self, ok: bool) -> None:
         self.bundle_reloads.labels("ok" if ok else "refused").inc()
 
-    def set_backends(self, backends: Iterable[Any], stats: dict[str, Any]) -> None:
+    def set_backends(self, backends: Iterable[Backend], stats: dict[str, ReplicaStats]) -> None:
         """This router's in-flight counts and the scraped figures of each backend."""
         for b in backends:
             self.inflight.labels(b.name).set(b.inflight)

@@ -98,8 +98,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "step_latency",
         "histogram",
         "runroute_step_latency_seconds",
-        "End-to-end latency of served steps; kind = short (tool call or <= slo.short_step_tokens "
-        "output tokens) | long",
+        "End-to-end latency of served steps; kind = short (tool call, structured answer or <= "
+        "slo.short_step_tokens output tokens) | long",
         ("tier", "kind"),
         "seconds",
     ),
@@ -142,7 +142,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "counter",
         "runroute_cross_turn_reusable_tokens",
         "Upper bound of the cross-turn cache hit: prompt tokens repeating the run's previous prompt "
-        "and output (min(prompt, previous prompt + output); chat clients resend the history)",
+        "and output (min(prompt - 1, previous prompt + output): the last prompt token is always "
+        "computed; chat clients resend the history)",
         ("tier", "backend"),
     ),
     MetricSpec(

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from router.core.figures import cache_figures, percentile
 from router.sim.profiles import NodeProfile
 
 __all__ = ["profile_from_fake", "fake_knobs_for_profile", "sim_kv_for_fake", "step_figures", "percent_errors"]
@@ -106,16 +107,21 @@ def step_figures(
     cached_tokens: Sequence[int],
     step_index: Sequence[int],
 ) -> dict[str, float]:
-    """p50/p95 step latency and cache hit rate (cached / prompt tokens over steps with index >= 1)."""
+    """p50/p95 step latency and cache hit rate (cached / prompt tokens over steps with index >= 1),
+    by :mod:`router.core.figures` (every step is local here); NaN where a figure is undefined."""
     lat = np.asarray(latency_s, float)
-    p = np.asarray(prompt_tokens, float)
-    c = np.asarray(cached_tokens, float)
-    k = np.asarray(step_index)
-    m = k >= 1
+    hit, _ = cache_figures(
+        np.ones(len(lat), bool),
+        np.asarray(step_index),
+        np.asarray(prompt_tokens, float),
+        np.asarray(cached_tokens, float),
+    )
+    nan = float("nan")
+    p50, p95 = percentile(lat, 50), percentile(lat, 95)
     return {
-        "step_latency_s_p50": float(np.percentile(lat, 50)),
-        "step_latency_s_p95": float(np.percentile(lat, 95)),
-        "cache_hit_rate": float(c[m].sum() / p[m].sum()) if p[m].sum() else float("nan"),
+        "step_latency_s_p50": nan if p50 is None else p50,
+        "step_latency_s_p95": nan if p95 is None else p95,
+        "cache_hit_rate": nan if hit is None else hit,
     }
 
 

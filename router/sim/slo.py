@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from router.core.figures import upper_bound_tokens
 from router.sim.profiles import NodeProfile
 from router.sim.workload import SimError, Workload
 
@@ -341,7 +342,9 @@ def floors(workload: Workload, profile: NodeProfile, slo: SLO) -> list[dict[str,
     the cause and the levers (module docstring). Assumes local serving (the frontier has its own)."""
     prompt = np.array([s.prompt for r in workload.runs for s in r.steps], dtype=np.int64)
     comp = np.array([max(s.completion, 1) for r in workload.runs for s in r.steps], dtype=np.int64)
-    upper = np.array([min(s.upper, s.prompt - 1) for r in workload.runs for s in r.steps], dtype=np.int64)
+    upper = np.array(
+        [upper_bound_tokens(s.upper, s.prompt) for r in workload.runs for s in r.steps], dtype=np.int64
+    )
     short = np.array([s.short for r in workload.runs for s in r.steps], dtype=bool)
     run_of = np.repeat(np.arange(len(workload.runs)), [len(r.steps) for r in workload.runs])
     pauses = np.array([sum(s.pause for s in r.steps[1:]) for r in workload.runs], dtype=float)

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from router.core.figures import upper_bound_tokens
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
@@ -251,7 +253,7 @@ class Workload:
                 n_lookup = min(p // B, len(chain))
                 n_cache = len(chain)
             upper = max(repeated, logged_reuse or 0) if k > 0 else 0
-            upper = min(upper, max(p - 1, 0))
+            upper = upper_bound_tokens(upper, p)
             pz = 0.0 if isnull(pause[i]) else max(0.0, float(pause[i]))
             s_val = None if isnull(struct[i]) else bool(struct[i])
             cur.steps.append(

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from router.core.figures import percentile
 from training.eval.config import SimSettings
 from training.eval.outcome import DEFAULT_VARIANTS, FRONTIER, LOCAL, REJECTED, Prices, run_values
 from training.eval.scorecard import (
@@ -50,6 +51,15 @@ from training.eval.scorecard import (
     Skipped,
     SweepPoint,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from features.runlog import RunLog
+    from models.bundle import ModelBundle
+    from router.sim.scorecard import SimResult
+    from router.sim.workload import Workload
+    from training.dataset import Dataset
 
 __all__ = [
     "POLICIES",
@@ -63,9 +73,15 @@ __all__ = [
 ]
 
 Progress = Callable[[str], None]
+#: a policy config (:mod:`router.policy.config`): its ``kind``, ``name`` and thresholds
+PolicyCfg = dict[str, str | float]
+#: one simulation job (label, policy config) and what it returns: the simulator's figures of the
+#: row, each run's tiers, the runs spilled whole, steps simulated, wall seconds
+Job = tuple[str, PolicyCfg]
+JobOut = tuple[dict[str, float | int | None], dict[str, np.ndarray], set[str], int, float]
 
 # label -> policy config (router.policy.config); the order is the order of every table
-POLICIES: dict[str, dict[str, Any]] = {
+POLICIES: dict[str, PolicyCfg] = {
     "always-local": {"kind": "always-local"},
     "always-frontier": {"kind": "always-frontier"},
     "per-step-threshold": {"kind": "per-step-threshold"},
@@ -85,7 +101,7 @@ def _noop(_: str) -> None:
     return None
 
 
-def _per_run(res: Any, workload: Any) -> tuple[dict[str, np.ndarray], set[str]]:
+def _per_run(res: SimResult, workload: Workload) -> tuple[dict[str, np.ndarray], set[str]]:
     """Each run's per-step tiers (LOCAL / FRONTIER / REJECTED) and the runs admission spilled whole
     (their first step's outcome is SPILLED)."""
     from router.sim.whatif import REJECTED as S_REJ
@@ -104,12 +120,7 @@ def _per_run(res: Any, workload: Any) -> tuple[dict[str, np.ndarray], set[str]]:
     return tiers, spilled
 
 
-def _pct(x: np.ndarray, q: float) -> float | None:
-    x = x[~np.isnan(x)]
-    return None if x.size == 0 else float(np.percentile(x, q))
-
-
-def sim_figures(res: Any) -> dict[str, Any]:
+def sim_figures(res: SimResult) -> dict[str, float | int | None]:
     """The simulator part of a policy row (``router.sim.whatif.scorecard`` plus long-step p95)."""
     from router.sim.whatif import REJECTED as S_REJ
     from router.sim.whatif import scorecard
@@ -128,14 +139,14 @@ def sim_figures(res: Any) -> dict[str, Any]:
         "short_step_latency_s_p95",
     )
     out = {k: card[k] for k in keep}
-    out["long_step_latency_s_p95"] = _pct(lat[~short], 95)
+    out["long_step_latency_s_p95"] = percentile(lat[~short], 95)
     for k in ("ttft_s_p95", "cache_hit_rate", "cache_hit_upper_bound", "flaps_per_run", "slo_attainment"):
         out[k] = card[k]
     out["sim_cost_usd"] = card["cost_usd"]
     return out
 
 
-def _policy_cfg(label: str, base: dict[str, Any], threshold: float | None, band: float) -> dict[str, Any]:
+def _policy_cfg(label: str, base: PolicyCfg, threshold: float | None, band: float) -> PolicyCfg:
     cfg = dict(base, name=label)
     if threshold is None:
         return cfg
@@ -251,17 +262,17 @@ def _bootstrap_aiq(
 
 
 def compare_policies(
-    runs: Any,
-    steps: Any,
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
     *,
-    bundle: Any,
+    bundle: ModelBundle | None,
     prices: Prices,
     sim: SimSettings,
-    policies: dict[str, dict[str, Any]] | None = None,
+    policies: dict[str, PolicyCfg] | None = None,
     sweep_thresholds: Sequence[float] = (),
     variants: Sequence[str] = DEFAULT_VARIANTS,
     progress: Progress | None = None,
-    map: Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]] = builtins.map,  # noqa: A002
+    map: Callable[[Callable[[Job], JobOut], Iterable[Job]], Iterable[JobOut]] = builtins.map,  # noqa: A002
 ) -> SetResult:
     """Every policy on one workload (the module docstring); ``bundle=None`` skips the model policies.
 
@@ -307,9 +318,7 @@ def compare_policies(
             0.0, float(bundle.thresholds["p_frontier_up"]) - float(bundle.thresholds["p_frontier_down"])
         )
 
-    def simulate(
-        job: tuple[str, dict[str, Any]],
-    ) -> tuple[dict[str, Any], dict[str, np.ndarray], set[str], int, float]:
+    def simulate(job: Job) -> JobOut:
         label, cfg = job
         policy = build_policy(cfg, bundle)
         hook = None
@@ -322,7 +331,7 @@ def compare_policies(
 
     # every simulation (each policy, each sweep threshold) is one job of one ``map``
     labels = []
-    jobs: list[tuple[str, dict[str, Any]]] = []
+    jobs: list[Job] = []
     for label, pcfg in pols.items():
         if pcfg["kind"] in ("learned", "per-step-threshold") and bundle is None:
             say(f"{label}: skipped (needs a model bundle)")
@@ -343,12 +352,12 @@ def compare_policies(
         out = policy_outcomes(records, tiers, prices, variants, spilled)
         vals[label] = run_values(records, tiers, prices, head)
         row = {"policy": label, "kind": pcfg["kind"], **figs, **out}
-        if pcfg["kind"] == "learned":
+        if pcfg["kind"] == "learned" and bundle is not None:
             row["thresholds"] = {
                 "p_frontier_up": float(bundle.thresholds["p_frontier_up"]),
                 "p_frontier_down": float(bundle.thresholds["p_frontier_down"]),
             }
-        elif pcfg["kind"] == "per-step-threshold":
+        elif pcfg["kind"] == "per-step-threshold" and bundle is not None:
             row["thresholds"] = {"threshold": float(bundle.thresholds["p_frontier_up"])}
         rows.append(row)
         say(f"{label}: {n_out} steps simulated in {wall_s:.1f}s")
@@ -387,7 +396,7 @@ def compare_policies(
     )
 
 
-def model_scores(bundle: Any, log: Any) -> ModelScores | Skipped:
+def model_scores(bundle: ModelBundle, log: RunLog) -> ModelScores | Skipped:
     """The bundle's predictors scored on a held-out run log (escalation AUC/Brier/ECE, cache MAE,
     remaining-steps pinball); ``Skipped`` with the reason when the set cannot be scored."""
     from training.dataset import build_dataset
@@ -399,7 +408,7 @@ def model_scores(bundle: Any, log: Any) -> ModelScores | Skipped:
         return Skipped(skipped=str(e))
 
 
-def run_level_pairs(runs: Any, steps: Any) -> dict[str, RunLevelPair]:
+def run_level_pairs(runs: pd.DataFrame, steps: pd.DataFrame) -> dict[str, RunLevelPair]:
     """Paired runs without step records (SWE-bench Pro): the only policies they can score are the two
     ends and the oracle (nothing to predict from), so report those bounds per (source, weak, strong)."""
     with_steps = set(steps["run_id"].tolist()) if len(steps) else set()
@@ -419,7 +428,7 @@ def run_level_pairs(runs: Any, steps: Any) -> dict[str, RunLevelPair]:
     return out
 
 
-def train_quantiles(bundle: Any, ds: Any, n: int) -> list[float]:
+def train_quantiles(bundle: ModelBundle, ds: Dataset | None, n: int) -> list[float]:
     """``n`` quantiles (evenly spaced, exclusive of 0 and 1) of each *training* run's maximum
     P(frontier), and a point just above each (never computed on held-out data)."""
     if n <= 0 or ds is None or len(ds) == 0:

@@ -30,15 +30,22 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from router.core.figures import run_figures, step_figures, switches, upper_bound_tokens
 from router.fakes.agent import DriveLimits, RunShape, StepResult, StepShape, drive_run
 from training.eval.compare import POLICIES, Progress
 from training.eval.config import LiveSettings
 from training.eval.outcome import Prices
 from training.eval.scorecard import LiveFigures, LiveSegment, Skipped
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from router.fakes.launch import FakeThread
+    from router.server.settings import RouterSettings
 
 __all__ = ["live_segment", "live_figures", "run_shapes", "VLLM_KNOBS", "FRONTIER_KNOBS"]
 
@@ -56,47 +63,50 @@ FRONTIER_KNOBS: dict[str, Any] = dict(
 _KEY_ENV = "RUNROUTE_DEMO_FAKE_FRONTIER_KEY"  # the settings read the frontier key from the env
 
 
-def _pct(x: np.ndarray, q: float) -> float | None:
-    x = x[~np.isnan(x)]
-    return None if x.size == 0 else float(np.percentile(x, q))
-
-
 def live_figures(steps_by_run: list[list[StepResult]]) -> LiveFigures:
-    """Measured figures of one policy from every run's step results."""
-    ok = [s for run in steps_by_run for s in run if s.status == 200]
-    lat = np.array([s.latency_s for s in ok], dtype=float)
-    short = np.array([s.short for s in ok], dtype=bool)
-    loc2 = [s for s in ok if s.tier == "local" and s.step >= 1]
-    ptok = sum(s.prompt_tokens for s in loc2)
-    # upper bound: the prompt repeats the run's previous prompt + output (capped at this prompt)
-    upper = 0
-    for run in steps_by_run:
-        for a, b in zip(run, run[1:], strict=False):
-            if b.status == 200 and b.tier == "local" and a.status == 200:
-                upper += min(a.prompt_tokens + a.completion_tokens, max(b.prompt_tokens - 1, 0))
+    """Measured figures of one policy from every run's step results (:mod:`router.core.figures`'
+    definitions; a step's upper bound repeats the run's previous answered prompt + output)."""
+    ok: list[StepResult] = []
+    upper: list[int] = []
     runs_ok = [r for r in steps_by_run if r]
-    esc = sum(1 for r in runs_ok if any(s.tier == "frontier" for s in r))
-    switches = 0
-    for r in runs_ok:
-        seq = [(s.tier, s.replica) for s in r if s.status == 200]
-        switches += sum(1 for a, b in zip(seq, seq[1:], strict=False) if a != b)
+    frontier_steps, run_switches = [], []
+    for run in runs_ok:
+        prev_context = 0  # the previous step's prompt + output when it was answered
+        for s in run:
+            if s.status == 200:
+                ok.append(s)
+                upper.append(upper_bound_tokens(prev_context, s.prompt_tokens))
+            prev_context = s.prompt_tokens + s.completion_tokens if s.status == 200 else 0
+        frontier_steps.append(sum(1 for s in run if s.tier == "frontier"))
+        run_switches.append(switches((s.tier, s.replica) for s in run if s.status == 200))
+    figs = step_figures(
+        served=np.ones(len(ok), dtype=bool),
+        local=np.array([s.tier == "local" for s in ok], dtype=bool),
+        step=np.array([s.step for s in ok], dtype=np.int64),
+        prompt=np.array([s.prompt_tokens for s in ok], dtype=np.int64),
+        cached=np.array([s.cached_tokens for s in ok], dtype=np.int64),
+        upper=np.array(upper, dtype=np.int64),
+        latency=np.array([s.latency_s for s in ok], dtype=float),
+        short=np.array([s.short for s in ok], dtype=bool),
+    )
+    esc, flaps = run_figures(np.array(frontier_steps), np.array(run_switches))
     return LiveFigures(
         runs=len(runs_ok),
         steps=len(ok),
         errors=sum(1 for run in steps_by_run for s in run if s.status != 200),
-        step_latency_s_p50=_pct(lat, 50),
-        step_latency_s_p95=_pct(lat, 95),
-        short_step_latency_s_p95=_pct(lat[short], 95) if short.any() else None,
-        long_step_latency_s_p95=_pct(lat[~short], 95) if (~short).any() else None,
-        cache_hit_rate=(sum(s.cached_tokens for s in loc2) / ptok) if ptok else None,
-        cache_hit_upper_bound=(upper / ptok) if ptok else None,
-        escalation_rate=esc / len(runs_ok) if runs_ok else None,
-        flaps_per_run=switches / len(runs_ok) if runs_ok else None,
+        step_latency_s_p50=figs["step_latency_s_p50"],
+        step_latency_s_p95=figs["step_latency_s_p95"],
+        short_step_latency_s_p95=figs["short_step_latency_s_p95"],
+        long_step_latency_s_p95=figs["long_step_latency_s_p95"],
+        cache_hit_rate=figs["cache_hit_rate"],
+        cache_hit_upper_bound=figs["cache_hit_upper_bound"],
+        escalation_rate=esc,
+        flaps_per_run=flaps,
         reasons=dict(Counter(s.reason for s in ok if s.reason)),
     )
 
 
-def run_shapes(runs: Any, steps: Any, n: int) -> list[RunShape]:
+def run_shapes(runs: pd.DataFrame, steps: pd.DataFrame, n: int) -> list[RunShape]:
     """The shapes of the first ``n`` runs (in ``runs`` order) that have step records."""
     st = steps.sort_values(["run_id", "step"], kind="stable")
     have = set(st["run_id"].tolist())
@@ -120,8 +130,8 @@ def run_shapes(runs: Any, steps: Any, n: int) -> list[RunShape]:
 
 
 def live_segment(
-    runs: Any,
-    steps: Any,
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
     *,
     bundle_dir: Path,
     prices: Prices,
@@ -151,7 +161,15 @@ def live_segment(
             os.environ[_KEY_ENV] = old_key
 
 
-def _settings(label: str, v0: Any, v1: Any, fr: Any, prices: Prices, bundle_dir: Path, log_dir: Path) -> Any:
+def _settings(
+    label: str,
+    v0: FakeThread,
+    v1: FakeThread,
+    fr: FakeThread,
+    prices: Prices,
+    bundle_dir: Path,
+    log_dir: Path,
+) -> RouterSettings:
     from router.server.settings import RouterSettings
 
     return RouterSettings.load(
