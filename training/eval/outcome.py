@@ -397,11 +397,33 @@ def step_costs(rec: RunRecord, tiers: np.ndarray, prices: Prices) -> np.ndarray:
 
 
 def run_costs(rec: RunRecord, tiers: np.ndarray, prices: Prices) -> tuple[float, float, float]:
-    """(total, local, frontier) USD of one run served on ``tiers``: the sums of :func:`step_costs`."""
+    """(total, local, frontier) USD of one run served on ``tiers``: what :func:`step_costs` sums to,
+    priced on the run's token totals per tier."""
     t = np.asarray(tiers)
-    per = step_costs(rec, t, prices)
-    local = float(per[t == LOCAL].sum())
-    frontier = float(per[t == FRONTIER].sum())
+    if t.shape != rec.prompt.shape:
+        raise ValueError(f"run {rec.run_id}: {len(t)} tiers for {rec.n_steps} steps")
+    warm = run_warm(rec, t)
+    loc, fr = t == LOCAL, t == FRONTIER
+    local = float(
+        token_usd(
+            float((rec.prompt - warm)[loc].sum()),
+            0.0,
+            float(rec.completion[loc].sum()),
+            price_in_per_m=prices.local_in_per_m,
+            price_cached_in_per_m=0.0,
+            price_out_per_m=prices.local_out_per_m,
+        )
+    )
+    frontier = float(
+        token_usd(
+            float(rec.prompt[fr].sum()),
+            float(warm[fr].sum()),
+            float(rec.completion[fr].sum()),
+            price_in_per_m=prices.frontier_in_per_m,
+            price_cached_in_per_m=prices.frontier_cached_in_per_m,
+            price_out_per_m=prices.frontier_out_per_m,
+        )
+    )
     return local + frontier, local, frontier
 
 
