@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
@@ -117,7 +118,7 @@ class RouterMetrics:
     def __getattr__(self, name: str) -> Any:  # the series of SPECS, set in __init__ (for mypy)
         raise AttributeError(name)
 
-    def child(self, metric: Any, *labels: str) -> Any:
+    def child(self, metric: MetricWrapperBase, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached."""
         key = (id(metric), labels)
         c = self._children.get(key)
