@@ -79,9 +79,10 @@ def _outcome_model_md(card: dict[str, Any]) -> list[str]:
         "- a run first sent to the frontier at step *k* gets the **strong** model's outcome (base "
         "variant `escalate-anytime`);",
         "- a run with a rejected step is a failure;",
-        "- **cost** is priced per step from the logged token counts: a step on the same tier as the step "
-        "before reuses the repeated prefix (free locally, cached-input price at the frontier); a step on a "
-        "new tier prefills its whole context. So an escalation at *k* pays the local steps already spent, "
+        "- **cost** is priced per step from the logged token counts: a step finds cached on its tier the "
+        "context the run left there at its last step on it, as far as every step since repeated it (free "
+        "locally, cached-input price at the frontier); a step on a tier the run never used prefills its "
+        "whole context. So an escalation at *k* pays the local steps already spent, "
         "the frontier prefill of the whole context at *k*, and the frontier price of the remaining steps. "
         "The strong model's own trajectory after *k* is not observed: its steps are assumed to be the "
         "weak run's sizes.",
