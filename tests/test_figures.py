@@ -207,7 +207,8 @@ def test_metrics_count_the_shared_per_step_definitions():
 # ---------------------------------------------------------------------------- no second copy
 # A figure computed inline outside router/core/figures.py: recall / precision (tp + fn, tp + fp),
 # a cross-turn hit rate (cached sum / prompt sum), switches of a run's sequence, a latency
-# percentile written under a scorecard key, the upper-bound cap, the SLO rule, the escalation rate.
+# percentile written under a scorecard key, the upper-bound cap, the SLO rule, the escalation rate,
+# the short-step rule.
 _COPIES = [
     re.compile(r"\btp\s*\+\s*(self\.)?f[np]\b"),
     re.compile(r"/\s*ptok\b"),
@@ -219,6 +220,9 @@ _COPIES = [
     re.compile(r"^[^\"#]*(upper|bound)\w*\s*[+]?=.*min\([^\n]*(prompt\w*|\bp)\s*-\s*1\b"),
     re.compile(r"\blat(ency)?\w*(\[\w+\])?\s*<=\s*[\w.]*slo_short_s"),
     re.compile(r"\(\s*[\w.]*frontier_steps\w*(\[[^\]]*\])?\s*>\s*0\s*\)\.mean\(\)"),
+    re.compile(
+        r"<=\s*[\w.]*(SHORT_STEP_TOKENS|short_step_tokens|\b64\b)[^\n]*tool_calls|tool_calls[^\n]*<=\s*[\w.]*short"
+    ),
 ]
 _ALLOWED = {"router/core/figures.py", "router/core/prefix_cache.py"}  # prefix_cache: vLLM's hit cap
 
@@ -247,6 +251,9 @@ def test_the_grep_finds_the_old_copies():
         "ok = np.where(short, lat <= cfg.slo_short_s, ttft <= cfg.slo_ttft_s)",
         '"escalation_rate": round(float((res.run_frontier_steps[routed] > 0).mean()), 6)',
         '"cache_hit_rate": float(c[m].sum() / p[m].sum()) if p[m].sum() else float("nan"),',
+        "self.short = completion <= SHORT_STEP_TOKENS or bool(tool_calls) or bool(structured)",
+        "short = bool(rec.tool_calls) or out <= self.short_step_tokens",
+        'short=int(u.get("completion_tokens") or 0) <= 64 or bool(m.get("tool_calls")),',
     ]
     for line in old:
         assert any(p.search(line) for p in _COPIES), line

@@ -2,9 +2,11 @@
 
 The what-if scorecard (:mod:`router.sim.scorecard`), policy comparison and the outcome model
 (:mod:`training.eval.compare`, :mod:`training.eval.outcome`), decision replay
-(:class:`router.replay.PolicyTally`), the live segment (:mod:`training.eval.live`) and the sidecar's
-metrics (:mod:`router.server.metrics`, per step: the same definitions, summed by Prometheus) read
-these definitions; a second copy of one of these formulas anywhere in the tree is a bug
+(:class:`router.replay.PolicyTally`), OPE's logged figures
+(:meth:`training.eval.ope_replay.LoggedRuns.figures`), the live segment (:mod:`training.eval.live`
+and the fake agent's short-step flag), the simulator's workload, calibration and SLO floors, and the
+sidecar's metrics (:mod:`router.server.metrics`, per step: the same definitions, summed by
+Prometheus) read these definitions; a second copy of one of these formulas anywhere in the tree is a bug
 (``tests/test_figures.py`` greps for one). The step price and the warm prefix are
 :mod:`router.core.accounting`'s.
 
@@ -26,8 +28,9 @@ Definitions:
   runs with two or more tier switches.
 - **Runs** (:func:`run_figures`): over the policy-routed runs (neither rejected nor spilled whole
   by admission), escalation rate = runs with at least one frontier step / runs; flaps per run.
-- **Escalation quality** (:func:`escalation_quality`): over the labelled routed runs, a run is
-  flagged when any step ran on the frontier; recall = flagged needs-frontier runs / needs-frontier
+- **Escalation quality** (:func:`escalation_quality`): over the labelled runs the policy routed
+  (a run spilled whole by admission is not the policy's escalation), a run is flagged when any
+  step ran on the frontier; recall = flagged needs-frontier runs / needs-frontier
   runs, precision = flagged needs-frontier runs / flagged runs.
 - **SLO attainment** (:func:`slo_met`): a served short step meets the SLO when its end-to-end
   latency <= ``slo_short_s``, a long one when its TTFT <= ``slo_ttft_s``; attainment = share of

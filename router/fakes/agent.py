@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from router.core.figures import is_short
+
 __all__ = ["TOOLS", "StepShape", "RunShape", "DriveLimits", "StepResult", "words", "drive_run"]
 
 TOOLS: list[dict[str, Any]] = [
@@ -190,7 +192,7 @@ def drive_run(
                     prompt_tokens=int(u.get("prompt_tokens") or 0),
                     completion_tokens=int(u.get("completion_tokens") or 0),
                     cached_tokens=int(det.get("cached_tokens") or 0),
-                    short=int(u.get("completion_tokens") or 0) <= 64 or bool(m.get("tool_calls")),
+                    short=is_short(int(u.get("completion_tokens") or 0), bool(m.get("tool_calls"))),
                 )
             )
             msgs.append({k2: v for k2, v in m.items() if v is not None})

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from router.core.figures import upper_bound_tokens
+from router.core.figures import SHORT_STEP_TOKENS as FIGURES_SHORT_STEP_TOKENS
+from router.core.figures import is_short, upper_bound_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["SimError", "SHORT_STEP_TOKENS", "StepSpec", "RunSpec", "Workload"]
 
-SHORT_STEP_TOKENS = 64
+SHORT_STEP_TOKENS = FIGURES_SHORT_STEP_TOKENS  # router.core.figures' (re-exported for router.sim.whatif)
 
 
 class SimError(ValueError):
@@ -98,7 +99,7 @@ class StepSpec:
         self.n_tools = n_tools
         self.wants_json = wants_json
         self.signals = signals  # signal kinds posted on the run since the previous step (Step.signals)
-        self.short = completion <= SHORT_STEP_TOKENS or bool(tool_calls) or bool(structured)
+        self.short = is_short(completion, bool(tool_calls), bool(structured))
         self.request: Any = None  # the simulator's router.core.record.StepRequest, built on first use
 
 
