@@ -1,6 +1,7 @@
 """The step's I/O besides routing: what is sent upstream, the answer of a non-streaming step, the
 ``x-runroute-*`` headers, and the record of a finished step (``engine.finish`` -> run summary,
-run log, metrics, the Responses store; an unserved first step's slot given back).
+run log, metrics, the Responses store; an unserved first step's slot given back). The step's
+``turn`` (:mod:`router.core.driver`) is finished here, once.
 
 :class:`StepIO` is a mixin of :class:`router.server.proxy.Proxy` (it uses the proxy's engine,
 writer, metrics, store and settings); split out so the hot path stays readable and each hook
@@ -27,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from router.core.driver import StepTurn
 from router.core.engine import StepPlan
 from router.core.record import StepResult, step_entry
 from router.policy.types import RunState
@@ -47,6 +49,7 @@ _FORWARD_HEADERS = {"messages": ("anthropic-beta",), "responses": ("openai-beta"
 class StepContext:
     """Everything the proxy holds about one step while it is being served."""
 
+    turn: StepTurn  # the engine's call order for this step (router.core.driver)
     plan: StepPlan
     run: RunState
     hist: Any  # router.server.proxy.RunHistory
@@ -145,7 +148,7 @@ class StepIO:
         (an unserved first step's give-back, the record's fsync with ``durability: ack``)."""
         if ctx.done:
             return None
-        ctx.done = True
+        ctx.done = True  # before anything that may raise: a later exit must not record it again
         latency = self.perf() - ctx.t0
         prompt, cached, completion = ctx.capture.counts()
         names, keys = ctx.capture.tools()
@@ -163,9 +166,8 @@ class StepIO:
             ttft_s=ctx.ttft_s,
             latency_s=latency,
         )
-        rec = self.engine.finish(
-            ctx.plan,
-            ctx.hist,
+        turn = ctx.turn
+        rec = turn.finish(
             res,
             now=self.clock(),
             tier=b.tier or None,
@@ -173,6 +175,7 @@ class StepIO:
             model=b.model or None,
             arrival_s=ctx.arrival_s,
         )
+        assert rec is not None
         ctx.hist.entries.append(step_entry(rec, ctx.plan.fallback_from, ctx.plan.decision.switched))
         if status == 200:
             self._served(ctx)
@@ -186,9 +189,8 @@ class StepIO:
                 ).decode()
             durable = self.writer.submit(out)
         give = None
-        if status != 200 and ctx.plan.admission is not None:  # a first step not served
-            holds = self.engine.unserved_start(ctx.plan, ctx.run)
-            give = self._give_back(ctx.run, holds, None if locked else ctx.hist.lock)
+        if turn.unserved:  # a first step not served: its admission went back in the engine
+            give = self._give_back(ctx.run, turn.release_slot, None if locked else ctx.hist.lock)
         self.m.step_finished(rec, prev_tokens, state_of(ctx.plan.snapshot.backends, b.name))
         if ctx.span is not None:
             self.tracing.end_step(ctx.span, rec, ctx.up_span)
