@@ -204,6 +204,7 @@ def replay(
     weak_model: str | None = None,
     index_tokens: int = 262_144,
     block_tokens: int = 512,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """Replay ``runlog`` through ``policies``; returns the report dict (module docstring).
 
@@ -213,7 +214,9 @@ def replay(
     ``backends``: the synthetic backend list (default :func:`default_backends`).
     ``index_tokens`` / ``block_tokens``: each local backend's prefix-index capacity (the sidecar's
     ``local.prefix_index_tokens`` default) and the block size of the log's ``hash_ids`` (Mooncake's
-    512); used only for rows with ``hash_ids``.
+    512); used only for rows with ``hash_ids``. ``trace``: the report also holds ``decisions``
+    (policy name -> ``{(run_id, step): (tier, backend, reason, warm tokens)}``; parity tests compare
+    them).
     """
     from features.extract import step_views, steps_columns
     from features.logged import run_context
@@ -243,6 +246,9 @@ def replay(
     )
     engine = StepEngine(max_steps=1 << 30, keep_features=False)
     tallies = [PolicyTally(name=p.name) for p in policies]
+    traces: list[dict[tuple[str, int], tuple[str, str, str, int]] | None] = [
+        {} if trace else None for _ in policies
+    ]
     hashes = steps["hash_ids"].tolist() if n and "hash_ids" in steps.columns else [None] * n
     indexes: list[PrefixIndex | None] = [None] * len(policies)
     if any(h is not None and not isinstance(h, float) and len(h) for h in hashes):
@@ -267,12 +273,12 @@ def replay(
             _replay_run(
                 engine, policy, predictor, tallies[i], template, frontier_prices, run_id, start,
                 views, reqs, reuse_col[lo:hi], label,
-                (domains.get(run_id), embeddings.get(run_id)), chains,
+                (domains.get(run_id), embeddings.get(run_id)), chains, traces[i],
             )  # fmt: skip
         lo = hi
     present = set(steps["run_id"].astype(str)) if n else set()
     labelled = [v for r, v in labels.items() if v is not None and r in present]
-    return {
+    out: dict[str, Any] = {
         "runs": tallies[0].runs if tallies else 0,
         "steps": n,
         "labelled_runs": len(labelled),
@@ -281,6 +287,9 @@ def replay(
         "backends": [b.name for b in template],
         "policies": {t.name: t.report() for t in tallies},
     }
+    if trace:
+        out["decisions"] = {t.name: tr for t, tr in zip(tallies, traces, strict=True)}
+    return out
 
 
 def _chain(h: object) -> list[int] | None:
@@ -344,12 +353,14 @@ def _replay_run(
     label: bool | None,
     context: tuple[str | None, np.ndarray | None] = (None, None),
     chains: Sequence[list[int] | None] = (),
+    trace: dict[tuple[str, int], tuple[str, str, str, int]] | None = None,
 ) -> None:
     """Decide every step of one run with ``policy`` through the engine (``engine.step``); add its
     figures to ``t``. ``requests``: each logged step as engine input
     (:func:`router.core.record.logged_request`, shared by the policies: copied per step here);
     ``context``: the run's logged ``(domain, task_embedding)``; ``chains``: each step's block chain
-    (None: no chain), read through the engine's prefix index when it has one."""
+    (None: no chain), read through the engine's prefix index when it has one; ``trace``: each step's
+    decision is added to it."""
     st = RunState(run_id=run_id)
     track = RunTrack.new(run_id, start)
     track.domain, track.task_embedding = context
@@ -371,6 +382,8 @@ def _replay_run(
         turn = engine.step(st, track, req, port, now=v.arrival_s, policy=policy, predictor=predictor)
         d = turn.planned.decision
         tier, warm = d.tier, port.warm
+        if trace is not None:
+            trace[(run_id, turn.planned.step)] = (tier, d.backend, d.reason, warm)
         done = prompt + v.completion_tokens
         t.steps += 1
         t.reasons[d.reason] += 1
