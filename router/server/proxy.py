@@ -62,7 +62,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -84,7 +84,17 @@ from router.server.relay import SSERelay
 from router.server.responses import ResponsesAdapter, ResponseStore
 from router.server.runcontext import RunContext, RunContextSettings
 from router.server.stepio import StepContext, StepIO
-from router.server.upstream import UpstreamError
+from router.server.upstream import Upstream, UpstreamError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from router.server.admission import LiveAdmission
+    from router.server.bundles import BundleHolder, Serving
+    from router.server.metrics import RouterMetrics
+    from router.server.runlog_writer import RunLogWriter
+    from router.server.scrape import Scraper
+    from router.server.settings import RouterSettings
+    from router.server.state import RunStateStore
+    from router.server.tracing import Tracing
 
 __all__ = ["Backend", "RunHistory", "Proxy"]
 
@@ -123,18 +133,18 @@ class Proxy(StepIO):
     def __init__(
         self,
         *,
-        settings: Any,
-        upstream: Any,
-        store: Any,
-        holder: Any,
-        scraper: Any,
-        writer: Any,
-        metrics: Any,
+        settings: RouterSettings,
+        upstream: Upstream,
+        store: RunStateStore,
+        holder: BundleHolder,
+        scraper: Scraper | None,
+        writer: RunLogWriter | None,
+        metrics: RouterMetrics,
         backends: list[Backend],
         engine: StepEngine,
-        admission: Any = None,
-        tracing: Any = None,
-        context: Any = None,
+        admission: LiveAdmission | None = None,
+        tracing: Tracing | None = None,
+        context: RunContext | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
@@ -261,7 +271,7 @@ class Proxy(StepIO):
         proto: Adapter,
         req: ClientRequest,
         hist: RunHistory,
-        serving: Any,
+        serving: Serving,
         now: float,
         t0: float,
         arrival: float,
@@ -275,7 +285,7 @@ class Proxy(StepIO):
             try:
                 ctx = await self._decide(request, proto, req, hist, serving, now, t0, arrival, owner, user)
             except ProxyError as e:  # refused (404, 429) or answered without a backend (503)
-                if span is not None:
+                if span is not None and self.tracing is not None:
                     self.tracing.end_refused(span, hist.run_id, e.status, e.code)
                 raise
         ctx.span = span
@@ -294,7 +304,7 @@ class Proxy(StepIO):
         proto: Adapter,
         req: ClientRequest,
         hist: RunHistory,
-        serving: Any,
+        serving: Serving,
         now: float,
         t0: float,
         arrival: float,
@@ -341,6 +351,7 @@ class Proxy(StepIO):
                 active_local_runs=active,
             )
             if turn.needs_claim:  # a slot on the store's counter: limited (a first step) or not
+                assert adm is not None  # only a gated engine asks for a claim
                 if plan.claim_limit is not None:
                     turn.claim(await adm.claim(plan.claim_limit))
                 else:
@@ -396,7 +407,7 @@ class Proxy(StepIO):
         """
         b = ctx.backend
         url, body, headers = self._outbound(ctx)
-        if ctx.span is not None:
+        if ctx.span is not None and self.tracing is not None:
             ctx.up_span, headers = self.tracing.start_upstream(ctx.span, b, headers)
         resp = await self.upstream.post(b.tier, url, body, headers)
         if resp.status >= 300 or not ctx.req.stream:
@@ -438,8 +449,9 @@ class Proxy(StepIO):
                 b.inflight -= 1
             if kind is None:
                 break
-            if ctx.up_span is not None:  # this attempt's span ends with its error
-                ctx.up_span = self.tracing.end_upstream(ctx.up_span, resp.status if resp else None, kind)
+            if ctx.up_span is not None and self.tracing is not None:  # the attempt's span ends with its error
+                self.tracing.end_upstream(ctx.up_span, resp.status if resp else None, kind)
+                ctx.up_span = None
             d = None
             if allow_fb:  # the engine falls back once per step (a second failure ends it)
                 others = self.pool.for_request(ctx.req.requested, ctx.req.model_alias, None)

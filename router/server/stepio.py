@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from router.core.driver import StepTurn
-from router.core.engine import StepPlan
+from router.core.engine import StepEngine, StepPlan
 from router.core.record import StepResult, step_entry
 from router.policy.types import RunState
 from router.server.answers import step_headers
@@ -37,7 +37,17 @@ from router.server.backends import Backend, state_of
 from router.server.lifecycle import MAX_SIGNALS
 from router.server.posthoc import offered_tools, token_cap
 from router.server.posthoc import scan as posthoc_scan
-from router.server.protocol import ClientRequest, pick_protocol
+from router.server.protocol import Adapter, ClientRequest, pick_protocol
+
+if TYPE_CHECKING:  # pragma: no cover
+    from router.server.admission import LiveAdmission
+    from router.server.metrics import RouterMetrics
+    from router.server.proxy import RunHistory
+    from router.server.runlog_writer import RunLogWriter
+    from router.server.settings import RouterSettings
+    from router.server.state import RunStateStore
+    from router.server.tracing import Tracing
+    from router.server.upstream import UpstreamResponse
 
 __all__ = ["StepIO", "StepContext"]
 
@@ -52,10 +62,10 @@ class StepContext:
     turn: StepTurn  # the engine's call order for this step (router.core.driver)
     plan: StepPlan
     run: RunState
-    hist: Any  # router.server.proxy.RunHistory
+    hist: RunHistory
     backend: Backend
     req: ClientRequest
-    proto: Any  # the client's protocol adapter
+    proto: Adapter  # the client's protocol adapter
     t0: float
     arrival_s: float
     capture: Any
@@ -68,15 +78,15 @@ class StepContext:
 class StepIO:
     """Mixin: see the module docstring."""
 
-    engine: Any
-    writer: Any
-    admission: Any
-    store: Any
-    m: Any
-    s: Any
-    clock: Any
-    perf: Any
-    tracing: Any
+    engine: StepEngine
+    writer: RunLogWriter | None
+    admission: LiveAdmission | None
+    store: RunStateStore
+    m: RouterMetrics
+    s: RouterSettings
+    clock: Callable[[], float]
+    perf: Callable[[], float]
+    tracing: Tracing | None
 
     def _outbound(self, ctx: StepContext) -> tuple[str, bytes, dict[str, str]]:
         b, req = ctx.backend, ctx.req
@@ -90,7 +100,7 @@ class StepIO:
             headers = {**headers, **{k: v for k, v in req.extra["headers"].items() if k in fwd}}
         return b.urls[bp], body, headers
 
-    def _answer_body(self, ctx: StepContext, resp: Any, data: bytes) -> tuple[bytes, str]:
+    def _answer_body(self, ctx: StepContext, resp: UpstreamResponse, data: bytes) -> tuple[bytes, str]:
         status = resp.status
         media = resp.headers.get("content-type", "application/json")
         if status == 200:
@@ -132,7 +142,7 @@ class StepIO:
         if run is not None:
             await self.store.put(run)
 
-    async def _after(self, give: Awaitable[None] | None, durable: Any) -> None:
+    async def _after(self, give: Awaitable[None] | None, durable: Awaitable[None] | None) -> None:
         if give is not None:
             await give
         if durable is not None:
@@ -192,7 +202,7 @@ class StepIO:
         if turn.unserved:  # a first step not served: its admission went back in the engine
             give = self._give_back(ctx.run, turn.release_slot, None if locked else ctx.hist.lock)
         self.m.step_finished(rec, prev_tokens, state_of(ctx.plan.snapshot.backends, b.name))
-        if ctx.span is not None:
+        if ctx.span is not None and self.tracing is not None:
             self.tracing.end_step(ctx.span, rec, ctx.up_span)
         if posthoc:
             give = self._post_signals(ctx.run.run_id, posthoc, give)

@@ -53,8 +53,10 @@ from router.core.record import logged_end, logged_result
 from training.eval.outcome import Prices, RunRecord, records_from_frames
 
 if TYPE_CHECKING:
-    from features.prefix import StepView
+    from features.prefix import RunPrefix, StepView
+    from features.runlog import RunLog
     from models.predictor import Predictor
+    from models.types import Predictions
     from router.core.engine import StepPlan
     from router.policy.types import BackendState, Decision, Policy, RunState, Tier
 
@@ -129,7 +131,7 @@ class LoggedRuns:
         return np.concatenate([np.arange(e - s) for s, e in zip(self.ptr[:-1], self.ptr[1:], strict=True)])
 
 
-def load_logged(log: Any, prices: Prices) -> LoggedRuns:
+def load_logged(log: RunLog, prices: Prices) -> LoggedRuns:
     """See the module docstring. ``log``: a :class:`features.runlog.RunLog`."""
     import pandas as pd
 
@@ -213,7 +215,7 @@ class CachedPredictor:
     the logged ones, so a replay asks the model row by row only at the few steps where it could not
     be batched. Same values as ``inner`` (``predict_batch`` equals ``predict_features`` row-wise)."""
 
-    def __init__(self, inner: Any, X: np.ndarray):
+    def __init__(self, inner: Predictor, X: np.ndarray):
         self.inner = inner
         self.version = getattr(inner, "version", "none")
         self.needs_features = getattr(inner, "needs_features", True)
@@ -224,15 +226,15 @@ class CachedPredictor:
             else {}
         )
 
-    def predict_features(self, x: np.ndarray) -> Any:
+    def predict_features(self, x: np.ndarray) -> Predictions:
         row = np.ascontiguousarray(x, dtype=np.float64)
         hit = self._cache.get(row.tobytes())
         return hit if hit is not None else self.inner.predict_features(row)
 
-    def predict(self, prefix: Any) -> Any:
+    def predict(self, prefix: RunPrefix) -> Predictions:
         return self.inner.predict(prefix)
 
-    def predict_batch(self, X: np.ndarray) -> list[Any]:
+    def predict_batch(self, X: np.ndarray) -> list[Predictions]:
         return [self.predict_features(r) for r in np.asarray(X, dtype=np.float64)]
 
 
