@@ -1,5 +1,5 @@
 """The step's I/O besides routing: what is sent upstream, the answer of a non-streaming step, the
-``x-runroute-*`` headers, and the record of a finished step (``engine.finish`` -> run summary,
+``x-runroute-*`` headers, and the record of a finished step (``turn.finish`` -> run summary,
 run log, metrics, the Responses store; an unserved first step's slot given back). The step's
 ``turn`` (:mod:`router.core.driver`) is finished here, once.
 
