@@ -4,11 +4,15 @@ A step of a run is a :class:`StepTurn` (``engine.begin(run, track)``); its metho
 of :mod:`router.core.engine` and must be called in this order (any other order raises
 :class:`StepOrderError` naming the stage the turn is at and the stage the call needs)::
 
-    plan ─┬─> claim (only when plan asked for a slot: turn.needs_claim) ─┐
-          └──────────────────────────────────────────────────────────────┴─> rejected (end)
-                                                                          └─> [force] -> commit
-    commit -> [adopt] -> [fallback, at most once] -> finish (end)
-    plan / claim -> abandon (end: the step is dropped before commit; a slot claimed is returned)
+    begun     --plan-->                 planned | claiming | rejected
+    claiming  --claim-->                planned | rejected
+    planned   --force-->                planned
+    planned   --commit-->               committed
+    committed --adopt, fallback (once)-> committed
+    committed --finish-->               finished
+    planned | claiming --abandon-->     abandoned
+
+(rejected, finished and abandoned end the turn.)
 
 - **plan** (engine stages 1-5) returns the :class:`~router.core.engine.StepPlan`; a plan with
   ``claim_limit`` (a first local step under admission) or ``late_local`` (a run started on the
@@ -46,7 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from router.core.engine import StepEngine, StepPlan
     from router.core.runs import RunTrack
 
-__all__ = ["StepTurn", "StepOrderError", "StepPort", "Served", "drive_step"]
+__all__ = ["StepTurn", "DrivenTurn", "StepOrderError", "StepPort", "Served", "drive_step"]
 
 # the stages of a turn (module docstring)
 BEGUN = "begun"
