@@ -30,27 +30,31 @@ __all__ = [
     "steps_columns",
     "run_context",
     "signals_of",
+    "opt",
+    "opt_int",
+    "opt_float",
 ]
 
 
-def _opt(v: Any) -> Any:
-    """None for None / NaN / pd.NA, else the value (pandas is not imported here)."""
+def opt(v: Any) -> Any:
+    """None for None / NaN / pd.NA / pd.NaT, else the value (pandas is not imported here): the one missing-
+    value test of a logged cell (router.core.record.logged_request, router.replay, OPE replay)."""
     if v is None:
         return None
     if isinstance(v, float) and v != v:
         return None
-    if type(v).__name__ == "NAType":
+    if type(v).__name__ in ("NAType", "NaTType"):
         return None
     return v
 
 
-def _opt_int(v: Any) -> int | None:
-    v = _opt(v)
+def opt_int(v: Any) -> int | None:
+    v = opt(v)
     return None if v is None else int(v)
 
 
-def _opt_float(v: Any) -> float | None:
-    v = _opt(v)
+def opt_float(v: Any) -> float | None:
+    v = opt(v)
     return None if v is None else float(v)
 
 
@@ -100,21 +104,21 @@ def steps_columns(steps: pd.DataFrame) -> dict[str, list[Any]]:
 
 def step_views(cols: dict[str, list[Any]], i: int) -> StepView:
     """The :class:`StepView` of logged row ``i`` (column lists as built from a steps frame)."""
-    st = _opt(cols["structured"][i])
+    st = opt(cols["structured"][i])
     return StepView(
         prompt_tokens=int(cols["prompt_tokens"][i]),
         completion_tokens=int(cols["completion_tokens"][i]),
-        cached_tokens=_opt_int(cols["cached_tokens"][i]),
+        cached_tokens=opt_int(cols["cached_tokens"][i]),
         tool_calls=_tup(cols["tool_calls"][i]),
         tool_call_keys=_tup(cols["tool_call_keys"][i]),
-        tool_results_n=_opt_int(cols["tool_results_n"][i]) or 0,
+        tool_results_n=opt_int(cols["tool_results_n"][i]) or 0,
         tool_result_errors=_tup(cols["tool_result_errors"][i], bool),
         tool_result_tokens=_tup(cols["tool_result_tokens"][i], int),
-        tool_pause_s=_opt_float(cols["tool_pause_s"][i]),
-        arrival_s=_opt_float(cols["arrival_s"][i]),
-        latency_s=_opt_float(cols["latency_s"][i]),
+        tool_pause_s=opt_float(cols["tool_pause_s"][i]),
+        arrival_s=opt_float(cols["arrival_s"][i]),
+        latency_s=opt_float(cols["latency_s"][i]),
         structured=None if st is None else bool(st),
-        tier=_opt(cols["tier"][i]),
+        tier=opt(cols["tier"][i]),
     )
 
 
@@ -141,7 +145,7 @@ def _run_prefixes(
         i = lo + j
         # what the router saw before generation: its own estimate when it logged one (router logs),
         # else the logged count (imported traces: what a tokenizer gives)
-        seen = _opt_int(est[i])
+        seen = opt_int(est[i])
         new_signals = _tup(logged_signals[i])
         if new_signals:
             signals = signals + new_signals
@@ -155,8 +159,8 @@ def _run_prefixes(
             new_tool_result_errors=v.tool_result_errors,
             new_tool_result_tokens=v.tool_result_tokens,
             new_tool_pause_s=v.tool_pause_s,
-            new_n_tools_offered=_opt_int(tools[i]) or 0,  # null in imported traces (no bodies stored)
-            new_wants_json=bool(_opt(wants[i]) or False),
+            new_n_tools_offered=opt_int(tools[i]) or 0,  # null in imported traces (no bodies stored)
+            new_wants_json=bool(opt(wants[i]) or False),
             local_cache_pressure=None,
             domain=domain,
             task_embedding=task_embedding,

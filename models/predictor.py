@@ -32,9 +32,12 @@ class Predictor(Protocol):
     @property
     def version(self) -> str: ...
 
-    #: False when predictions do not depend on the feature vector (the step engine then asks
-    #: ``predict(prefix)`` and extracts nothing unless the step record wants the vector)
-    needs_features: bool
+    @property
+    def needs_features(self) -> bool:
+        """False when predictions do not depend on the feature vector (the step engine then asks
+        ``predict(prefix)`` and extracts nothing unless the step record wants the vector); read-only,
+        so a frozen predictor (:class:`ConstantPredictor`) satisfies it."""
+        ...
 
     def predict(self, prefix: RunPrefix) -> Predictions: ...
 

@@ -4,9 +4,10 @@ Algorithm: for every run of a run log (steps sorted by run and step) and every p
 step k goes through the step engine (:class:`router.core.engine.StepEngine`, the sidecar's and the
 simulator's code): the logged step as a :class:`~router.core.record.StepRequest` (prompt tokens,
 tool results, tools offered, JSON wanted, the logged tool pause, the run's ``needs_frontier``
-label for the oracle), ``engine.plan`` (prefix, features, ``predictor.predict_features``, snapshot,
-``decide``), ``engine.commit`` to the policy's own :class:`RunState`, then ``engine.finish`` with
-the logged output, so the next step's features see this policy's own history (its tiers, its
+label for the oracle; :func:`router.core.record.logged_request`), then ``engine.step`` (the one
+call order, :mod:`router.core.driver`): plan (prefix, features, ``predictor.predict_features``,
+snapshot, ``decide``), commit to the policy's own :class:`RunState`, and finish with the logged
+output (:class:`_ReplayPort` serves it), so the next step's features see this policy's own history (its tiers, its
 switches, the prefix it kept warm), as they would live. Time is the log's: a step arrives at its
 ``arrival_s`` and ends ``latency_s`` later (so the engine's tool pause is the logged one); a log
 without timestamps gives no time features, as in training. No admission (no load in a replay).
@@ -61,16 +62,19 @@ from typing import Any
 
 import numpy as np
 
+from features.logged import opt
 from features.prefix import StepView
 from features.runlog import RunLog
+from models.predictor import Predictor
 from router.core.accounting import RunContext, backend_step_usd, reusable_tokens
-from router.core.engine import StepEngine
+from router.core.driver import Served
+from router.core.engine import StepEngine, StepPlan
 from router.core.figures import cache_figures, escalation_quality, ratio, run_figures, switches
 from router.core.prefix_index import PrefixIndex
-from router.core.record import StepRequest, StepResult
+from router.core.record import StepRequest, logged_end, logged_request, logged_result
 from router.core.runs import RunTrack
 from router.core.tiers import FRONTIER_DEFAULTS, LOCAL_DEFAULTS
-from router.policy.types import BackendState, Policy, RunState
+from router.policy.types import BackendState, Decision, Policy, RunState
 
 __all__ = ["default_backends", "replay", "PolicyTally"]
 
@@ -221,8 +225,6 @@ class PolicyTally:
 
 def _labels(runlog: RunLog) -> tuple[dict[str, bool | None], dict[str, float], dict[str, str]]:
     """Per run id: the ``needs_frontier`` label (None if unknown), start time and model."""
-    import pandas as pd  # already loaded by features.runlog
-
     runs = runlog.runs
     labels: dict[str, bool | None] = {}
     started: dict[str, float] = {}
@@ -236,8 +238,8 @@ def _labels(runlog: RunLog) -> tuple[dict[str, bool | None], dict[str, float], d
         cols["run_id"], cols["needs_frontier"], cols["started_at"], cols["model"], strict=True
     ):
         key = str(rid)
-        labels[key] = None if pd.isna(lab) else bool(lab)
-        if not pd.isna(st):
+        labels[key] = None if opt(lab) is None else bool(lab)
+        if opt(st) is not None:
             started[key] = float(st)
         if isinstance(model, str):
             models[key] = model
@@ -247,12 +249,13 @@ def _labels(runlog: RunLog) -> tuple[dict[str, bool | None], dict[str, float], d
 def replay(
     runlog: RunLog,
     policies: Sequence[Policy],
-    predictor: Any,
+    predictor: Predictor,
     *,
     backends: list[BackendState] | None = None,
     weak_model: str | None = None,
     index_tokens: int = 262_144,
     block_tokens: int = 512,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """Replay ``runlog`` through ``policies``; returns the report dict (module docstring).
 
@@ -262,7 +265,9 @@ def replay(
     ``backends``: the synthetic backend list (default :func:`default_backends`).
     ``index_tokens`` / ``block_tokens``: each local backend's prefix-index capacity (the sidecar's
     ``local.prefix_index_tokens`` default) and the block size of the log's ``hash_ids`` (Mooncake's
-    512); used only for rows with ``hash_ids``.
+    512); used only for rows with ``hash_ids``. ``trace``: the report also holds ``decisions``
+    (policy name -> ``{(run_id, step): (tier, backend, reason, warm tokens)}``; parity tests compare
+    them).
     """
     from features.extract import step_views, steps_columns
     from features.logged import run_context
@@ -292,6 +297,9 @@ def replay(
     )
     engine = StepEngine(max_steps=1 << 30, keep_features=False)
     tallies = [PolicyTally(name=p.name) for p in policies]
+    traces: list[dict[tuple[str, int], tuple[str, str, str, int]] | None] = [
+        {} if trace else None for _ in policies
+    ]
     hashes = steps["hash_ids"].tolist() if n and "hash_ids" in steps.columns else [None] * n
     indexes: list[PrefixIndex | None] = [None] * len(policies)
     if any(h is not None and not isinstance(h, float) and len(h) for h in hashes):
@@ -307,20 +315,21 @@ def replay(
             hi += 1
         run_id = str(rid[lo])
         views = [step_views(cols, i) for i in range(lo, hi)]
-        extra = [_request_fields(cols, i) for i in range(lo, hi)]
+        label = labels.get(run_id)
+        reqs = [logged_request(cols, i, views[i - lo], label=label) for i in range(lo, hi)]
         chains = [_chain(hashes[i]) for i in range(lo, hi)]
         start = started.get(run_id, views[0].arrival_s)
         for i, policy in enumerate(policies):
             engine.prefix_index = indexes[i]  # each policy's own world
             _replay_run(
                 engine, policy, predictor, tallies[i], template, frontier_prices, run_id, start,
-                views, extra, reuse_col[lo:hi], labels.get(run_id),
-                (domains.get(run_id), embeddings.get(run_id)), chains,
+                views, reqs, reuse_col[lo:hi], label,
+                (domains.get(run_id), embeddings.get(run_id)), chains, traces[i],
             )  # fmt: skip
         lo = hi
     present = set(steps["run_id"].astype(str)) if n else set()
     labelled = [v for r, v in labels.items() if v is not None and r in present]
-    return {
+    out: dict[str, Any] = {
         "runs": tallies[0].runs if tallies else 0,
         "steps": n,
         "labelled_runs": len(labelled),
@@ -329,114 +338,102 @@ def replay(
         "backends": [b.name for b in template],
         "policies": {t.name: t.report() for t in tallies},
     }
+    if trace:
+        out["decisions"] = {t.name: tr for t, tr in zip(tallies, traces, strict=True)}
+    return out
 
 
-def _chain(h: Any) -> list[int] | None:
+def _chain(h: object) -> list[int] | None:
     """A logged ``hash_ids`` value as a chain (None when the row has none)."""
-    if h is None or isinstance(h, float) or not len(h):
+    if h is None or isinstance(h, float):
         return None
-    return [int(x) for x in (h.tolist() if hasattr(h, "tolist") else h)]
+    vals = h.tolist() if isinstance(h, np.ndarray) else h
+    if not isinstance(vals, Sequence) or isinstance(vals, str) or not vals:
+        return None
+    return [int(x) for x in vals]
 
 
-def _request_fields(cols: dict[str, list[Any]], i: int) -> tuple[int, int, bool, tuple[str, ...]]:
-    """``(prompt tokens the router saw, tools offered, JSON wanted, signals new at the step)`` of
-    logged row ``i``."""
-    import pandas as pd
+class _ReplayPort:
+    """The replay's I/O (:class:`router.core.driver.StepPort`) for one policy on one run: the
+    synthetic backends, no admission, and the logged step served with the cache this policy's own
+    world holds (module docstring: the prefix index's match with a chain, else the run's own model)."""
 
-    from features.logged import signals_of
+    __slots__ = ("template", "ctx", "view", "reusable", "indexed", "warm")
 
-    est, tools, wants = cols["prompt_tokens_est"][i], cols["n_tools_offered"][i], cols["wants_json"][i]
-    prompt = int(cols["prompt_tokens"][i]) if est is None or pd.isna(est) else int(est)
-    n_tools = 0 if tools is None or pd.isna(tools) else int(tools)
-    wanted = bool(wants) if wants is not None and not pd.isna(wants) else False
-    return prompt, n_tools, wanted, signals_of(cols["signals"][i])
+    def __init__(self, template: list[BackendState]):
+        self.template = template
+        self.ctx = RunContext()  # the run's own prefix model: per backend, its context cached there
+        self.view: StepView | None = None  # the logged step being replayed
+        self.reusable = 0
+        self.indexed = False
+        self.warm = 0  # what serve found warm on the chosen backend
+
+    def backends(self) -> list[BackendState]:
+        return [replace(b) for b in self.template]
+
+    def claim(self, limit: int | None) -> bool:  # no admission in a replay: never asked
+        return True
+
+    def forced(self, plan: StepPlan) -> Decision | None:
+        return None
+
+    def serve(self, plan: StepPlan, backend: BackendState | None) -> Served:
+        v = self.view
+        assert v is not None
+        d = plan.decision
+        warm = self.ctx.warm(d.backend, plan.request.prompt_tokens, self.reusable)
+        if self.indexed and d.tier == "local":
+            warm = min(plan.warm_tokens, self.reusable)  # the index's match on the chosen replica
+        self.warm = warm
+        return Served(logged_result(v, warm if warm else (0 if d.tier == "local" else None)), logged_end(v))
 
 
 def _replay_run(
     engine: StepEngine,
     policy: Policy,
-    predictor: Any,
+    predictor: Predictor,
     t: PolicyTally,
     template: list[BackendState],
     frontier_prices: dict[str, BackendState],
     run_id: str,
     start: float | None,
     views: list[StepView],
-    extra: list[tuple[int, int, bool, tuple[str, ...]]],
+    requests: list[StepRequest],
     reuse: np.ndarray,
     label: bool | None,
-    context: tuple[str | None, Any] = (None, None),
+    context: tuple[str | None, np.ndarray | None] = (None, None),
     chains: Sequence[list[int] | None] = (),
+    trace: dict[tuple[str, int], tuple[str, str, str, int]] | None = None,
 ) -> None:
-    """Decide every step of one run with ``policy`` through the engine; add its figures to ``t``.
+    """Decide every step of one run with ``policy`` through the engine (``engine.step``); add its
+    figures to ``t``. ``requests``: each logged step as engine input
+    (:func:`router.core.record.logged_request`, shared by the policies: copied per step here);
     ``context``: the run's logged ``(domain, task_embedding)``; ``chains``: each step's block chain
-    (None: no chain), read through the engine's prefix index when it has one."""
+    (None: no chain), read through the engine's prefix index when it has one; ``trace``: each step's
+    decision is added to it."""
     st = RunState(run_id=run_id)
-    track = RunTrack.new(run_id, start)  # type: ignore[arg-type]
+    track = RunTrack.new(run_id, start)
     track.domain, track.task_embedding = context
-    ctx = RunContext()  # the run's own prefix model: per backend, its context cached there
+    port = _ReplayPort(template)
     prev_context = 0
+    idx = engine.prefix_index
     for k, v in enumerate(views):
-        prompt, n_tools, wants, signals = extra[k]
+        req = replace(requests[k])
+        prompt = req.prompt_tokens
         ru = reuse[k]
         reusable = reusable_tokens(k, prompt, None if math.isnan(ru) else int(ru), prev_context)
-        req = StepRequest(
-            prompt_tokens=prompt,
-            tool_results_n=v.tool_results_n,
-            tool_result_errors=v.tool_result_errors,
-            tool_result_tokens=v.tool_result_tokens,
-            n_tools_offered=n_tools,
-            wants_json=wants,
-            label_needs_frontier=label,
-            signals=signals,
-        )
         chain = chains[k] if k < len(chains) else None
-        idx = engine.prefix_index
-        indexed = False
+        port.indexed = chain is not None and idx is not None
         if chain is not None and idx is not None:
             req.chain, req.chain_lookup = chain, min(prompt // idx.block_tokens, len(chain))
-            indexed = True
-        states = [replace(b) for b in template]
-        plan = engine.plan(
-            st,
-            track,
-            req,
-            states,
-            now=v.arrival_s,
-            policy=policy,
-            predictor=predictor,
-        )
-        d = plan.decision
-        # the chosen backend's state only with an index (the record at commit); else as before
-        chosen = next((b for b in states if b.name == d.backend), None) if indexed else None
-        engine.commit(plan, st, track, chosen)
-        tier = d.tier
-        warm = ctx.warm(d.backend, prompt, reusable)
-        if indexed and tier == "local":
-            warm = min(plan.warm_tokens, reusable)  # the index's match on the chosen replica
+        port.view, port.reusable = v, reusable
+        turn = engine.step(st, track, req, port, now=v.arrival_s, policy=policy, predictor=predictor)
+        d = turn.planned.decision
+        tier, warm = d.tier, port.warm
+        if trace is not None:
+            trace[(run_id, turn.planned.step)] = (tier, d.backend, d.reason, warm)
         done = prompt + v.completion_tokens
-        engine.finish(
-            plan,
-            track,
-            StepResult(
-                status=200,
-                prompt_tokens=v.prompt_tokens,
-                cached_tokens=warm if warm else (0 if tier == "local" else None),
-                completion_tokens=v.completion_tokens,
-                tool_calls=v.tool_calls,
-                tool_call_keys=v.tool_call_keys,
-                latency_s=v.latency_s,
-                structured=v.structured,
-            ),
-            now=(v.arrival_s + v.latency_s)
-            if v.arrival_s is not None and v.latency_s is not None
-            else v.arrival_s,
-            tier=tier,
-            replica=d.backend,
-            model=d.model,
-            record=False,
-        )
         t.step(tier, d.reason, prompt, reusable, warm, done - prompt, frontier_prices.get(d.backend))
-        ctx.served(d.backend, prompt, done - prompt)
+        port.ctx.served(d.backend, prompt, done - prompt)
         prev_context = done
     t.run_done(run_id, st.switches, label)

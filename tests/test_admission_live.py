@@ -302,7 +302,7 @@ def _sim(spill: bool):
     from router.policy.baselines import AlwaysLocalPolicy
     from router.sim.frontier import FrontierConfig
     from router.sim.profiles import NodeProfile
-    from router.sim.whatif import SimConfig, Simulator, Workload, admission_from_controller, scorecard
+    from router.sim.whatif import SimConfig, Simulator, Workload, scorecard
 
     prof = NodeProfile(
         name="t", a=0.01, b=1e-4, c=1e-8, d=1e-6, e=0.002, kv_bytes_per_token=1000, token_budget=8192
@@ -337,7 +337,7 @@ def _sim(spill: bool):
         spill=spill,
     )
     ctl = AdmissionController(acfg)  # the sidecar's controller class, unchanged
-    res = Simulator(w, AlwaysLocalPolicy(), cfg, starts, admission=admission_from_controller(ctl)).run()
+    res = Simulator(w, AlwaysLocalPolicy(), cfg, starts, admission=ctl).run()
     return res, scorecard(res)
 
 

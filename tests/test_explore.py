@@ -209,21 +209,18 @@ def test_engine_charges_exploring_frontier_steps_and_logs_propensities():
     for i in range(6):
         run, track = RunState(run_id=f"r{i}"), RunTrack.new(f"r{i}", float(i))
         for _k in range(3):
-            plan = eng.plan(
-                run,
-                track,
+            turn = eng.begin(run, track)
+            turn.plan(
                 StepRequest(prompt_tokens=200),
                 backends(),
                 now=float(i),
                 policy=pol,
                 predictor=ConstantPredictor(),
             )
-            b = next(x for x in plan.snapshot.backends if x.name == plan.decision.backend)
-            eng.commit(plan, run, track, b)
+            b = turn.commit()
+            assert b is not None
             recs.append(
-                eng.finish(
-                    plan,
-                    track,
+                turn.finish(
                     StepResult(status=200, prompt_tokens=200, completion_tokens=20),
                     now=float(i) + 0.5,
                     tier=b.tier,

@@ -244,7 +244,7 @@ def test_predictor_and_snapshot_see_the_replayed_history():
 
 def test_admission_controller_plugs_in_as_the_first_step_hook():
     from router.policy.admission import AdmissionConfig, AdmissionController
-    from router.sim.whatif import SPILLED, admission_from_controller
+    from router.sim.whatif import SPILLED
 
     # a tiny replica budget: after two active runs, new runs are spilled to the frontier
     ctrl = AdmissionController(AdmissionConfig(max_runs_per_replica=2))
@@ -252,8 +252,7 @@ def test_admission_controller_plugs_in_as_the_first_step_hook():
     steps, runs_df = frame(runs, starts=[0.0, 0.1, 0.2, 0.3, 0.4])
     w = Workload.from_frames(steps, runs_df)
     st = run_starts("trace", len(w.runs), logged_starts=w.logged_starts())
-    hook = admission_from_controller(ctrl)
-    res = Simulator(w, Fixed("local-0"), SimConfig(profile=PROF, replicas=1), st, admission=hook).run()
+    res = Simulator(w, Fixed("local-0"), SimConfig(profile=PROF, replicas=1), st, admission=ctrl).run()
     assert res.run_status.tolist() == [0, 0, 1, 1, 1]
     assert res.outcome.tolist()[4:] == [SPILLED] * 6
     assert scorecard(res)["runs_spilled"] == 3

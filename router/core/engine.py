@@ -1,11 +1,19 @@
 """The step engine: the one per-step sequence of the sidecar, the what-if simulator and replay.
 
-The adapters (``router.server`` over HTTP, ``router.sim`` on an event clock, ``router.replay`` over a
-run log) only turn their input into a :class:`~router.core.record.StepRequest` and backend states,
-keep time and do I/O (run-state store, upstream calls). Everything that decides, and everything
-logged about a decision, happens here, synchronously, in this order:
+The adapters (``router.server`` over HTTP, ``router.sim`` on an event clock, ``router.replay`` and
+``training.eval.ope_replay`` over a run log) only turn their input into a
+:class:`~router.core.record.StepRequest` (a logged step through
+:func:`router.core.record.logged_request`) and backend states, keep time and do I/O (run-state
+store, upstream calls). Everything that decides, and everything logged about a decision, happens
+here, synchronously, in this order.
 
-1. **prefix** (:meth:`StepEngine.plan`): the run's :class:`~router.core.runs.RunTrack` gives its
+**Where the call order lives**: :mod:`router.core.driver`. :meth:`StepEngine.begin` gives a
+:class:`~router.core.driver.StepTurn` whose methods are the stages below and refuse a call out of
+order (:class:`~router.core.driver.StepOrderError`); :meth:`StepEngine.step` runs the whole order
+for an adapter whose serving is synchronous, through a :class:`~router.core.driver.StepPort`. The
+stage methods of this class (``_plan`` ... ``_unserved_start``) are the turn's only.
+
+1. **prefix** (``turn.plan``): the run's :class:`~router.core.runs.RunTrack` gives its
    finished steps and running aggregate; the new request adds prompt tokens, tool results (count,
    sizes, error flags), tools offered, JSON wanted, the tool pause (``now`` - the previous step's
    end) and ``local_cache_pressure`` (from the adapter's cache reading of the run's local replica).
@@ -32,15 +40,15 @@ logged about a decision, happens here, synchronously, in this order:
 5. **admission** (:mod:`router.core.admission`; only with a gate, and only when the chosen backend
    is healthy: a step nothing can serve is answered 503 by the adapter): at a run's first step whose
    decision is local, the controller's verdict; ``admit-local`` asks the adapter to claim a slot
-   (:attr:`StepPlan.claim_limit`, then :meth:`StepEngine.claimed`); spill re-places the step on the
+   (:attr:`StepPlan.claim_limit`, then ``turn.claim``); spill re-places the step on the
    frontier; reject sets :attr:`StepPlan.rejected` (the adapter answers 429 / drops the run, and the
    step index is given back so the retry is again a first step).
-6. **commit** (:meth:`StepEngine.commit`): ``apply_decision`` to the run's pin, the traffic model
+6. **commit** (``turn.commit``): ``apply_decision`` to the run's pin, the traffic model
    charged with the step's prefill/decode work.
-7. **fallback** (:meth:`StepEngine.fallback`; the adapter saw the chosen backend fail before its
+7. **fallback** (``turn.fallback``, once per step; the adapter saw the chosen backend fail before its
    first byte): the other tier through :func:`router.policy.filters.place` with the failed backend
    marked unhealthy (reason ``fallback-<kind>``; pinned there).
-8. **finish** (:meth:`StepEngine.finish`): the step becomes a :class:`~features.prefix.StepView` of
+8. **finish** (``turn.finish``): the step becomes a :class:`~features.prefix.StepView` of
    the run (served steps only), the traffic model is credited, the cache mark is taken, a frontier
    step of an exploring run is charged to the exploration budget, the step's score and tier go to
    the frontier budget's state (:mod:`router.core.budget`; a policy with ``frontier_budget`` reads
@@ -48,9 +56,9 @@ logged about a decision, happens here, synchronously, in this order:
    window when the run ends), and the run-log
    :class:`features.schema.Step` record (with the decision's propensity and explore flag) is
    returned (when asked for).
-9. **races and unserved starts** (adapters with a shared store): :meth:`StepEngine.adopt` when
+9. **races and unserved starts** (adapters with a shared store): ``turn.adopt`` when
    another router pinned a new run first (the step moves to that pin, reason ``pin-race``);
-   :meth:`StepEngine.unserved_start` when a run's first step was not served (the run gives its
+   ``turn.finish`` of a run's first step that was not served (the run gives its
    admission back, as if it never started: the client's retry is admitted afresh).
 
 Knobs (constructor): ``admission`` (an :class:`~router.core.admission.AdmissionGate`, None = no
@@ -72,17 +80,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from features.extract import FEATURE_SPEC_VERSION, extract
 from features.prefix import RunPrefix, StepView
+from features.schema import Step
 from models.types import Predictions
 from router.core.admission import SPILLED_REASON, AdmissionGate
 from router.core.budget import BudgetTracker
+from router.core.driver import DrivenTurn, StepPort, StepTurn, drive_step
 from router.core.explore import ExploreBudget, step_price_usd
-from router.core.moves import EngineMoves
 from router.core.prefix_cache import max_hit_blocks
 from router.core.prefix_index import PrefixIndex, RunChain, TextChainer
 from router.core.record import LazyFeatures, StepRequest, StepResult, step_record
@@ -91,11 +100,14 @@ from router.core.traffic import StepToken, TrafficModel
 from router.policy.admission import AdmissionDecision, LoadSnapshot
 from router.policy.budget import FrontierBudget, budget_of
 from router.policy.explore import ExplorePolicy
-from router.policy.filters import DEFAULT_WEIGHTS, ScoreWeights, make_decision, place
+from router.policy.filters import DEFAULT_WEIGHTS, ScoreWeights, make_decision, other_tier, place
 from router.policy.snapshot import build_snapshot
 from router.policy.types import BackendState, Decision, Policy, RunState, Snapshot, apply_decision
 
-__all__ = ["StepEngine", "StepPlan", "CacheReader"]
+if TYPE_CHECKING:  # pragma: no cover
+    from models.predictor import Predictor
+
+__all__ = ["StepEngine", "StepPlan", "StepTurn", "StepPort", "CacheReader"]
 
 CacheReader = Callable[[str], CacheReading | None]
 
@@ -132,8 +144,11 @@ class StepPlan:
     budget_domain: str = "*"  # the window it was read from
 
 
-class StepEngine(EngineMoves):
-    """See the module docstring (7 and 9 live in :class:`router.core.moves.EngineMoves`)."""
+class StepEngine:
+    """See the module docstring. Adapters call :meth:`begin` (a :class:`StepTurn` per step) or
+    :meth:`step` (the whole order for a synchronous adapter); the stage methods (``_plan``,
+    ``_claimed``, ``_commit``, ``_fallback``, ``_adopt``, ``_finish``, ``_unserved_start``) are the
+    turn's, called in its order only."""
 
     def __init__(
         self,
@@ -160,6 +175,40 @@ class StepEngine(EngineMoves):
         self.spec_version = FEATURE_SPEC_VERSION
         self.explore_budgets: dict[str, ExploreBudget] = {}  # policy name -> its budget
         self.frontier_budgets = BudgetTracker()  # router.core.budget: the budget's online quantiles
+
+    # ------------------------------------------------------------------ the call order
+    def begin(self, run: RunState, track: RunTrack) -> StepTurn:
+        """A new step of ``run``: the turn whose methods are the stages, in their order
+        (:mod:`router.core.driver`)."""
+        return StepTurn(self, run, track)
+
+    def step(
+        self,
+        run: RunState,
+        track: RunTrack,
+        req: StepRequest,
+        port: StepPort,
+        *,
+        now: float | None,
+        policy: Policy,
+        predictor: Predictor,
+        active_local_runs: int = 0,
+        record: bool = False,
+    ) -> DrivenTurn:
+        """One whole step for an adapter whose serving is synchronous
+        (:func:`router.core.driver.drive_step`: ``port`` does the I/O)."""
+        return drive_step(
+            self,
+            run,
+            track,
+            req,
+            port,
+            now=now,
+            policy=policy,
+            predictor=predictor,
+            active_local_runs=active_local_runs,
+            record=record,
+        )
 
     def explore_budget(self, policy: Policy) -> ExploreBudget | None:
         """The exploration budget of ``policy`` (None: it does not explore or has no cap)."""
@@ -212,7 +261,7 @@ class StepEngine(EngineMoves):
             aggregate=base.aggregate,
         )
 
-    def plan(
+    def _plan(
         self,
         run: RunState,
         track: RunTrack,
@@ -221,7 +270,7 @@ class StepEngine(EngineMoves):
         *,
         now: float | None,
         policy: Policy,
-        predictor: Any,
+        predictor: Predictor,
         active_local_runs: int = 0,
     ) -> StepPlan:
         """Steps 1-5 of the module docstring. ``backends`` is a fresh list the engine may mutate."""
@@ -234,7 +283,11 @@ class StepEngine(EngineMoves):
             if prefix.aggregate is not track.base.aggregate:  # extract rebuilt it: keep it for next time
                 track.base.aggregate = prefix.aggregate
             ctx = getattr(predictor, "reads_run_context", False)  # domain + task embedding (benefit)
-            preds = predictor.predict_context(x, prefix) if ctx else predictor.predict_features(x)
+            preds = (
+                cast(Predictions, getattr(predictor, "predict_context")(x, prefix))  # noqa: B009
+                if ctx
+                else predictor.predict_features(x)
+            )
         else:  # a predictor that reads no features (the constant one), and no record wants them
             preds = predictor.predict(prefix)
         pinned = run.replica
@@ -348,7 +401,7 @@ class StepEngine(EngineMoves):
         track.next_step = plan.step
         gate.rejected()
 
-    def claimed(self, plan: StepPlan, run: RunState, track: RunTrack, ok: bool) -> None:
+    def _claimed(self, plan: StepPlan, run: RunState, track: RunTrack, ok: bool) -> None:
         """The adapter's slot claim (``plan.claim_limit``) succeeded or was refused."""
         gate = self.admission
         assert gate is not None
@@ -360,7 +413,7 @@ class StepEngine(EngineMoves):
         assert plan.load is not None
         self._shed(plan, run, track, gate.race_lost(plan.load, run.priority, run.tenant))
 
-    def late_local_claimed(self, plan: StepPlan, run: RunState) -> None:
+    def _late_local_claimed(self, plan: StepPlan, run: RunState) -> None:
         """The adapter counted a run that moved local after a frontier start (slot without limit)."""
         plan.late_local = False
         run.admitted = "admit-local"
@@ -368,7 +421,7 @@ class StepEngine(EngineMoves):
             self.admission.late_local(run.run_id, run.priority, run.tenant)
 
     # ------------------------------------------------------------------ 6: commit
-    def commit(self, plan: StepPlan, run: RunState, track: RunTrack, backend: BackendState | None) -> None:
+    def _commit(self, plan: StepPlan, run: RunState, track: RunTrack, backend: BackendState | None) -> None:
         """Apply the decision to the run's pin and charge the traffic model (``backend``: the
         state of the chosen backend, None when nothing can serve the step)."""
         d = plan.decision
@@ -405,7 +458,7 @@ class StepEngine(EngineMoves):
             )
 
     # ------------------------------------------------------------------ 8: finish
-    def finish(
+    def _finish(
         self,
         plan: StepPlan,
         track: RunTrack,
@@ -417,7 +470,7 @@ class StepEngine(EngineMoves):
         model: str | None,
         arrival_s: float | None = None,
         record: bool = True,
-    ) -> Any:
+    ) -> Step | None:
         """Close the step (module docstring, 8); returns its :class:`features.schema.Step` record
         when ``record`` (else None). ``tier``/``replica``/``model``: what served it (None: nothing)."""
         ok = res.status == 200
@@ -505,6 +558,91 @@ class StepEngine(EngineMoves):
             propensity=d.propensity,
             explore=d.explore,
         )
+
+    # ------------------------------------------------------------------ 7: fallback
+    def _fallback(
+        self, plan: StepPlan, run: RunState, failed: str, kind: str, backends: list[BackendState]
+    ) -> Decision | None:
+        """Re-place a step whose backend ``failed`` before its first byte on the other tier.
+
+        ``backends``: fresh states (the failed one is marked unhealthy here). Returns the applied
+        decision (reason ``fallback-<kind>``), or None when the other tier has no candidate."""
+        failed_tier = None
+        for st in backends:
+            if st.name == failed:
+                st.healthy = False
+                failed_tier = st.tier
+        if failed_tier is None:
+            return None
+        target = other_tier(failed_tier)
+        snap = replace(plan.snapshot, run=run, backends=backends)
+        b, _ = place(snap, target, self.fallback_weights)
+        if b is None or b.tier != target:
+            return None
+        d = Decision(tier=b.tier, backend=b.name, model=b.model, reason=f"fallback-{kind}", switched=True)
+        plan.fallback_from = failed
+        plan.decision = d
+        plan.flapped = True
+        apply_decision(run, d, plan.step)
+        self._recharge(plan, run, b)
+        plan.cache_start = self._reading(b.name) if b.tier == "local" and self.cache_lags else None
+        return d
+
+    def _recharge(self, plan: StepPlan, run: RunState, b: BackendState) -> None:
+        """The step moved to ``b``: the first attempt's traffic charge is undone (it served nothing)
+        and ``b`` is charged afresh."""
+        if self.traffic is not None and plan.traffic_token is not None:
+            self.traffic.step_finished(plan.traffic_token, None, 0, 0, 0, False)
+            plan.traffic_token = self.traffic.step_started(
+                b.name if b.tier == "local" else None,
+                run.run_id,
+                plan.request.prompt_tokens,
+                plan.predictions.cache_reuse_tokens,
+                plan.predictions,
+            )
+
+    # ------------------------------------------------------------------ 9: races, unserved starts
+    def _adopt(self, plan: StepPlan, run: RunState, winner: RunState) -> bool:
+        """Another router stored this new run's first pin before us (set-if-absent refused ours):
+        take ``winner``'s pin for this step. Returns True when this router's own admission slot
+        must be given back (the winner's router holds the run's slot)."""
+        give_back = run.admitted == "admit-local" and self.admission is not None
+        if give_back:
+            assert self.admission is not None
+            self.admission.released(run.run_id)
+        same = (winner.tier, winner.replica) == (run.tier, run.replica)
+        for f in (
+            "tier",
+            "replica",
+            "pinned_at_step",
+            "switches",
+            "last_switch_step",
+            "admitted",
+            "owner",
+            "explore_post",
+        ):
+            setattr(run, f, getattr(winner, f))
+        run.steps_seen = max(run.steps_seen, winner.steps_seen, plan.step + 1)
+        plan.admission = winner.admitted
+        if same or winner.replica is None:
+            return give_back
+        b = next((x for x in plan.snapshot.backends if x.name == winner.replica), None)
+        if b is None:
+            return give_back
+        plan.decision = Decision(tier=b.tier, backend=b.name, model=b.model, reason="pin-race")
+        self._recharge(plan, run, b)
+        plan.cache_start = self._reading(b.name) if b.tier == "local" else None
+        return give_back
+
+    def _unserved_start(self, plan: StepPlan, run: RunState) -> bool:
+        """A run's first step ended without being served: give its admission back (the next step
+        is a first step again). Returns True when the adapter must release a slot."""
+        if plan.admission is None or run.admitted is None:
+            return False
+        holds = self.run_ended(run)
+        run.admitted = None
+        plan.admission = None
+        return holds
 
     # ------------------------------------------------------------------ run end
     def run_ended(self, run: RunState) -> bool:

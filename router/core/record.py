@@ -6,6 +6,15 @@ is what the adapter observed when the step ended. :func:`step_record` builds the
 :class:`features.schema.Step` for a finished step (``Step.model_construct``: the engine's own
 values need no re-validation on the hot path; a test validates them against the model), and
 :func:`step_entry` the short summary kept per run for ``GET /v1/runs/{id}``.
+
+A logged step (a row of a run log's steps frame, as :func:`features.logged.steps_columns` lists
+it) becomes engine input through one converter, :func:`logged_request` (replay, off-policy replay):
+the prompt tokens the router saw (its logged estimate ``prompt_tokens_est`` when present, else the
+logged count), the tool results it consumed, tools offered and JSON wanted (0 / False when the
+source did not log them), the signals new at the step, and the run's ``needs_frontier`` label (the
+oracle's). :func:`logged_result` is the logged outcome as a :class:`StepResult`, with the cached
+tokens the caller's world gives. Missing cells (None, NaN, pd.NA) are read with the one helper,
+:func:`features.logged.opt`.
 """
 
 from __future__ import annotations
@@ -14,10 +23,23 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from features.logged import opt, opt_int, signals_of
+from features.prefix import RunPrefix, StepView
 from features.schema import Step
 from router.core.prefix_index import Segments
 
-__all__ = ["StepRequest", "StepResult", "step_record", "step_entry", "LazyFeatures"]
+__all__ = [
+    "StepRequest",
+    "StepResult",
+    "step_record",
+    "step_entry",
+    "LazyFeatures",
+    "logged_request",
+    "logged_result",
+    "logged_end",
+]
 
 
 @dataclass(slots=True)
@@ -81,7 +103,7 @@ class LazyFeatures(Mapping[str, float]):
 
     __slots__ = ("_vec", "_prefix", "_d")
 
-    def __init__(self, vec: Any, prefix: Any = None):
+    def __init__(self, vec: np.ndarray | None, prefix: RunPrefix | None = None):
         self._vec = vec
         self._prefix = prefix
         self._d: dict[str, float] | None = None
@@ -91,7 +113,11 @@ class LazyFeatures(Mapping[str, float]):
             from features.extract import FEATURE_NAMES, extract
             from features.prefix import POSTHOC_KINDS
 
-            vec = self._vec if self._vec is not None else extract(self._prefix)
+            if self._vec is not None:
+                vec = self._vec
+            else:
+                assert self._prefix is not None, "LazyFeatures needs a vector or a prefix"
+                vec = extract(self._prefix)
             d = dict(zip(FEATURE_NAMES, vec.tolist(), strict=True))
             # the sidecar's own post-hoc kinds (features.prefix.POSTHOC_KINDS) count as sig_other
             # in the vector; each is named here too, so the trouble term can weigh it alone
@@ -109,6 +135,49 @@ class LazyFeatures(Mapping[str, float]):
 
     def __len__(self) -> int:
         return len(self._get())
+
+
+def logged_request(
+    cols: Mapping[str, Sequence[object]],
+    i: int,
+    view: StepView,
+    *,
+    label: bool | None = None,
+) -> StepRequest:
+    """Logged row ``i`` (``view``: its :func:`features.logged.step_views`) as the engine's input
+    (module docstring)."""
+    seen = opt_int(cols["prompt_tokens_est"][i])
+    return StepRequest(
+        prompt_tokens=view.prompt_tokens if seen is None else seen,
+        tool_results_n=view.tool_results_n,
+        tool_result_errors=view.tool_result_errors,
+        tool_result_tokens=view.tool_result_tokens,
+        n_tools_offered=opt_int(cols["n_tools_offered"][i]) or 0,
+        wants_json=bool(opt(cols["wants_json"][i]) or False),
+        label_needs_frontier=label,
+        signals=signals_of(cols["signals"][i]),
+    )
+
+
+def logged_result(view: StepView, cached_tokens: int | None) -> StepResult:
+    """A logged step's outcome (served, its tokens, tool calls and latency) as a :class:`StepResult`;
+    ``cached_tokens``: what the caller's world cached of its prompt."""
+    return StepResult(
+        status=200,
+        prompt_tokens=view.prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=view.completion_tokens,
+        tool_calls=view.tool_calls,
+        tool_call_keys=view.tool_call_keys,
+        latency_s=view.latency_s,
+        structured=view.structured,
+    )
+
+
+def logged_end(view: StepView) -> float | None:
+    """When a logged step ended: its arrival + latency (its arrival when the latency is unknown)."""
+    a, lat = view.arrival_s, view.latency_s
+    return a + lat if a is not None and lat is not None else a
 
 
 def step_record(

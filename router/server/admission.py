@@ -93,8 +93,9 @@ class LiveAdmission(BackgroundTask):
     async def claim_unlimited(self) -> None:
         await self.store.try_admit(self.key, UNLIMITED)
 
-    async def release(self, run: RunState, holds_slot: bool) -> None:
-        """The run ended; ``holds_slot``: the engine says it held a local slot (give it back)."""
+    async def release(self, run: RunState | None, holds_slot: bool) -> None:
+        """The run ended (``run`` may be None: the slot is counted per key, not per run);
+        ``holds_slot``: the engine says it held a local slot (give it back)."""
         if holds_slot:
             await self.store.release(self.key)
             self.stats.released_end += 1

@@ -1,7 +1,7 @@
 """The protocol-adapter interface of the hot path: what a client API (Chat Completions, OpenAI
 Responses, Anthropic Messages) must provide so :mod:`router.server.proxy` can route it.
 
-The hot path is protocol-independent (read -> identity -> engine.plan -> claim -> commit ->
+The hot path is protocol-independent (read -> identity -> turn.plan -> claim -> commit ->
 forward/fallback -> finish -> record); each protocol module (:mod:`router.server.chat`,
 :mod:`router.server.responses`, :mod:`router.server.messages`) implements :class:`Adapter`:
 

@@ -19,11 +19,13 @@ details are the adapter's, :mod:`router.server.protocol`; this module does the I
    the local replicas + the frontier the request's model maps to; scraped health, running, waiting,
    KV usage + this router's in-flight counts), for a new run the store's active-run count, the run
    context (:mod:`router.server.runcontext`: domain and task embedding at its first step, the
-   signals posted since its previous step); then ``engine.plan``. An admission slot claim the plan asks for goes to the store's
-   atomic counter (:class:`router.server.admission.LiveAdmission`) and back to the engine; a
+   signals posted since its previous step); then the step's turn (``engine.begin``,
+   :mod:`router.core.driver`: the engine's call order) ``turn.plan``. An admission slot claim the
+   plan asks for goes to the store's atomic counter (:class:`router.server.admission.LiveAdmission`)
+   and back to the turn (``turn.claim``); a
    rejected new run answers 429 ``run_rejected_overload`` with ``Retry-After`` (the predicted time
-   until a slot frees) and nothing is stored; otherwise ``engine.commit``, and the pin is stored (a new run's first pin with
-   set-if-absent: when another router pinned it first, ``engine.adopt`` moves the step there).
+   until a slot frees) and nothing is stored; otherwise ``turn.commit``, and the pin is stored (a new run's first pin with
+   set-if-absent: when another router pinned it first, ``turn.adopt`` moves the step there).
 3. Forward (``adapter.outbound``, :mod:`router.server.stepio`): to a backend that speaks the
    client's protocol, the client's bytes with only ``model`` rewritten (the fast path); otherwise a
    translation (:mod:`router.server.translate`). Streaming: the first upstream chunk is awaited
@@ -31,10 +33,10 @@ details are the adapter's, :mod:`router.server.protocol`; this module does the I
    then :class:`router.server.relay.SSERelay` relays it through the adapter's capture.
 4. Fallback: a connect error, a timeout or a 5xx before the first byte retries once on the other
    tier when ``fallback.enabled`` (and ``on_requested_model`` for concrete-model requests) through
-   ``engine.fallback`` (reason ``fallback-<kind>``, pinned there); otherwise 502/503/504. A backend
+   ``turn.fallback`` (once per step; reason ``fallback-<kind>``, pinned there); otherwise 502/503/504. A backend
    that answers 401/403 refused the *router's* credentials (the client's were checked here): 502
    ``upstream_auth`` naming the backend, not the backend's own error about "your" key.
-5. Record: ``engine.finish`` with what the upstream reported (usage incl. cached tokens, tool calls,
+5. Record: ``turn.finish`` with what the upstream reported (usage incl. cached tokens, tool calls,
    TTFT for streams, latency) -> the run's summary (``GET /v1/runs/{id}``), the run-log ``step``
    record (``protocol`` = chat / responses / messages) to the background writer (prompt text only
    with ``runlog.log_prompts``), metrics; ``adapter.remember`` keeps a Responses answer for
@@ -46,7 +48,7 @@ Release is structural: once a step is committed, every exit (an answer, an upstr
 client disconnect, an exception anywhere, cancellation) goes through :meth:`Proxy._close`, once:
 the step is finished (an exception: 500 ``internal_error``; a cancellation: 499), the in-flight
 counts are given back (``try/finally``), and a run whose *first* step was not served gives back its
-admission slot (``engine.unserved_start``), so a failed start never holds a slot.
+admission slot (``turn.finish``: ``turn.unserved`` / ``turn.release_slot``), so a failed start never holds a slot.
 
 Clocks are injected (``clock``: monotonic seconds for the engine; ``wall``: epoch seconds for the
 run log; ``perf``: latency), so tests drive time.
@@ -60,7 +62,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -70,7 +72,7 @@ from router.core.runs import CacheReading, RunTrack, RunTracker
 from router.policy.types import BackendState, RunState
 from router.server.answers import reject_error
 from router.server.auth import Access
-from router.server.backends import Backend, BackendPool, priority_tenant, read_body, state_of
+from router.server.backends import Backend, BackendPool, priority_tenant, read_body
 from router.server.chat import ChatAdapter
 from router.server.errors import ProxyError
 from router.server.identity import client_id
@@ -82,7 +84,17 @@ from router.server.relay import SSERelay
 from router.server.responses import ResponsesAdapter, ResponseStore
 from router.server.runcontext import RunContext, RunContextSettings
 from router.server.stepio import StepContext, StepIO
-from router.server.upstream import UpstreamError
+from router.server.upstream import Upstream, UpstreamError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from router.server.admission import LiveAdmission
+    from router.server.bundles import BundleHolder, Serving
+    from router.server.metrics import RouterMetrics
+    from router.server.runlog_writer import RunLogWriter
+    from router.server.scrape import Scraper
+    from router.server.settings import RouterSettings
+    from router.server.state import RunStateStore
+    from router.server.tracing import Tracing
 
 __all__ = ["Backend", "RunHistory", "Proxy"]
 
@@ -121,18 +133,18 @@ class Proxy(StepIO):
     def __init__(
         self,
         *,
-        settings: Any,
-        upstream: Any,
-        store: Any,
-        holder: Any,
-        scraper: Any,
-        writer: Any,
-        metrics: Any,
+        settings: RouterSettings,
+        upstream: Upstream,
+        store: RunStateStore,
+        holder: BundleHolder,
+        scraper: Scraper | None,
+        writer: RunLogWriter | None,
+        metrics: RouterMetrics,
         backends: list[Backend],
         engine: StepEngine,
-        admission: Any = None,
-        tracing: Any = None,
-        context: Any = None,
+        admission: LiveAdmission | None = None,
+        tracing: Tracing | None = None,
+        context: RunContext | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
@@ -259,7 +271,7 @@ class Proxy(StepIO):
         proto: Adapter,
         req: ClientRequest,
         hist: RunHistory,
-        serving: Any,
+        serving: Serving,
         now: float,
         t0: float,
         arrival: float,
@@ -273,7 +285,7 @@ class Proxy(StepIO):
             try:
                 ctx = await self._decide(request, proto, req, hist, serving, now, t0, arrival, owner, user)
             except ProxyError as e:  # refused (404, 429) or answered without a backend (503)
-                if span is not None:
+                if span is not None and self.tracing is not None:
                     self.tracing.end_refused(span, hist.run_id, e.status, e.code)
                 raise
         ctx.span = span
@@ -292,7 +304,7 @@ class Proxy(StepIO):
         proto: Adapter,
         req: ClientRequest,
         hist: RunHistory,
-        serving: Any,
+        serving: Serving,
         now: float,
         t0: float,
         arrival: float,
@@ -318,7 +330,7 @@ class Proxy(StepIO):
             run = pin
         run.steps_seen = max(run.steps_seen, index)  # the store's index: the engine claims it
         hist.ended = False
-        claimed = False
+        turn = engine.begin(run, hist)  # the engine's call order (router.core.driver)
         try:
             prio, tenant = priority_tenant(self.s.admission, request, body, user)
             hist.tenant = hist.tenant or tenant
@@ -330,9 +342,7 @@ class Proxy(StepIO):
             adm = self.admission
             active = await adm.active() if adm is not None and run.admitted is None else 0
             candidates = self.pool.for_request(req.requested, req.model_alias, run.replica)
-            plan = engine.plan(
-                run,
-                hist,
+            plan = turn.plan(
                 sreq,
                 self.backend_states(first and getattr(self.store, "degraded", False), candidates),
                 now=now,
@@ -340,44 +350,45 @@ class Proxy(StepIO):
                 predictor=serving.predictor,
                 active_local_runs=active,
             )
-            if plan.claim_limit is not None:
-                claimed = await adm.claim(plan.claim_limit)
-                engine.claimed(plan, run, hist, claimed)
-            elif plan.late_local:
-                await adm.claim_unlimited()
-                claimed = True
-                engine.late_local_claimed(plan, run)
+            if turn.needs_claim:  # a slot on the store's counter: limited (a first step) or not
+                assert adm is not None  # only a gated engine asks for a claim
+                if plan.claim_limit is not None:
+                    turn.claim(await adm.claim(plan.claim_limit))
+                else:
+                    await adm.claim_unlimited()
+                    turn.claim(True)
             if plan.admission_decision is not None:
                 ad = plan.admission_decision
                 verdict = "reject" if plan.rejected else ad.verdict
                 self.m.admission_verdict(verdict, prio, ad.reason)
-            if plan.rejected:  # nothing is stored; the index goes back: the retry is again step 0
+            if turn.rejected:  # nothing is stored; the index goes back: the retry is again step 0
                 await self.store.unstep(run_id, plan.step)
                 raise reject_error(plan, run.run_id, self.s.admission)
-            decision = plan.decision
-            backend = self.backends.get(decision.backend)
-            if backend is not None and not any(b.healthy for b in plan.snapshot.backends):
-                backend = None  # every backend is marked down: answer at once instead of timing out
         except BaseException:
-            if claimed:  # claimed but never committed: the slot goes back at once
-                await self._give_back(run, engine.run_ended(run))
+            if turn.claimed_slot:  # claimed but never committed: the slot goes back at once
+                await self._give_back(run, turn.abandon())
             raise
+        # the chosen backend's state; None: nothing can serve it (every backend is marked down:
+        # answered at once instead of timing out)
+        chosen = turn.commit()
+        backend = self.backends.get(chosen.name) if chosen is not None else None
         if backend is None:
-            engine.commit(plan, run, hist, None)
+            decision = plan.decision
             none = Backend("", decision.tier, "", "", {}, BackendState("", "local", ""))
-            ctx = _Step(plan, run, hist, none, req, proto, t0, arrival, proto.capture(req, req.protocol))
+            ctx = _Step(
+                turn, plan, run, hist, none, req, proto, t0, arrival, proto.capture(req, req.protocol)
+            )
             try:
                 await self.store.put(run)
             finally:
                 await self._close(ctx, 503, "no_healthy_backend", locked=True)
             raise ProxyError(503, "no_healthy_backend", f"no healthy backend available ({decision.reason})")
-        engine.commit(plan, run, hist, state_of(plan.snapshot.backends, backend.name))
-        ctx = _Step(plan, run, hist, backend, req, proto, t0, arrival, proto.capture(req, req.protocol))
+        ctx = _Step(turn, plan, run, hist, backend, req, proto, t0, arrival, proto.capture(req, req.protocol))
         try:
             if pin is None:  # a new run's first pin: set-if-absent, so two routers agree on one
                 winner = await self.store.claim(run)
                 if winner is not None:  # another router pinned this new run first: adopt its pin
-                    if engine.adopt(plan, run, winner):
+                    if turn.adopt(winner):
                         await self._give_back(None, True)
                     ctx.backend = self.backends.get(plan.decision.backend, backend)
                     await self.store.put(run)
@@ -396,7 +407,7 @@ class Proxy(StepIO):
         """
         b = ctx.backend
         url, body, headers = self._outbound(ctx)
-        if ctx.span is not None:
+        if ctx.span is not None and self.tracing is not None:
             ctx.up_span, headers = self.tracing.start_upstream(ctx.span, b, headers)
         resp = await self.upstream.post(b.tier, url, body, headers)
         if resp.status >= 300 or not ctx.req.stream:
@@ -416,7 +427,6 @@ class Proxy(StepIO):
         allow_fb = self.s.fallback.enabled and (
             ctx.req.requested is None or self.s.fallback.on_requested_model
         )
-        attempt = 0
         while True:
             b = ctx.backend
             b.inflight += 1
@@ -439,12 +449,13 @@ class Proxy(StepIO):
                 b.inflight -= 1
             if kind is None:
                 break
-            if ctx.up_span is not None:  # this attempt's span ends with its error
-                ctx.up_span = self.tracing.end_upstream(ctx.up_span, resp.status if resp else None, kind)
+            if ctx.up_span is not None and self.tracing is not None:  # the attempt's span ends with its error
+                self.tracing.end_upstream(ctx.up_span, resp.status if resp else None, kind)
+                ctx.up_span = None
             d = None
-            if allow_fb and attempt == 0:
+            if allow_fb:  # the engine falls back once per step (a second failure ends it)
                 others = self.pool.for_request(ctx.req.requested, ctx.req.model_alias, None)
-                d = self.engine.fallback(ctx.plan, ctx.run, b.name, kind, self.backend_states(False, others))
+                d = ctx.turn.fallback(b.name, kind, self.backend_states(False, others))
             if d is None:
                 status, code = {
                     "timeout": (504, "upstream_timeout"),
@@ -455,7 +466,6 @@ class Proxy(StepIO):
                 return ctx.proto.error_response(
                     status, code, f"{b.tier} upstream {b.name} failed: {kind}{detail}", self._headers(ctx)
                 )
-            attempt += 1
             other = self.backends[d.backend]
             self.m.fell_back(b.tier, d)
             log.warning(

@@ -1,6 +1,7 @@
 """The step's I/O besides routing: what is sent upstream, the answer of a non-streaming step, the
-``x-runroute-*`` headers, and the record of a finished step (``engine.finish`` -> run summary,
-run log, metrics, the Responses store; an unserved first step's slot given back).
+``x-runroute-*`` headers, and the record of a finished step (``turn.finish`` -> run summary,
+run log, metrics, the Responses store; an unserved first step's slot given back). The step's
+``turn`` (:mod:`router.core.driver`) is finished here, once.
 
 :class:`StepIO` is a mixin of :class:`router.server.proxy.Proxy` (it uses the proxy's engine,
 writer, metrics, store and settings); split out so the hot path stays readable and each hook
@@ -21,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from router.core.engine import StepPlan
+from router.core.driver import StepTurn
+from router.core.engine import StepEngine, StepPlan
 from router.core.record import StepResult, step_entry
 from router.policy.types import RunState
 from router.server.answers import step_headers
@@ -35,7 +37,17 @@ from router.server.backends import Backend, state_of
 from router.server.lifecycle import MAX_SIGNALS
 from router.server.posthoc import offered_tools, token_cap
 from router.server.posthoc import scan as posthoc_scan
-from router.server.protocol import ClientRequest, pick_protocol
+from router.server.protocol import Adapter, ClientRequest, pick_protocol
+
+if TYPE_CHECKING:  # pragma: no cover
+    from router.server.admission import LiveAdmission
+    from router.server.metrics import RouterMetrics
+    from router.server.proxy import RunHistory
+    from router.server.runlog_writer import RunLogWriter
+    from router.server.settings import RouterSettings
+    from router.server.state import RunStateStore
+    from router.server.tracing import Tracing
+    from router.server.upstream import UpstreamResponse
 
 __all__ = ["StepIO", "StepContext"]
 
@@ -47,12 +59,13 @@ _FORWARD_HEADERS = {"messages": ("anthropic-beta",), "responses": ("openai-beta"
 class StepContext:
     """Everything the proxy holds about one step while it is being served."""
 
+    turn: StepTurn  # the engine's call order for this step (router.core.driver)
     plan: StepPlan
     run: RunState
-    hist: Any  # router.server.proxy.RunHistory
+    hist: RunHistory
     backend: Backend
     req: ClientRequest
-    proto: Any  # the client's protocol adapter
+    proto: Adapter  # the client's protocol adapter
     t0: float
     arrival_s: float
     capture: Any
@@ -65,15 +78,15 @@ class StepContext:
 class StepIO:
     """Mixin: see the module docstring."""
 
-    engine: Any
-    writer: Any
-    admission: Any
-    store: Any
-    m: Any
-    s: Any
-    clock: Any
-    perf: Any
-    tracing: Any
+    engine: StepEngine
+    writer: RunLogWriter | None
+    admission: LiveAdmission | None
+    store: RunStateStore
+    m: RouterMetrics
+    s: RouterSettings
+    clock: Callable[[], float]
+    perf: Callable[[], float]
+    tracing: Tracing | None
 
     def _outbound(self, ctx: StepContext) -> tuple[str, bytes, dict[str, str]]:
         b, req = ctx.backend, ctx.req
@@ -87,7 +100,7 @@ class StepIO:
             headers = {**headers, **{k: v for k, v in req.extra["headers"].items() if k in fwd}}
         return b.urls[bp], body, headers
 
-    def _answer_body(self, ctx: StepContext, resp: Any, data: bytes) -> tuple[bytes, str]:
+    def _answer_body(self, ctx: StepContext, resp: UpstreamResponse, data: bytes) -> tuple[bytes, str]:
         status = resp.status
         media = resp.headers.get("content-type", "application/json")
         if status == 200:
@@ -129,7 +142,7 @@ class StepIO:
         if run is not None:
             await self.store.put(run)
 
-    async def _after(self, give: Awaitable[None] | None, durable: Any) -> None:
+    async def _after(self, give: Awaitable[None] | None, durable: Awaitable[None] | None) -> None:
         if give is not None:
             await give
         if durable is not None:
@@ -145,7 +158,7 @@ class StepIO:
         (an unserved first step's give-back, the record's fsync with ``durability: ack``)."""
         if ctx.done:
             return None
-        ctx.done = True
+        ctx.done = True  # before anything that may raise: a later exit must not record it again
         latency = self.perf() - ctx.t0
         prompt, cached, completion = ctx.capture.counts()
         names, keys = ctx.capture.tools()
@@ -163,9 +176,8 @@ class StepIO:
             ttft_s=ctx.ttft_s,
             latency_s=latency,
         )
-        rec = self.engine.finish(
-            ctx.plan,
-            ctx.hist,
+        turn = ctx.turn
+        rec = turn.finish(
             res,
             now=self.clock(),
             tier=b.tier or None,
@@ -173,6 +185,7 @@ class StepIO:
             model=b.model or None,
             arrival_s=ctx.arrival_s,
         )
+        assert rec is not None
         ctx.hist.entries.append(step_entry(rec, ctx.plan.fallback_from, ctx.plan.decision.switched))
         if status == 200:
             self._served(ctx)
@@ -186,11 +199,10 @@ class StepIO:
                 ).decode()
             durable = self.writer.submit(out)
         give = None
-        if status != 200 and ctx.plan.admission is not None:  # a first step not served
-            holds = self.engine.unserved_start(ctx.plan, ctx.run)
-            give = self._give_back(ctx.run, holds, None if locked else ctx.hist.lock)
+        if turn.unserved:  # a first step not served: its admission went back in the engine
+            give = self._give_back(ctx.run, turn.release_slot, None if locked else ctx.hist.lock)
         self.m.step_finished(rec, prev_tokens, state_of(ctx.plan.snapshot.backends, b.name))
-        if ctx.span is not None:
+        if ctx.span is not None and self.tracing is not None:
             self.tracing.end_step(ctx.span, rec, ctx.up_span)
         if posthoc:
             give = self._post_signals(ctx.run.run_id, posthoc, give)

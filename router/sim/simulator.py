@@ -9,13 +9,14 @@ Algorithm (one capacity point = one :class:`Simulator` run):
    tools offered, JSON wanted, the run's ``needs_frontier`` label for the oracle), one
    :class:`~router.policy.types.BackendState` per simulated replica from its live state (running,
    waiting, KV usage, remaining wake time added to its TTFT) and one for the frontier, then
-   ``engine.plan`` (prefix, predict, snapshot, decide, admission), the slot claim on this
-   simulation's counter, ``engine.commit``. The step carries its block chain, so the engine's
+   a :class:`~router.core.driver.StepTurn` of the engine (``engine.begin``): ``turn.plan`` (prefix,
+   predict, snapshot, decide, admission), the slot claim on this simulation's counter,
+   ``turn.commit``. The step carries its block chain, so the engine's
    prefix index (:mod:`router.core.prefix_index`, approximate mode at each replica's KV capacity)
    tells the policy which replica holds how much of the prompt, as in the sidecar. ``local_cache_pressure`` comes from the node model's
    prefix-cache counter (hashed blocks newly written, exact, with wipes as epochs).
 3. The chosen local replica (:mod:`router.sim.node`) or the frontier (:mod:`router.sim.frontier`)
-   serves the step; its completion calls ``engine.finish`` and schedules the run's next step. A
+   serves the step; its completion calls ``turn.finish`` and schedules the run's next step. A
    rejected run's steps are all rejected; a spilled run is served by the frontier.
 4. Each step ends exactly once as served-local, served-frontier, spilled or rejected (checked);
    :mod:`router.sim.scorecard` turns the per-step arrays into the scorecard.
@@ -40,10 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from models.predictor import ConstantPredictor
+from features.schema import Step
+from models.predictor import ConstantPredictor, Predictor
 from router.core.accounting import gpu_usd
 from router.core.admission import AdmissionGate
-from router.core.engine import StepEngine, StepPlan
+from router.core.driver import StepTurn
+from router.core.engine import StepEngine
 from router.core.prefix_index import PrefixIndex
 from router.core.record import StepRequest, StepResult
 from router.core.runs import CacheReading, RunTrack
@@ -58,15 +61,10 @@ from router.sim.scorecard import REJECTED, SERVED_FRONTIER, SERVED_LOCAL, SPILLE
 from router.sim.simconfig import SimConfig
 from router.sim.workload import RunSpec, SimError, StepSpec, Workload
 
-__all__ = ["Simulator", "admission_from_controller"]
+__all__ = ["Simulator"]
 
 
-def admission_from_controller(controller: AdmissionController) -> AdmissionController:
-    """The controller the simulator's admission gate runs (kept for callers of the old hook API)."""
-    return controller
-
-
-def prefill_owed(rep: Any) -> int:
+def prefill_owed(rep: Replica) -> int:
     """Prompt tokens ``rep`` still has to prefill for the requests sent to it (running ones'
     remainders, waiting ones whole): what the router knows of what it sent and has not yet seen a
     first token for (BackendState.prefill_queue_tokens). The definition, O(queue): the simulator reads
@@ -81,7 +79,7 @@ def prefill_owed(rep: Any) -> int:
 
 
 class _Run:
-    __slots__ = ("idx", "spec", "state", "track", "k", "start_t", "g0", "status", "frontier_steps", "plan")
+    __slots__ = ("idx", "spec", "state", "track", "k", "start_t", "g0", "status", "frontier_steps", "turn")
 
     def __init__(self, idx: int, spec: RunSpec, g0: int):
         self.idx = idx
@@ -94,7 +92,7 @@ class _Run:
         self.g0 = g0
         self.status = 0
         self.frontier_steps = 0
-        self.plan: StepPlan | None = None
+        self.turn: StepTurn | None = None
 
 
 class Simulator:
@@ -112,7 +110,7 @@ class Simulator:
         config: SimConfig,
         starts: np.ndarray,
         *,
-        predictor: Any = None,
+        predictor: Predictor | None = None,
         admission: AdmissionController | AdmissionConfig | None = None,
     ):
         if len(starts) != len(workload.runs):
@@ -123,7 +121,7 @@ class Simulator:
         self.policy = policy
         self.cfg = config
         self.starts = np.asarray(starts, dtype=float)
-        self.predictor = predictor if predictor is not None else ConstantPredictor()
+        self.predictor: Predictor = predictor if predictor is not None else ConstantPredictor()
         self.loop = EventLoop(start=0.0, seed=config.seed)
         blocks = config.kv_blocks()
         self.replicas, self.all_replicas, self.disagg = build_replicas(config, self.loop, self._local_done)
@@ -140,7 +138,7 @@ class Simulator:
         self.cached = np.zeros(n, dtype=np.int64)
         n_tiers = len(self.replicas[0].tiers.tiers) if self.replicas and self.replicas[0].tiers else 0
         self.tier_cached = np.zeros((n_tiers, n), dtype=np.int64) if n_tiers else None
-        self.records: list[Any] | None = [] if config.log_steps else None
+        self.records: list[Step] | None = [] if config.log_steps else None
         self._runs: list[_Run] = []
         g = 0
         for i, spec in enumerate(workload.runs):
@@ -285,11 +283,10 @@ class Simulator:
                 chain=s.chain,
                 chain_lookup=s.n_lookup,
             )
-        state, track = run.state, run.track
+        state = run.state
         pin = state.replica
-        plan = eng.plan(
-            state,
-            track,
+        turn = run.turn = eng.begin(state, run.track)
+        plan = turn.plan(
             req,
             self._backends(run, t),
             now=t,
@@ -301,15 +298,13 @@ class Simulator:
         # cached one the next step sees: clear it once the step is committed (the commit reads it:
         # the prefix index's reading on the chosen replica, StepPlan.warm_tokens)
         warm_i = self._local_pos.get(pin) if pin is not None and not self.cfg.scale_to_zero else None
-        if plan.claim_limit is not None:
-            ok = self.slots < plan.claim_limit
+        if turn.needs_claim:  # a limited claim (a first local step), or a late-local run counted
+            limit = plan.claim_limit
+            ok = limit is None or self.slots < limit
             if ok:
                 self.slots += 1
-            eng.claimed(plan, state, track, ok)
-        elif plan.late_local:
-            self.slots += 1
-            eng.late_local_claimed(plan, state)
-        if plan.rejected:
+            turn.claim(ok)
+        if turn.rejected:
             if warm_i is not None:
                 self._local_cache[warm_i].warm_prefix_tokens = 0
             run.status = 2
@@ -318,16 +313,13 @@ class Simulator:
         if plan.admission == "spill":
             run.status = 1
         dec = plan.decision
-        backend = next((b for b in plan.snapshot.backends if b.name == dec.backend), None)
-        if backend is None:
+        if turn.commit() is None:
             raise SimError(
                 f"policy {getattr(self.policy, 'name', self.policy)!r} chose backend {dec.backend!r}, "
                 "which does not exist"
             )
-        eng.commit(plan, state, track, backend)
         if warm_i is not None:
             self._local_cache[warm_i].warm_prefix_tokens = 0
-        run.plan = plan
         if dec.tier == "local":
             rep = self.by_name[dec.backend]
             req_ = Request(run, s.prompt, s.completion, s.chain, s.n_lookup, t, self._B)
@@ -383,12 +375,10 @@ class Simulator:
         self.ttft[g] = ttft
         self.cached[g] = cached
         s: StepSpec = run.spec.steps[run.k]
-        plan = run.plan
-        assert plan is not None
-        d = plan.decision
-        rec = self.engine.finish(
-            plan,
-            run.track,
+        turn = run.turn
+        assert turn is not None
+        d = turn.planned.decision
+        rec = turn.finish(
             StepResult(
                 status=200,
                 prompt_tokens=s.prompt,
@@ -406,7 +396,7 @@ class Simulator:
             model=d.model,
             record=self.records is not None,
         )
-        if self.records is not None:
+        if self.records is not None and rec is not None:
             self.records.append(rec)
         run.k += 1
         t = self.loop.now

@@ -21,7 +21,7 @@ from router.sim.scorecard import (
     scorecard,
 )
 from router.sim.simconfig import SimConfig
-from router.sim.simulator import Simulator, admission_from_controller
+from router.sim.simulator import Simulator
 from router.sim.workload import SHORT_STEP_TOKENS, RunSpec, SimError, StepSpec, Workload
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "GridPoint",
     "run_grid",
     "answers",
-    "admission_from_controller",
     "SERVED_LOCAL",
     "SERVED_FRONTIER",
     "SPILLED",

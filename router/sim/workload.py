@@ -164,10 +164,10 @@ class Workload:
                 return [default] * n
             return steps[name].tolist()
 
-        import pandas as pd
+        from features.logged import opt  # the one missing-value test of a logged cell
 
         def isnull(v: Any) -> bool:
-            return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+            return opt(v) is None
 
         rid, prompt, comp = col("run_id"), col("prompt_tokens"), col("completion_tokens")
         pause, reuse, hashes = col("tool_pause_s"), col("prefix_reuse_tokens"), col("hash_ids")
@@ -193,7 +193,7 @@ class Workload:
                 labels[r_id] = None if isnull(nf) else bool(nf)
 
         def tup(v: Any) -> tuple[Any, ...]:
-            if v is None or (isinstance(v, float) and math.isnan(v)):
+            if isnull(v):
                 return ()
             return tuple(v.tolist() if hasattr(v, "tolist") else v)
 
@@ -229,7 +229,7 @@ class Workload:
             k = len(cur.steps)
             logged_reuse = None if isnull(reuse[i]) else int(reuse[i])
             h = hashes[i]
-            if h is not None and not (isinstance(h, float) and math.isnan(h)) and len(h):
+            if not isnull(h) and len(h):
                 # logged block hashes: the repeated prefix = leading blocks seen earlier in the run
                 chain = tuple(int(x) for x in (h.tolist() if hasattr(h, "tolist") else h))
                 n_lookup = min(p // B, len(chain))

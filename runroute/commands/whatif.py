@@ -340,13 +340,12 @@ def register(app: typer.Typer) -> None:
         if admission:
             from router.policy.admission import AdmissionController
             from router.sim.calibrate import admission_config_for_profile
-            from router.sim.whatif import admission_from_controller
 
             # knobs derived from the node profile at the smallest KV size asked for (conservative)
             acfg = admission_config_for_profile(prof, min(kvs), slo_short_s)
 
             def hook_factory() -> Any:  # a fresh controller (hysteresis state) per simulation
-                return admission_from_controller(AdmissionController(acfg))
+                return AdmissionController(acfg)
 
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

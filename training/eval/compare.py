@@ -284,7 +284,7 @@ def compare_policies(
     from router.sim.calibrate import admission_config_for_profile
     from router.sim.frontier import FrontierConfig
     from router.sim.profiles import load_profile
-    from router.sim.whatif import SimConfig, Simulator, Workload, admission_from_controller
+    from router.sim.whatif import SimConfig, Simulator, Workload
     from training.eval.outcome import policy_outcomes, records_from_frames
 
     say = progress or _noop
@@ -324,7 +324,7 @@ def compare_policies(
         hook = None
         if sim.admission:
             acfg = admission_config_for_profile(base.profile, sim.kv_cache_gb, sim.slo_short_s)
-            hook = admission_from_controller(AdmissionController(acfg))
+            hook = AdmissionController(acfg)
         res = Simulator(workload, policy, base, starts, predictor=bundle, admission=hook).run()
         res.policy = label
         return (sim_figures(res), *_per_run(res, workload), len(res.outcome), res.wall_s)

@@ -16,8 +16,9 @@ vectors (for the doubly robust model); :meth:`LoggedRuns.figures` gives the logg
 cross-turn cache hit rate (the figures the simulator and replay report for the same log).
 
 :func:`replay_candidate` walks each logged run through the step engine (the sidecar's code path,
-:class:`router.core.engine.StepEngine`; no admission) with the candidate policy and predictor: each
-logged step is planned (prefix, features, predictions, snapshot, decision), the candidate's
+:class:`router.core.engine.StepEngine`, its one call order ``engine.step`` with this module's port;
+the logged step as engine input by :func:`router.core.record.logged_request`; no admission) with
+the candidate policy and predictor: each logged step is planned (prefix, features, predictions, snapshot, decision), the candidate's
 decision is committed to its own run state, and the step is finished with the *logged* result
 (tokens, cached tokens, tool calls, latency, the logged tier), so while the candidate agrees with
 the log its state and features are those the logging router had. At the first step where the
@@ -48,11 +49,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from router.core.driver import Served
 from router.core.figures import cache_figures
+from router.core.record import logged_end, logged_result
 from training.eval.outcome import Prices, RunRecord, records_from_frames, run_warm, step_costs
 
 if TYPE_CHECKING:
-    from router.policy.types import Decision, RunState, Tier
+    from features.prefix import RunPrefix, StepView
+    from features.runlog import RunLog
+    from models.predictor import Predictor
+    from models.types import Predictions
+    from router.core.engine import StepPlan
+    from router.policy.types import BackendState, Decision, Policy, RunState, Tier
 
 __all__ = [
     "OPEError",
@@ -107,7 +115,7 @@ class LoggedRuns:
         return np.concatenate([np.arange(e - s) for s, e in zip(self.ptr[:-1], self.ptr[1:], strict=True)])
 
 
-def load_logged(log: Any, prices: Prices) -> LoggedRuns:
+def load_logged(log: RunLog, prices: Prices) -> LoggedRuns:
     """See the module docstring. ``log``: a :class:`features.runlog.RunLog`."""
     import pandas as pd
 
@@ -192,7 +200,7 @@ class CachedPredictor:
     the logged ones, so a replay asks the model row by row only at the few steps where it could not
     be batched. Same values as ``inner`` (``predict_batch`` equals ``predict_features`` row-wise)."""
 
-    def __init__(self, inner: Any, X: np.ndarray):
+    def __init__(self, inner: Predictor, X: np.ndarray):
         self.inner = inner
         self.version = getattr(inner, "version", "none")
         self.needs_features = getattr(inner, "needs_features", True)
@@ -203,15 +211,15 @@ class CachedPredictor:
             else {}
         )
 
-    def predict_features(self, x: np.ndarray) -> Any:
+    def predict_features(self, x: np.ndarray) -> Predictions:
         row = np.ascontiguousarray(x, dtype=np.float64)
         hit = self._cache.get(row.tobytes())
         return hit if hit is not None else self.inner.predict_features(row)
 
-    def predict(self, prefix: Any) -> Any:
+    def predict(self, prefix: RunPrefix) -> Predictions:
         return self.inner.predict(prefix)
 
-    def predict_batch(self, X: np.ndarray) -> list[Any]:
+    def predict_batch(self, X: np.ndarray) -> list[Predictions]:
         return [self.predict_features(r) for r in np.asarray(X, dtype=np.float64)]
 
 
@@ -227,21 +235,83 @@ class Replayed:
     reasons: dict[str, int]
 
 
+class _OPEPort:
+    """The off-policy replay's I/O (:class:`router.core.driver.StepPort`) for one logged step:
+    the deployment's backends, no admission, the candidate's decision compared with the log (and
+    the logged action forced past its deviation), the logged result served."""
+
+    __slots__ = ("template", "logged", "replicas", "why", "i", "j", "run", "off", "view", "pi", "pf", "tally")
+
+    def __init__(self, template: list[BackendState], logged: LoggedRuns):
+        n = len(logged.a)
+        st = logged.steps
+        self.template = template
+        self.logged = logged
+        self.replicas: list[object] = st["replica"].tolist() if "replica" in st else [None] * n
+        self.why: list[object] = st["reason"].tolist() if "reason" in st else [None] * n
+        self.i = self.j = 0
+        self.run: RunState | None = None
+        self.off = False  # the run's walk is past the candidate's deviation
+        self.view: StepView | None = None
+        self.pi, self.pf = np.zeros(n), np.zeros(n)
+        self.tally = _Tally()
+
+    def backends(self) -> list[BackendState]:
+        return [replace(b) for b in self.template]
+
+    def claim(self, limit: int | None) -> bool:  # no admission in a replay: never asked
+        return True
+
+    def forced(self, plan: StepPlan) -> Decision | None:
+        i, d, lg, v, run = self.i, plan.decision, self.logged, self.view, self.run
+        assert v is not None and run is not None
+        c = 1 if d.tier == "frontier" else 0
+        t = self.tally
+        if not self.off:
+            self.pf[i] = float(c)
+            t.reasons[d.reason] = t.reasons.get(d.reason, 0) + 1
+            if c != lg.a[i]:
+                self.off = True
+                t.deviated += 1
+                if lg.mu[i] >= 1.0 - 1e-12:
+                    t.unsupported += 1
+                    if t.first_bad is None:
+                        t.first_bad = (run.run_id, self.j)
+            else:
+                self.pi[i] = 1.0
+        if not self.off:
+            return None
+        # past its deviation the log says nothing of the candidate's outcome; the run is walked
+        # on with the logged action so the candidate's budget state still sees its own scores
+        # on the whole run and the spend the deployment made (``_logged_action``)
+        return _logged_action(d, run, v.tier, self.replicas[i], self.why[i])
+
+    def serve(self, plan: StepPlan, backend: BackendState | None) -> Served:
+        v = self.view
+        assert v is not None
+        return Served(logged_result(v, v.cached_tokens), logged_end(v))
+
+
+@dataclass
+class _Tally:
+    deviated: int = 0
+    unsupported: int = 0
+    first_bad: tuple[str, int] | None = None
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
 def replay_candidate(
     logged: LoggedRuns,
-    policy: Any,
-    predictor: Any,
-    backends: list[Any] | None = None,
+    policy: Policy,
+    predictor: Predictor,
+    backends: list[BackendState] | None = None,
     epochs: Mapping[str, int] | None = None,
 ) -> Replayed:
     """See the module docstring."""
-    import math
-
     from features.extract import step_views, steps_columns
-    from features.logged import signals_of
     from router.core.budget import BudgetTracker
     from router.core.engine import StepEngine
-    from router.core.record import StepRequest, StepResult
+    from router.core.record import logged_request
     from router.core.runs import RunTrack
     from router.policy.budget import budget_of
     from router.policy.types import RunState
@@ -249,24 +319,9 @@ def replay_candidate(
 
     template = [replace(b) for b in (backends if backends is not None else default_backends())]
     cols = steps_columns(logged.steps)
-    est, tools, wants = cols["prompt_tokens_est"], cols["n_tools_offered"], cols["wants_json"]
-    replicas = logged.steps["replica"].tolist() if "replica" in logged.steps else [None] * len(logged.a)
-    why = logged.steps["reason"].tolist() if "reason" in logged.steps else [None] * len(logged.a)
-    domains = logged.domains
     engine = StepEngine(max_steps=1 << 30)
     stateful = budget_of(policy) is not None  # its decisions read state built from other runs
-    n = len(logged.a)
-    pi, pf = np.zeros(n), np.zeros(n)
-    deviated = unsupported = 0
-    first_bad: tuple[str, int] | None = None
-    reasons: dict[str, int] = {}
-
-    def opt(v: Any) -> Any:
-        return (
-            None
-            if v is None or (isinstance(v, float) and math.isnan(v)) or type(v).__name__ == "NAType"
-            else v
-        )
+    port = _OPEPort(template, logged)
 
     # every step and every run end in the logs' arrival order (per epoch), so a stateful (budgeted)
     # candidate reads the threshold its own scores on the runs ended before would have set
@@ -294,78 +349,21 @@ def replay_candidate(
                 engine.run_ended(got[0])
             continue
         if k not in live:
-            track0 = RunTrack.new(r, logged.started.get(r, step_views(cols, lo).arrival_s))  # type: ignore[arg-type]
-            track0.domain = domains.get(r)
+            track0 = RunTrack.new(r, logged.started.get(r, step_views(cols, lo).arrival_s))
+            track0.domain = logged.domains.get(r)
             live[k] = (RunState(run_id=r), track0, [False])
         run, track, off = live[k]
         if off[0] and not stateful:  # nothing of the candidate depends on the rest of this run
             continue
         i = lo + j
         v = step_views(cols, i)
-        seen = opt(est[i])
-        req = StepRequest(
-            prompt_tokens=int(v.prompt_tokens if seen is None else seen),
-            tool_results_n=v.tool_results_n,
-            tool_result_errors=v.tool_result_errors,
-            tool_result_tokens=v.tool_result_tokens,
-            n_tools_offered=int(opt(tools[i]) or 0),
-            wants_json=bool(opt(wants[i]) or False),
-            label_needs_frontier=logged.records[r].needs_frontier,
-            signals=signals_of(cols["signals"][i]),  # the run context (C2): as logged
-        )
-        plan = engine.plan(
-            run,
-            track,
-            req,
-            [replace(b) for b in template],
-            now=v.arrival_s,
-            policy=policy,
-            predictor=predictor,
-        )
-        d = plan.decision
-        c = 1 if d.tier == "frontier" else 0
-        if not off[0]:
-            pf[i] = float(c)
-            reasons[d.reason] = reasons.get(d.reason, 0) + 1
-            if c != logged.a[i]:
-                off[0] = True
-                deviated += 1
-                if logged.mu[i] >= 1.0 - 1e-12:
-                    unsupported += 1
-                    if first_bad is None:
-                        first_bad = (r, j)
-            else:
-                pi[i] = 1.0
-        if off[0]:
-            # past its deviation the log says nothing of the candidate's outcome; the run is walked
-            # on with the logged action so the candidate's budget state still sees its own scores
-            # on the whole run and the spend the deployment made (``_logged_action``)
-            d = plan.decision = _logged_action(d, run, v.tier, replicas[i], why[i])
-        backend = next((b for b in plan.snapshot.backends if b.name == d.backend), None)
-        engine.commit(plan, run, track, backend)
-        end = (
-            v.arrival_s + v.latency_s if v.arrival_s is not None and v.latency_s is not None else v.arrival_s
-        )
-        engine.finish(
-            plan,
-            track,
-            StepResult(
-                status=200,
-                prompt_tokens=v.prompt_tokens,
-                cached_tokens=v.cached_tokens,
-                completion_tokens=v.completion_tokens,
-                tool_calls=v.tool_calls,
-                tool_call_keys=v.tool_call_keys,
-                latency_s=v.latency_s,
-                structured=v.structured,
-            ),
-            now=end,
-            tier=v.tier,
-            replica=d.backend,
-            model=d.model,
-            record=False,
-        )
-    return Replayed(pi, pf, deviated, unsupported, first_bad, reasons)
+        # the run context (C2): the logged signals, through the one converter of a logged step
+        req = logged_request(cols, i, v, label=logged.records[r].needs_frontier)
+        port.i, port.j, port.run, port.off, port.view = i, j, run, off[0], v
+        engine.step(run, track, req, port, now=v.arrival_s, policy=policy, predictor=predictor)
+        off[0] = port.off
+    tally = port.tally
+    return Replayed(port.pi, port.pf, tally.deviated, tally.unsupported, tally.first_bad, tally.reasons)
 
 
 def _logged_action(d: Decision, run: RunState, tier: object, replica: object, reason: object) -> Decision:
