@@ -158,7 +158,8 @@ def rewrite(text: str, moving: set[str]) -> str:
     def from_import(m: re.Match[str]) -> str:
         indent, old, alias = m.group(1), m.group(2), m.group(3)
         pkg, leaf = MOVES[old].rsplit(".", 1)
-        return f"{indent}from router.server.{pkg} import {leaf} as {alias or old}"
+        name = alias or old
+        return f"{indent}from router.server.{pkg} import {leaf}" + (f" as {name}" if name != leaf else "")
 
     text = _FROM.sub(from_import, text)
 
@@ -200,6 +201,8 @@ def move(dry: bool) -> tuple[set[str], list[str]]:
             errors.append(f"both {src.relative_to(ROOT)} and {dst.relative_to(ROOT)} exist")
         elif src.exists():
             moving.add(old)
+        elif not dst.exists():
+            print(f"skip    router/server/{old}.py: neither it nor its new place exists (renamed?)")
     if errors:
         sys.exit("layout_server: refusing to move:\n  " + "\n  ".join(errors))
     created = []
@@ -275,14 +278,17 @@ def main() -> None:
         for i, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1):
             if "router/server/`" in line:
                 print(f"README.md:{i} describes the router/server layout (not rewritten): check it by hand")
+    names = re.compile(r"^[ \t]*from router\.server import (\([^)]*\)|[^\n]*)", re.M)
     left = [
-        f"{rel}: {m.group(0).strip()}"
-        for rel in changed
-        if rel.endswith(".py")
-        for m in re.finditer(r"^\s*from router\.server import .*$", (ROOT / rel).read_text(), re.M)
-        if _REF.search("router.server." + m.group(0).split(" import ", 1)[1].split(",")[0].strip("( "))
+        f"{rel}: from router.server import {m.group(1).strip()}"
+        for rel in _tracked()
+        if rel.endswith(".py") and _is_text(rel) and (ROOT / rel).is_file()
+        for m in names.finditer((ROOT / rel).read_text())
+        if any(
+            n.split()[0] in MOVES for n in m.group(1).strip("()").replace("\n", " ").split(",") if n.strip()
+        )
     ]
-    for line in left:
+    for line in left if not a.dry_run else []:
         print(f"check   {line} (a multi-name import of a moved module: split it by hand)")
     py = [r for r in changed if r.endswith(".py")] + [c for c in created if c.endswith(".py")]
     ruff = shutil.which("ruff", path=str(ROOT / ".venv" / "bin")) or shutil.which("ruff")
