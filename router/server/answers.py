@@ -14,13 +14,24 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Protocol
 
 from router.core.engine import StepPlan
 from router.server.errors import ProxyError
 from router.server.identity import client_id
 
-__all__ = ["step_headers", "reject_error"]
+__all__ = ["step_headers", "reject_error", "RetryKnobs"]
+
+
+class RetryKnobs(Protocol):
+    """The admission knobs a 429 reads (:class:`router.server.settings.AdmissionSettings`)."""
+
+    @property
+    def retry_after_min_s(self) -> float: ...
+    @property
+    def slo_short_step_s(self) -> float: ...
+    @property
+    def client_retry_max_s(self) -> float: ...
 
 
 def step_headers(plan: StepPlan, run_id: str, tier: str, replica: str) -> dict[str, str]:
@@ -38,7 +49,7 @@ def step_headers(plan: StepPlan, run_id: str, tier: str, replica: str) -> dict[s
     return h
 
 
-def reject_error(plan: StepPlan, run_id: str, adm: Any) -> ProxyError:
+def reject_error(plan: StepPlan, run_id: str, adm: RetryKnobs) -> ProxyError:
     """``adm``: the admission settings (``retry_after_min_s``, ``slo_short_step_s``)."""
     ad = plan.admission_decision
     assert ad is not None

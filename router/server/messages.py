@@ -36,21 +36,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
-from starlette.responses import Response
 
 from features.tokens import content_chars, prompt_tokens, text_tokens
-from router.core.record import StepRequest
-from router.server.chat import tool_key
 from router.server.errors import ProxyError
-from router.server.protocol import ClientRequest, json_error, resolve_model
-from router.server.sse import looks_error, parse_event, text_of
-from router.server.validate import DEFAULT_MAX_DEPTH, check_depth
+from router.server.protocol import Adapter, AnswerReader, ClientRequest, JSONObject, since_assistant
+from router.server.sse import text_of
 
-__all__ = ["MessagesAdapter", "MessagesReader", "BLOCK_TYPES", "anthropic_error", "count_tokens_estimate"]
+__all__ = [
+    "MessagesAdapter",
+    "MessagesReader",
+    "BLOCK_TYPES",
+    "anthropic_error",
+    "count_tokens_estimate",
+    "validate",
+]
 
 BLOCK_TYPES = frozenset(
     {
@@ -99,7 +100,7 @@ def _bad(message: str, code: str = "invalid_request") -> ProxyError:
     return ProxyError(400, code, message)
 
 
-def validate(body: Any, *, need_max_tokens: bool = True) -> None:
+def validate(body: object, *, need_max_tokens: bool = True) -> None:
     """Raise ProxyError(400) for a body the Messages API would refuse (module docstring)."""
     if not isinstance(body, dict):
         raise _bad("request body must be a JSON object", "body_not_object")
@@ -189,13 +190,14 @@ _BLOCK_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 _REQUIRED = {"text": ("text",), "tool_use": ("id", "name"), "tool_result": ("tool_use_id",)}
 
 
-def _check_block(b: Any, where: str, nested: bool = False) -> None:
+def _check_block(b: object, where: str, nested: bool = False) -> None:
     """One content block: an object with a known ``type`` whose read fields have their types (a
     ``tool_result``'s ``content`` list holds blocks too, checked the same way)."""
-    t = b.get("type") if isinstance(b, dict) else None
+    if not isinstance(b, dict):
+        raise _bad(f"{where}: unknown block type {type(b).__name__!r}", "invalid_block_type")
+    t = b.get("type")
     if not isinstance(t, str) or t not in BLOCK_TYPES:
-        shown = t if isinstance(b, dict) else type(b).__name__
-        raise _bad(f"{where}: unknown block type {shown!r}", "invalid_block_type")
+        raise _bad(f"{where}: unknown block type {t!r}", "invalid_block_type")
     for k in _REQUIRED.get(t, ()):
         if k not in b:
             raise _bad(f"{where}.{k}: Field required", "invalid_block")
@@ -209,77 +211,46 @@ def _check_block(b: Any, where: str, nested: bool = False) -> None:
             _check_block(inner, f"{where}.content.{j}", nested=True)
 
 
-def _last_turns(msgs: list[Any]) -> list[Any]:
-    """The messages after the last assistant message."""
-    out: list[Any] = []
-    for m in reversed(msgs):
-        if m.get("role") == "assistant":
-            break
-        out.append(m)
-    out.reverse()
-    return out
-
-
-def count_tokens_estimate(body: dict[str, Any]) -> int:
+def count_tokens_estimate(body: Mapping[str, object]) -> int:
     """The sidecar's estimate of a Messages prompt (features.tokens; no tokenizer here)."""
-    msgs = body.get("messages") or []
+    msgs = body.get("messages")
+    msgs = msgs if isinstance(msgs, list) else []
     system = body.get("system")
     tools = body.get("tools")
     extra = content_chars(system) + (len(orjson.dumps(tools)) if isinstance(tools, list) else 0)
     return prompt_tokens(msgs) + text_tokens(extra)
 
 
-class MessagesAdapter:
+def _is_assistant(m: JSONObject) -> bool:
+    return m.get("role") == "assistant"
+
+
+class MessagesAdapter(Adapter):
     """Anthropic Messages as a :class:`router.server.protocol.Adapter`."""
 
     name = "messages"
     path = "/v1/messages"
+    not_object_status = 400
 
     def __init__(self, session_header: str = "x-claude-code-session-id"):
         self.session_header = session_header.lower()
 
-    def read(
-        self, raw: bytes, models: Mapping[str, str], aliases: Any = None, max_depth: int = DEFAULT_MAX_DEPTH
-    ) -> ClientRequest:
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise ProxyError(400, "invalid_json", f"request body is not valid JSON: {e}") from None
-        if isinstance(body, dict):
-            check_depth(body, max_depth)
+    def validate(self, body: Mapping[str, object]) -> None:
         validate(body)
-        requested, alias = resolve_model(body.get("model"), models, aliases)
-        return ClientRequest("messages", raw, body, requested, body.get("stream", False), model_alias=alias)
 
-    def step_request(self, req: ClientRequest, previous_total: int | None, **kw: Any) -> StepRequest:
-        body = req.body
-        msgs = body["messages"]
-        n, errs, toks = 0, [], []
-        for m in _last_turns(msgs):
+    def tool_results(self, body: Mapping[str, object]) -> list[tuple[object, bool]]:
+        out: list[tuple[object, bool]] = []
+        for m in since_assistant(body.get("messages"), _is_assistant):
             c = m.get("content")
             for b in c if isinstance(c, list) else ():
-                if b.get("type") == "tool_result":
-                    n += 1
-                    rc = b.get("content")
-                    errs.append(bool(b.get("is_error")) or looks_error(rc))
-                    toks.append(text_tokens(content_chars(rc)))
-        tools = body.get("tools")
+                if isinstance(b, dict) and b.get("type") == "tool_result":
+                    out.append((b.get("content"), bool(b.get("is_error"))))
+        return out
+
+    def prompt_estimate(self, req: ClientRequest, previous_total: int | None) -> int:
         if previous_total is None:
-            est = count_tokens_estimate(body)
-        else:
-            est = prompt_tokens(msgs, previous_total=previous_total)
-        return StepRequest(
-            prompt_tokens=est,
-            tool_results_n=n,
-            tool_result_errors=tuple(errs),
-            tool_result_tokens=tuple(toks),
-            n_tools_offered=len(tools) if isinstance(tools, list) else 0,
-            wants_json=False,
-            requested_model=req.requested,
-            protocol="messages",
-            estimated=True,
-            **kw,
-        )
+            return count_tokens_estimate(req.body)
+        return prompt_tokens(req.body["messages"], previous_total=previous_total)
 
     def opening(self, req: ClientRequest) -> tuple[str | None, str | None, bool]:
         body = req.body
@@ -307,8 +278,9 @@ class MessagesAdapter:
 
     def user(self, req: ClientRequest) -> str | None:
         uid = self._user_id(req)
-        if uid and _SESSION_RE.search(uid):
-            return uid[: _SESSION_RE.search(uid).start()].rstrip("_") or None  # type: ignore[union-attr]
+        m = _SESSION_RE.search(uid) if uid else None
+        if uid and m:
+            return uid[: m.start()].rstrip("_") or None
         return uid
 
     @staticmethod
@@ -317,21 +289,16 @@ class MessagesAdapter:
         uid = meta.get("user_id") if isinstance(meta, dict) else None
         return uid if isinstance(uid, str) and uid else None
 
-    def outbound(self, req: ClientRequest, backend_protocol: str, model: str, backend: str = "") -> bytes:
-        from router.server.chat import rewrite_body
-
-        if backend_protocol == "messages":
-            return rewrite_body(req.raw, req.body, model, False)
+    def translated(self, body: Mapping[str, object], backend_protocol: str, model: str) -> JSONObject:
         from router.server.translate import messages_to_chat
 
-        return orjson.dumps(messages_to_chat(req.body, model))
+        return messages_to_chat(body, model)
 
-    def capture(self, req: ClientRequest, backend_protocol: str) -> Any:
-        if backend_protocol == "messages":
-            return MessagesReader()
-        from router.server.translate_stream import translating_capture
+    def reader(self, req: ClientRequest) -> MessagesReader:
+        return MessagesReader()
 
-        return translating_capture(req, backend_protocol)
+    def http_status(self, status: int) -> int:
+        return _status(status)
 
     def error_body(self, status: int, code: str, message: str) -> bytes:
         return anthropic_error(_status(status), code, message)
@@ -339,43 +306,31 @@ class MessagesAdapter:
     def stream_error(self, status: int, code: str, message: str) -> bytes:
         return b"event: error\ndata: " + anthropic_error(status, code, message) + b"\n\n"
 
-    def error_response(
-        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
-    ) -> Response:
-        st = _status(status)
-        return json_error(anthropic_error(st, code, message), st, headers)
-
 
 def _status(status: int) -> int:
     return 400 if status == 422 else status
 
 
-def _user_text(content: Any) -> str | None:
+def _user_text(content: object) -> str | None:
     if isinstance(content, list):  # the first user turn's text blocks (tool results excluded)
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+        return "".join(
+            t
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "text" and isinstance(t := b.get("text", ""), str)
+        )
     return text_of(content)
 
 
-@dataclass
-class MessagesReader:
+class MessagesReader(AnswerReader):
     """Usage and tool calls of an Anthropic Messages answer (JSON or SSE); passes bytes through."""
 
-    usage: dict[str, Any] = field(default_factory=dict)
-    tool_names: dict[int, str] = field(default_factory=dict)
-    tool_args: dict[int, str] = field(default_factory=dict)
-    markers: tuple[bytes, ...] | None = (b'"usage"', b'"tool_use"', b"input_json_delta")
-    translating: bool = False
+    markers = (b'"usage"', b'"tool_use"', b"input_json_delta")
 
-    def json(self, data: bytes) -> bytes:
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return data
-        if isinstance(obj, dict):
-            self.read(obj)
-        return data
+    def __init__(self) -> None:
+        super().__init__()
+        self.usage: JSONObject = {}
 
-    def read(self, obj: dict[str, Any]) -> None:
+    def read(self, obj: JSONObject) -> None:
         """A whole ``message`` object."""
         u = obj.get("usage")
         if isinstance(u, dict):
@@ -386,7 +341,7 @@ class MessagesReader:
                 self.tool_names[i] = str(b.get("name") or "")
                 self.tool_args[i] = orjson.dumps(b.get("input") or {}).decode()
 
-    def read_event(self, obj: dict[str, Any]) -> None:
+    def read_event(self, obj: JSONObject) -> None:
         t = obj.get("type")
         if t == "message_start":
             msg = obj.get("message")
@@ -405,20 +360,9 @@ class MessagesReader:
         elif t == "content_block_delta":
             d = obj.get("delta")
             idx = obj.get("index", 0)
-            if isinstance(d, dict) and d.get("type") == "input_json_delta" and idx in self.tool_names:
-                self.tool_args[idx] += str(d.get("partial_json") or "")
-
-    def event(self, ev: bytes) -> bytes | None:
-        _, obj = parse_event(ev)
-        if obj is not None:
-            self.read_event(obj)
-        return ev
-
-    def finish_stream(self) -> bytes:
-        return b""
-
-    def response_id(self) -> str | None:
-        return None
+            if isinstance(d, dict) and d.get("type") == "input_json_delta" and isinstance(idx, int):
+                if idx in self.tool_names:
+                    self.tool_args[idx] += str(d.get("partial_json") or "")
 
     def counts(self) -> tuple[int | None, int | None, int]:
         u = self.usage
@@ -431,16 +375,9 @@ class MessagesReader:
         prompt = None if inp is None else inp + (cw or 0) + (cr or 0)
         return prompt, cr, num("output_tokens") or 0
 
-    def tools(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        order = sorted(self.tool_names)
-        names = tuple(self.tool_names[k] for k in order)
-        keys = tuple(tool_key(self.tool_names[k], _canon(self.tool_args.get(k, ""))) for k in order)
-        return names, keys
-
-    def call_args(self) -> tuple[str, ...]:
-        """Each captured call's raw arguments text (``input`` as JSON, or the streamed
-        ``partial_json`` joined), in :meth:`tools`' order."""
-        return tuple(self.tool_args.get(k, "") for k in sorted(self.tool_names))
+    def call_key(self, args: str) -> str:
+        """Streamed ``partial_json`` and a whole ``input`` object give the same key."""
+        return _canon(args)
 
 
 def _canon(args: str) -> str:

@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from router.server.errors import error_body
-from router.server.upstream import UpstreamError
+from router.server.upstream import UpstreamError, UpstreamResponse
 
 __all__ = ["SSERelay"]
 
-_BACKGROUND: set[asyncio.Future[Any]] = set()  # give-backs of cancelled relays, until they finish
+_BACKGROUND: set[asyncio.Future[None]] = set()  # give-backs of cancelled relays, until they finish
 
 
 class SSERelay(Response):
@@ -38,8 +38,8 @@ class SSERelay(Response):
 
     def __init__(
         self,
-        resp: Any,
-        it: Any,
+        resp: UpstreamResponse,
+        it: AsyncIterator[bytes],
         first: bytes,
         headers: dict[str, str],
         event: Callable[[bytes], bytes | None],
@@ -104,7 +104,7 @@ class SSERelay(Response):
             out.append(ev + b"\n\n")
         return b"".join(out)
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         disconnected = False
 
         async def watch() -> None:

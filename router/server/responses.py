@@ -36,21 +36,33 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import orjson
 
 from features.tokens import MESSAGE_OVERHEAD_TOKENS, content_chars, text_tokens
-from router.core.record import StepRequest
-from router.server.chat import rewrite_body, tool_key
-from router.server.errors import ProxyError, error_body, error_response
+from router.server.errors import ProxyError
 from router.server.identity import scoped_id
-from router.server.protocol import ClientRequest, resolve_model
-from router.server.sse import looks_error, parse_event, text_of
-from router.server.validate import DEFAULT_MAX_DEPTH, check_depth, check_metadata, check_optional_str
+from router.server.protocol import (
+    Adapter,
+    AnswerReader,
+    Capture,
+    ClientRequest,
+    JSONObject,
+    rewrite_body,
+    since_assistant,
+)
+from router.server.sse import text_of
+from router.server.validate import check_metadata, check_optional_str
 
-__all__ = ["ResponsesAdapter", "ResponsesReader", "ResponseStore", "ITEM_TYPES", "input_items"]
+__all__ = [
+    "ResponsesAdapter",
+    "ResponsesReader",
+    "ResponseStore",
+    "StoredResponse",
+    "ITEM_TYPES",
+    "input_items",
+]
 
 ITEM_TYPES = frozenset(
     {
@@ -85,21 +97,28 @@ _ASSISTANT_TYPES = frozenset({"function_call", "custom_tool_call", "reasoning"})
 _OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
-def _bad(message: str, code: str, param: str | None = None) -> ProxyError:
+def _bad(message: str, code: str) -> ProxyError:
     return ProxyError(400, code, message)
 
 
-def input_items(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The request's ``input`` as a list of items (a string is one user message)."""
+def input_items(body: Mapping[str, object]) -> list[JSONObject]:
+    """The request's ``input`` as a list of items (a string is one user message; validated items
+    are objects)."""
     inp = body.get("input")
     if isinstance(inp, str):
         return [{"role": "user", "content": inp}]
-    return inp if isinstance(inp, list) else []
+    return [it for it in inp if isinstance(it, dict)] if isinstance(inp, list) else []
 
 
-def validate(body: Any) -> None:
-    if not isinstance(body, dict):
-        raise ProxyError(422, "body_not_object", "request body must be a JSON object")
+def _input(body: Mapping[str, object]) -> object:
+    """``input`` as a list without a copy (a string is one user message): for the per-step reads
+    that look at the newest items only (:func:`router.server.protocol.since_assistant`)."""
+    inp = body.get("input")
+    return [{"role": "user", "content": inp}] if isinstance(inp, str) else inp
+
+
+def validate(body: Mapping[str, object]) -> None:
+    """Raise ProxyError(400; 422 for ``stream``) for a body the Responses API would refuse."""
     inp = body.get("input")
     if inp is None and body.get("previous_response_id") is None:
         raise _bad("Missing required parameter: 'input'.", "invalid_input")
@@ -183,22 +202,22 @@ def validate(body: Any) -> None:
     check_optional_str(body.get("instructions"), "instructions")
 
 
-def _item_tokens(it: Any) -> int:
+def _item_tokens(it: JSONObject) -> int:
     return text_tokens(content_chars(it) + len(str(it.get("name") or ""))) + MESSAGE_OVERHEAD_TOKENS
 
 
-def _is_assistant(it: dict[str, Any]) -> bool:
+def _is_assistant(it: JSONObject) -> bool:
     t = it.get("type", "message")
     return t in _ASSISTANT_TYPES or (t == "message" and it.get("role") == "assistant")
 
 
-def wants_json(body: dict[str, Any]) -> bool:
+def wants_json(body: Mapping[str, object]) -> bool:
     text = body.get("text")
     fmt = text.get("format") if isinstance(text, dict) else None
     return isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
 
 
-class ResponsesAdapter:
+class ResponsesAdapter(Adapter):
     """OpenAI Responses as a :class:`router.server.protocol.Adapter`."""
 
     name = "responses"
@@ -207,56 +226,31 @@ class ResponsesAdapter:
     def __init__(self, store: ResponseStore | None = None):
         self.store = store if store is not None else ResponseStore()
 
-    def read(
-        self, raw: bytes, models: Mapping[str, str], aliases: Any = None, max_depth: int = DEFAULT_MAX_DEPTH
-    ) -> ClientRequest:
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise ProxyError(400, "invalid_json", f"request body is not valid JSON: {e}") from None
-        check_depth(body, max_depth)
+    def validate(self, body: Mapping[str, object]) -> None:
         validate(body)
-        requested, alias = resolve_model(body.get("model"), models, aliases)
-        return ClientRequest("responses", raw, body, requested, body.get("stream", False), model_alias=alias)
 
-    def step_request(self, req: ClientRequest, previous_total: int | None, **kw: Any) -> StepRequest:
+    def tool_results(self, body: Mapping[str, object]) -> list[tuple[object, bool]]:
+        turns = since_assistant(_input(body), _is_assistant)
+        return [(it.get("output"), False) for it in turns if it.get("type") in _OUTPUT_TYPES]
+
+    def prompt_estimate(self, req: ClientRequest, previous_total: int | None) -> int:
         body = req.body
-        items = input_items(body)
-        n, errs, toks = 0, [], []
-        new = 0
-        for it in reversed(items):
-            if _is_assistant(it):
-                break
-            new += _item_tokens(it)
-            if it.get("type") in _OUTPUT_TYPES:
-                out = it.get("output")
-                n += 1
-                errs.append(looks_error(out))
-                toks.append(text_tokens(content_chars(out)))
-        errs.reverse()
-        toks.reverse()
-        tools = body.get("tools")
-        if previous_total is None:
-            est = sum(_item_tokens(it) for it in items) + text_tokens(
-                content_chars(body.get("instructions"))
-                + (len(orjson.dumps(tools)) if isinstance(tools, list) else 0)
+        if previous_total is not None:
+            return previous_total + sum(
+                _item_tokens(it) for it in since_assistant(_input(body), _is_assistant)
             )
-            if body.get("previous_response_id"):  # a chain this router did not see: the chain's size
-                est += self.store.chain_tokens(scoped_id(req.tenant, body["previous_response_id"]))
-        else:
-            est = previous_total + new
-        return StepRequest(
-            prompt_tokens=est,
-            tool_results_n=n,
-            tool_result_errors=tuple(errs),
-            tool_result_tokens=tuple(toks),
-            n_tools_offered=len(tools) if isinstance(tools, list) else 0,
-            wants_json=wants_json(body),
-            requested_model=req.requested,
-            protocol="responses",
-            estimated=True,
-            **kw,
+        items = input_items(body)
+        tools = body.get("tools")
+        est = sum(_item_tokens(it) for it in items) + text_tokens(
+            content_chars(body.get("instructions"))
+            + (len(orjson.dumps(tools)) if isinstance(tools, list) else 0)
         )
+        if body.get("previous_response_id"):  # a chain this router did not see: the chain's size
+            est += self.store.chain_tokens(scoped_id(req.tenant, body["previous_response_id"]))
+        return est
+
+    def wants_json(self, body: Mapping[str, object]) -> bool:
+        return wants_json(body)
 
     def opening(self, req: ClientRequest) -> tuple[str | None, str | None, bool]:
         body = req.body
@@ -264,7 +258,10 @@ class ResponsesAdapter:
             return None, None, False
         system = text_of(body.get("instructions"))
         user = None
-        for it in input_items(body):
+        inp = _input(body)
+        for it in inp if isinstance(inp, list) else ():
+            if not isinstance(it, dict):
+                continue
             if _is_assistant(it) or it.get("type") in _OUTPUT_TYPES:
                 return system, user, False
             role = it.get("role")
@@ -289,7 +286,7 @@ class ResponsesAdapter:
                 return u
         return None
 
-    def expand(self, req: ClientRequest, backend: str, backend_protocol: str) -> dict[str, Any] | None:
+    def expand(self, req: ClientRequest, backend: str, backend_protocol: str) -> JSONObject | None:
         """The body with its chain expanded (module docstring), or None to pass it untouched."""
         prev = req.body.get("previous_response_id")
         if not isinstance(prev, str):
@@ -310,19 +307,20 @@ class ResponsesAdapter:
                 return rewrite_body(req.raw, req.body, model, False)
             expanded["model"] = model
             return orjson.dumps(expanded)
+        return orjson.dumps(
+            self.translated(expanded if expanded is not None else req.body, backend_protocol, model)
+        )
+
+    def translated(self, body: Mapping[str, object], backend_protocol: str, model: str) -> JSONObject:
         from router.server.translate import chat_to_messages, responses_to_chat
 
-        chat = responses_to_chat(expanded if expanded is not None else req.body, model)
-        return orjson.dumps(chat if backend_protocol == "chat" else chat_to_messages(chat, model))
+        chat = responses_to_chat(body, model)
+        return chat if backend_protocol == "chat" else chat_to_messages(chat, model)
 
-    def capture(self, req: ClientRequest, backend_protocol: str) -> Any:
-        if backend_protocol == "responses":
-            return ResponsesReader()
-        from router.server.translate_stream import translating_capture
+    def reader(self, req: ClientRequest) -> ResponsesReader:
+        return ResponsesReader()
 
-        return translating_capture(req, backend_protocol)
-
-    def remember(self, req: ClientRequest, cap: Any, run_id: str, backend: str) -> None:
+    def remember(self, req: ClientRequest, cap: Capture, run_id: str, backend: str) -> None:
         """Keep the answered response for later ``previous_response_id`` steps."""
         rid = cap.response_id()
         if rid is None or req.body.get("store") is False:
@@ -339,17 +337,9 @@ class ResponsesAdapter:
             ),
         )
 
-    def error_body(self, status: int, code: str, message: str) -> bytes:
-        return error_body(status, code, message)
-
     def stream_error(self, status: int, code: str, message: str) -> bytes:
         err = {"type": "error", "code": code, "message": message, "param": None, "sequence_number": 0}
         return b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"
-
-    def error_response(
-        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
-    ) -> Any:
-        return error_response(status, code, message, headers)
 
 
 @dataclass(slots=True)
@@ -357,8 +347,8 @@ class StoredResponse:
     run_id: str
     backend: str
     previous: str | None
-    input: list[dict[str, Any]]
-    output: list[dict[str, Any]]
+    input: list[JSONObject]
+    output: list[JSONObject]
 
 
 class ResponseStore:
@@ -377,7 +367,7 @@ class ResponseStore:
     def get(self, rid: str) -> StoredResponse | None:
         return self._d.get(rid)
 
-    def chain(self, rid: str) -> list[dict[str, Any]]:
+    def chain(self, rid: str) -> list[JSONObject]:
         """Every input and output item of the chain ending at ``rid``, oldest first."""
         parts: list[StoredResponse] = []
         seen = set()
@@ -389,7 +379,7 @@ class ResponseStore:
                 break
             parts.append(e)
             cur = e.previous
-        out: list[dict[str, Any]] = []
+        out: list[JSONObject] = []
         for e in reversed(parts):
             out.extend(e.input)
             out.extend(_as_input(e.output))
@@ -402,9 +392,9 @@ class ResponseStore:
         return len(self._d)
 
 
-def _as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _as_input(output: list[JSONObject]) -> list[JSONObject]:
     """Output items as input items (what a client resending the history would send)."""
-    out = []
+    out: list[JSONObject] = []
     for it in output:
         t = it.get("type")
         if t == "message":
@@ -418,48 +408,29 @@ def _as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-@dataclass
-class ResponsesReader:
+class ResponsesReader(AnswerReader):
     """Usage, tool calls and the id of a Responses answer (JSON or SSE); passes bytes through."""
 
-    response: dict[str, Any] | None = None
-    markers: tuple[bytes, ...] | None = (
-        b'"response.completed"',
-        b'"response.incomplete"',
-        b'"response.failed"',
-    )
-    translating: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    markers = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"')
 
-    def json(self, data: bytes) -> bytes:
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return data
-        if isinstance(obj, dict):
-            self.response = obj
-        return data
+    def __init__(self) -> None:
+        super().__init__()
+        self.response: JSONObject | None = None
 
-    def event(self, ev: bytes) -> bytes | None:
-        _, obj = parse_event(ev)
-        if obj is not None:
-            self.read_event(obj)
-        return ev
+    def read(self, obj: JSONObject) -> None:
+        self.response = obj
 
-    def read_event(self, obj: dict[str, Any]) -> None:
+    def read_event(self, obj: JSONObject) -> None:
         if obj.get("type") in ("response.completed", "response.incomplete", "response.failed"):
             r = obj.get("response")
             if isinstance(r, dict):
                 self.response = r
 
-    def finish_stream(self) -> bytes:
-        return b""
-
     def response_id(self) -> str | None:
         rid = (self.response or {}).get("id")
         return rid if isinstance(rid, str) else None
 
-    def output_items(self) -> list[dict[str, Any]]:
+    def output_items(self) -> list[JSONObject]:
         out = (self.response or {}).get("output")
         return [it for it in out if isinstance(it, dict)] if isinstance(out, list) else []
 
@@ -474,13 +445,10 @@ class ResponsesReader:
         o = u.get("output_tokens")
         return prompt, cached, o if isinstance(o, int) and o >= 0 else 0
 
-    def tools(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        calls = [it for it in self.output_items() if it.get("type") == "function_call"]
-        names = tuple(str(c.get("name") or "") for c in calls)
-        keys = tuple(tool_key(str(c.get("name") or ""), str(c.get("arguments") or "")) for c in calls)
-        return names, keys
-
-    def call_args(self) -> tuple[str, ...]:
-        """Each ``function_call`` item's raw ``arguments`` text, in :meth:`tools`' order."""
-        calls = [it for it in self.output_items() if it.get("type") == "function_call"]
-        return tuple(str(c.get("arguments") or "") for c in calls)
+    def calls(self) -> list[tuple[str, str]]:
+        """``(name, arguments)`` of each ``function_call`` output item, in output order."""
+        return [
+            (str(c.get("name") or ""), str(c.get("arguments") or ""))
+            for c in self.output_items()
+            if c.get("type") == "function_call"
+        ]

@@ -25,12 +25,12 @@ Query parameters of ``input_items`` (400 ``invalid_limit`` / ``invalid_order`` /
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from router.server.auth import Access
 from router.server.errors import ProxyError
 from router.server.identity import client_id, scoped_id
 from router.server.responses import ResponseStore, StoredResponse
+from router.server.sse import JSONObject
 
 __all__ = ["get_response", "list_input_items"]
 
@@ -46,7 +46,7 @@ def _stored(
 
 def get_response(
     store: ResponseStore, rid: str, tenant: str | None, owner_of: Callable[[str], str | None]
-) -> dict[str, Any]:
+) -> JSONObject:
     """The stored response ``rid`` in OpenAI's Response shape (the fields the store holds)."""
     e = _stored(store, rid, tenant, owner_of)
     return {
@@ -59,7 +59,7 @@ def get_response(
     }
 
 
-def _as_listed(item: dict[str, Any], fallback_id: str) -> dict[str, Any]:
+def _as_listed(item: JSONObject, fallback_id: str) -> JSONObject:
     """An input item as OpenAI lists it: an ``id``, ``type: "message"`` on a message, and a
     message's string content as one ``input_text`` (``output_text`` for the assistant) part."""
     out = dict(item)
@@ -79,7 +79,7 @@ def list_input_items(
     tenant: str | None,
     owner_of: Callable[[str], str | None],
     query: Mapping[str, str],
-) -> dict[str, Any]:
+) -> JSONObject:
     """One page of the stored response's input items (OpenAI's list shape)."""
     e = _stored(store, rid, tenant, owner_of)
     order = query.get("order", "desc")

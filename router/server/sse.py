@@ -12,17 +12,18 @@ anything that is not a JSON object); :func:`encode` writes one in a protocol's s
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
-__all__ = ["DONE", "parse_event", "encode", "text_of", "looks_error"]
+__all__ = ["DONE", "JSONObject", "parse_event", "encode", "text_of", "looks_error", "obj_of", "objs_of"]
+
+JSONObject = dict[str, object]
+"""A parsed JSON object; a value is narrowed (``isinstance``, :func:`obj_of`) before it is used."""
 
 DONE = b"data: [DONE]\n\n"
 _ERR_WORDS = ("error", "exception", "traceback")
 
 
-def parse_event(ev: bytes) -> tuple[str | None, dict[str, Any] | None]:
+def parse_event(ev: bytes) -> tuple[str | None, JSONObject | None]:
     """``(event name or None, JSON object or None)`` of one SSE event (without its blank line)."""
     name = None
     data = b""
@@ -40,14 +41,14 @@ def parse_event(ev: bytes) -> tuple[str | None, dict[str, Any] | None]:
     return name, obj if isinstance(obj, dict) else None
 
 
-def encode(protocol: str, obj: dict[str, Any]) -> bytes:
+def encode(protocol: str, obj: JSONObject) -> bytes:
     """One event in ``protocol``'s SSE shape (module docstring)."""
     if protocol == "chat":
         return b"data: " + orjson.dumps(obj) + b"\n\n"
     return b"event: " + str(obj.get("type", "message")).encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
 
 
-def text_of(content: Any) -> str | None:
+def text_of(content: object) -> str | None:
     """The text of a message content (string, or the ``text`` of its parts); None when absent."""
     if content is None:
         return None
@@ -63,16 +64,25 @@ def text_of(content: Any) -> str | None:
     return str(content)
 
 
-def looks_error(c: Any) -> bool:
+def looks_error(c: object) -> bool:
     """A tool result that reports a failure: ``error``/``exception``/``traceback`` in its first 200
     characters (the same rule for every protocol)."""
     if isinstance(c, str):
         head = c[:200]
     elif isinstance(c, list):
-        head = " ".join(
-            p.get("text", "") for p in c[:4] if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )[:200]
+        head = " ".join(t for p in c[:4] if isinstance(p, dict) and isinstance(t := p.get("text"), str))[:200]
     else:  # validated content is a string, a list or null: nothing else is stringified
         head = ""
     head = head.lower()
     return any(w in head for w in _ERR_WORDS)
+
+
+def obj_of(v: object) -> JSONObject:
+    """``v`` when it is a JSON object, else an empty one (a missing or malformed field reads as
+    absent)."""
+    return v if isinstance(v, dict) else {}
+
+
+def objs_of(v: object) -> list[JSONObject]:
+    """The objects of ``v`` when it is a list (other entries skipped), else none."""
+    return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []

@@ -35,11 +35,12 @@ whole bodies; :mod:`router.server.translate_stream`: streams). Field by field (c
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Mapping
 
 import orjson
 
 from router.server.errors import ProxyError
+from router.server.sse import JSONObject, obj_of, objs_of
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -72,11 +73,11 @@ def new_id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex[:24]
 
 
-def finish_to_stop(finish: Any) -> str:
+def finish_to_stop(finish: object) -> str:
     return _FINISH_TO_STOP.get(str(finish), "end_turn")
 
 
-def stop_to_finish(stop: Any) -> str:
+def stop_to_finish(stop: object) -> str:
     return _STOP_TO_FINISH.get(str(stop), "stop")
 
 
@@ -84,7 +85,7 @@ def _untranslatable(what: str) -> ProxyError:
     return ProxyError(400, "untranslatable", f"{what} cannot be translated for the chosen backend")
 
 
-def _text(content: Any) -> str:
+def _text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -94,14 +95,15 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def _copy(src: dict[str, Any], dst: dict[str, Any], *keys: str) -> None:
+def _copy(src: Mapping[str, object], dst: JSONObject, *keys: str) -> None:
     for k in keys:
         if src.get(k) is not None:
             dst[k] = src[k]
 
 
 # ------------------------------------------------------------------ Responses -> chat
-def _resp_part(p: dict[str, Any]) -> dict[str, Any] | None:
+def _resp_part(part: object) -> JSONObject:
+    p = obj_of(part)
     t = p.get("type")
     if t in ("input_text", "output_text", "text", "summary_text"):
         return {"type": "text", "text": str(p.get("text", ""))}
@@ -115,22 +117,22 @@ def _resp_part(p: dict[str, Any]) -> dict[str, Any] | None:
     raise _untranslatable(f"content part {t!r}")
 
 
-def _chat_content(c: Any) -> Any:
+def _chat_content(c: object) -> str | list[JSONObject]:
     if isinstance(c, str):
         return c
-    parts = [q for q in (_resp_part(p) for p in c) if q is not None]
-    if all(p["type"] == "text" for p in parts):
-        return "".join(p["text"] for p in parts)
-    return parts
+    parts = [_resp_part(p) for p in (c if isinstance(c, list) else ())]
+    texts = [p["text"] for p in parts if p["type"] == "text" and isinstance(p["text"], str)]
+    return "".join(texts) if len(texts) == len(parts) else parts
 
 
-def responses_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
+def responses_to_chat(body: Mapping[str, object], model: str) -> JSONObject:
     """A Responses request as a chat-completions request (module docstring)."""
-    msgs: list[dict[str, Any]] = []
+    msgs: list[JSONObject] = []
     if body.get("instructions"):
         msgs.append({"role": "system", "content": _text(body["instructions"])})
     inp = body.get("input")
-    items = [{"role": "user", "content": inp}] if isinstance(inp, str) else (inp or [])
+    items: list[JSONObject] = [{"role": "user", "content": inp}] if isinstance(inp, str) else objs_of(inp)
+    calls: list[JSONObject] | None = None  # the tool calls of msgs[-1], an assistant message
     for it in items:
         t = it.get("type", "message")
         if t == "message":
@@ -141,33 +143,36 @@ def responses_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
                     "content": _chat_content(it.get("content")),
                 }
             )
+            calls = None
         elif t == "function_call":
-            call = {
+            call: JSONObject = {
                 "id": it["call_id"],
                 "type": "function",
                 "function": {"name": it["name"], "arguments": str(it.get("arguments") or "")},
             }
             last = msgs[-1] if msgs else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(call)
+            if last is not None and last["role"] == "assistant" and calls is not None:
+                calls.append(call)
             elif last is not None and last["role"] == "assistant" and isinstance(last.get("content"), str):
-                last["tool_calls"] = [call]
+                calls = last["tool_calls"] = [call]
             else:
-                msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                calls = [call]
+                msgs.append({"role": "assistant", "content": None, "tool_calls": calls})
         elif t == "function_call_output":
             msgs.append({"role": "tool", "tool_call_id": it["call_id"], "content": _text(it.get("output"))})
+            calls = None
         elif t in ("reasoning", "item_reference", "compaction"):
             continue
         else:
             raise _untranslatable(f"input item {t!r}")
-    out: dict[str, Any] = {"model": model, "messages": msgs}
-    tools = body.get("tools")
+    out: JSONObject = {"model": model, "messages": msgs}
+    tools = objs_of(body.get("tools"))
     if tools:
         ctools = []
         for tl in tools:
             if tl.get("type") != "function":
                 raise _untranslatable(f"tool type {tl.get('type')!r}")
-            fn: dict[str, Any] = {"name": tl["name"]}
+            fn: JSONObject = {"name": tl["name"]}
             _copy(tl, fn, "description", "parameters", "strict")
             ctools.append({"type": "function", "function": fn})
         out["tools"] = ctools
@@ -180,7 +185,7 @@ def responses_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
     fmt = text.get("format") if isinstance(text, dict) else None
     if isinstance(fmt, dict):
         if fmt.get("type") == "json_schema":
-            js: dict[str, Any] = {"name": fmt.get("name") or "response"}
+            js: JSONObject = {"name": fmt.get("name") or "response"}
             _copy(fmt, js, "schema", "strict", "description")
             out["response_format"] = {"type": "json_schema", "json_schema": js}
         elif fmt.get("type") == "json_object":
@@ -195,7 +200,7 @@ def responses_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ Messages -> chat
-def _image_url(src: Any) -> str:
+def _image_url(src: object) -> str:
     if isinstance(src, dict):
         if src.get("type") == "base64":
             return f"data:{src.get('media_type', 'image/png')};base64,{src.get('data', '')}"
@@ -204,8 +209,8 @@ def _image_url(src: Any) -> str:
     raise _untranslatable("an image source other than base64 or url")
 
 
-def _msg_parts(blocks: list[dict[str, Any]]) -> Any:
-    parts: list[dict[str, Any]] = []
+def _msg_parts(blocks: list[JSONObject]) -> str | list[JSONObject]:
+    parts: list[JSONObject] = []
     for b in blocks:
         t = b.get("type")
         if t == "text":
@@ -216,24 +221,26 @@ def _msg_parts(blocks: list[dict[str, Any]]) -> Any:
             continue
         else:
             raise _untranslatable(f"content block {t!r}")
-    if all(p["type"] == "text" for p in parts):
-        return "".join(p["text"] for p in parts)
-    return parts
+    texts = [p["text"] for p in parts if p["type"] == "text" and isinstance(p["text"], str)]
+    return "".join(texts) if len(texts) == len(parts) else parts
 
 
-def messages_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
+def messages_to_chat(body: Mapping[str, object], model: str) -> JSONObject:
     """A Messages request as a chat-completions request (module docstring)."""
-    msgs: list[dict[str, Any]] = []
+    msgs: list[JSONObject] = []
     system = body.get("system")
     if system:
         msgs.append({"role": "system", "content": _text(system)})
-    for m in body["messages"]:
+    for m in objs_of(body.get("messages")):
         c = m.get("content")
         if m["role"] == "assistant":
             if isinstance(c, str):
                 msgs.append({"role": "assistant", "content": c})
                 continue
-            text = "".join(b.get("text", "") for b in c if b.get("type") == "text")
+            blocks = objs_of(c)
+            text = "".join(
+                t for b in blocks if b.get("type") == "text" and isinstance(t := b.get("text", ""), str)
+            )
             calls = [
                 {
                     "id": b.get("id"),
@@ -243,13 +250,13 @@ def messages_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
                         "arguments": orjson.dumps(b.get("input") or {}).decode(),
                     },
                 }
-                for b in c
+                for b in blocks
                 if b.get("type") == "tool_use"
             ]
-            for b in c:
+            for b in blocks:
                 if b.get("type") not in ("text", "tool_use", "thinking", "redacted_thinking"):
                     raise _untranslatable(f"assistant block {b.get('type')!r}")
-            am: dict[str, Any] = {"role": "assistant", "content": text or None}
+            am: JSONObject = {"role": "assistant", "content": text or None}
             if calls:
                 am["tool_calls"] = calls
             msgs.append(am)
@@ -258,7 +265,7 @@ def messages_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
             msgs.append({"role": "user", "content": c})
             continue
         rest = []
-        for b in c:
+        for b in objs_of(c):
             if b.get("type") == "tool_result":
                 txt = _text(b.get("content"))
                 if b.get("is_error"):
@@ -268,14 +275,14 @@ def messages_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
                 rest.append(b)
         if rest:
             msgs.append({"role": "user", "content": _msg_parts(rest)})
-    out: dict[str, Any] = {"model": model, "messages": msgs, "max_tokens": body["max_tokens"]}
-    tools = body.get("tools")
+    out: JSONObject = {"model": model, "messages": msgs, "max_tokens": body["max_tokens"]}
+    tools = objs_of(body.get("tools"))
     if tools:
         ctools = []
         for tl in tools:
             if tl.get("type") not in (None, "custom"):
                 raise _untranslatable(f"tool type {tl.get('type')!r}")
-            fn = {"name": tl["name"], "parameters": tl.get("input_schema") or {"type": "object"}}
+            fn: JSONObject = {"name": tl["name"], "parameters": tl.get("input_schema") or {"type": "object"}}
             _copy(tl, fn, "description")
             ctools.append({"type": "function", "function": fn})
         out["tools"] = ctools
@@ -301,18 +308,19 @@ def messages_to_chat(body: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ chat -> Messages
-def _anth_blocks(content: Any) -> list[dict[str, Any]]:
+def _anth_blocks(content: object) -> list[JSONObject]:
     if content is None:
         return []
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
-    out: list[dict[str, Any]] = []
-    for p in content:
-        t = p.get("type") if isinstance(p, dict) else None
+    out: list[JSONObject] = []
+    for part in content if isinstance(content, list) else (content,):
+        p = obj_of(part)
+        t = p.get("type")
         if t == "text":
             out.append({"type": "text", "text": str(p.get("text", ""))})
         elif t == "image_url":
-            url = str((p.get("image_url") or {}).get("url", ""))
+            url = str(obj_of(p.get("image_url")).get("url", ""))
             if url.startswith("data:") and ";base64," in url:
                 media, data = url[5:].split(";base64,", 1)
                 out.append({"type": "image", "source": {"type": "base64", "media_type": media, "data": data}})
@@ -323,20 +331,20 @@ def _anth_blocks(content: Any) -> list[dict[str, Any]]:
     return out
 
 
-def chat_to_messages(body: dict[str, Any], model: str) -> dict[str, Any]:
+def chat_to_messages(body: Mapping[str, object], model: str) -> JSONObject:
     """A chat-completions request as a Messages request (module docstring)."""
     system: list[str] = []
-    turns: list[dict[str, Any]] = []
+    turns: list[tuple[str, list[JSONObject]]] = []  # (role, content blocks)
 
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+    def add(role: str, blocks: list[JSONObject]) -> None:
         if not blocks:
             return
-        if turns and turns[-1]["role"] == role:
-            turns[-1]["content"].extend(blocks)
+        if turns and turns[-1][0] == role:
+            turns[-1][1].extend(blocks)
         else:
-            turns.append({"role": role, "content": blocks})
+            turns.append((role, blocks))
 
-    for m in body["messages"]:
+    for m in objs_of(body.get("messages")):
         role = m.get("role")
         if role in ("system", "developer"):
             system.append(_text(m.get("content")))
@@ -344,10 +352,11 @@ def chat_to_messages(body: dict[str, Any], model: str) -> dict[str, Any]:
             add("user", _anth_blocks(m.get("content")))
         elif role == "assistant":
             blocks = _anth_blocks(m.get("content"))
-            for tc in m.get("tool_calls") or ():
-                fn = tc.get("function") or {}
+            for tc in objs_of(m.get("tool_calls")):
+                fn = obj_of(tc.get("function"))
+                text = fn.get("arguments") or "{}"
                 try:
-                    args = orjson.loads(fn.get("arguments") or "{}")
+                    args = orjson.loads(text) if isinstance(text, (str, bytes)) else {}
                 except orjson.JSONDecodeError:
                     args = {}
                 blocks.append({"type": "tool_use", "id": tc.get("id"), "name": fn.get("name"), "input": args})
@@ -363,39 +372,46 @@ def chat_to_messages(body: dict[str, Any], model: str) -> dict[str, Any]:
                     }
                 ],
             )
-    if turns and turns[-1]["content"]:
-        turns[-1]["content"][-1] = {**turns[-1]["content"][-1], "cache_control": {"type": "ephemeral"}}
+    if turns and turns[-1][1]:
+        last = turns[-1][1]
+        last[-1] = {**last[-1], "cache_control": {"type": "ephemeral"}}
     mt = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
-    out: dict[str, Any] = {"model": model, "max_tokens": mt, "messages": turns}
+    messages: list[JSONObject] = [{"role": role, "content": blocks} for role, blocks in turns]
+    out: JSONObject = {"model": model, "max_tokens": mt, "messages": messages}
     if system:
         out["system"] = [
             {"type": "text", "text": "\n\n".join(system), "cache_control": {"type": "ephemeral"}}
         ]
-    tools = body.get("tools")
+    tools = objs_of(body.get("tools"))
     if tools:
         out["tools"] = [
             {
-                "name": t["function"]["name"],
-                "description": t["function"].get("description") or "",
-                "input_schema": t["function"].get("parameters") or {"type": "object", "properties": {}},
+                "name": fn.get("name"),
+                "description": fn.get("description") or "",
+                "input_schema": fn.get("parameters") or {"type": "object", "properties": {}},
             }
             for t in tools
-            if t.get("type") == "function"
+            if t.get("type") == "function" and (fn := obj_of(t.get("function")))
         ]
-    tc = body.get("tool_choice")
-    if tc in ("auto", "none"):
-        out["tool_choice"] = {"type": tc}
-    elif tc == "required":
+    choice_in = body.get("tool_choice")
+    if choice_in in ("auto", "none"):
+        out["tool_choice"] = {"type": choice_in}
+    elif choice_in == "required":
         out["tool_choice"] = {"type": "any"}
-    elif isinstance(tc, dict):
-        out["tool_choice"] = {"type": "tool", "name": (tc.get("function") or {}).get("name")}
+    elif isinstance(choice_in, dict):
+        out["tool_choice"] = {"type": "tool", "name": obj_of(choice_in.get("function")).get("name")}
     if body.get("parallel_tool_calls") is False and tools:
-        out.setdefault("tool_choice", {"type": "auto"})["disable_parallel_tool_use"] = True
+        choice = out.get("tool_choice")
+        if not isinstance(choice, dict):
+            auto: JSONObject = {"type": "auto"}
+            choice = out["tool_choice"] = auto
+        choice["disable_parallel_tool_use"] = True
     stop = body.get("stop")
     if stop:
-        out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    if body.get("temperature") is not None:
-        out["temperature"] = min(float(body["temperature"]), 1.0)
+        out["stop_sequences"] = list(stop) if isinstance(stop, list) else [stop]
+    temperature = body.get("temperature")
+    if isinstance(temperature, (int, float, str)):
+        out["temperature"] = min(float(temperature), 1.0)
     _copy(body, out, "top_p")
     if isinstance(body.get("user"), str):
         out["metadata"] = {"user_id": body["user"]}

@@ -7,10 +7,11 @@ translators (:mod:`router.server.translate_stream`) share.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
 
 import orjson
 
+from router.server.sse import JSONObject, obj_of, objs_of
 from router.server.translate import finish_to_stop, new_id, stop_to_finish
 
 __all__ = [
@@ -26,11 +27,16 @@ __all__ = [
 ]
 
 
-def chat_usage_from_messages(u: dict[str, Any]) -> dict[str, Any]:
-    inp = int(u.get("input_tokens") or 0)
-    cw = int(u.get("cache_creation_input_tokens") or 0)
-    cr = int(u.get("cache_read_input_tokens") or 0)
-    out = int(u.get("output_tokens") or 0)
+def _count(v: object) -> int:
+    """A token count of a usage object (absent, null or 0: 0)."""
+    return int(v) if isinstance(v, (int, float, str)) and v else 0
+
+
+def chat_usage_from_messages(u: Mapping[str, object]) -> JSONObject:
+    inp = _count(u.get("input_tokens"))
+    cw = _count(u.get("cache_creation_input_tokens"))
+    cr = _count(u.get("cache_read_input_tokens"))
+    out = _count(u.get("output_tokens"))
     return {
         "prompt_tokens": inp + cw + cr,
         "completion_tokens": out,
@@ -39,25 +45,25 @@ def chat_usage_from_messages(u: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def messages_usage_from_chat(u: dict[str, Any] | None) -> dict[str, Any]:
+def messages_usage_from_chat(u: Mapping[str, object] | None) -> JSONObject:
     u = u or {}
-    p = int(u.get("prompt_tokens") or 0)
+    p = _count(u.get("prompt_tokens"))
     d = u.get("prompt_tokens_details")
-    c = int((d or {}).get("cached_tokens") or 0) if isinstance(d, dict) else 0
+    c = _count(d.get("cached_tokens")) if isinstance(d, dict) else 0
     return {
         "input_tokens": max(p - c, 0),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": c,
-        "output_tokens": int(u.get("completion_tokens") or 0),
+        "output_tokens": _count(u.get("completion_tokens")),
     }
 
 
-def responses_usage_from_chat(u: dict[str, Any] | None) -> dict[str, Any]:
+def responses_usage_from_chat(u: Mapping[str, object] | None) -> JSONObject:
     u = u or {}
-    p = int(u.get("prompt_tokens") or 0)
+    p = _count(u.get("prompt_tokens"))
     d = u.get("prompt_tokens_details")
-    c = int((d or {}).get("cached_tokens") or 0) if isinstance(d, dict) else 0
-    o = int(u.get("completion_tokens") or 0)
+    c = _count(d.get("cached_tokens")) if isinstance(d, dict) else 0
+    o = _count(u.get("completion_tokens"))
     return {
         "input_tokens": p,
         "input_tokens_details": {"cached_tokens": c, "cache_write_tokens": 0},
@@ -67,7 +73,7 @@ def responses_usage_from_chat(u: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def response_shell(req: dict[str, Any], model: str, rid: str, status: str) -> dict[str, Any]:
+def response_shell(req: Mapping[str, object], model: str, rid: str, status: str) -> JSONObject:
     """The fields of a Responses ``response`` object that echo the request."""
     return {
         "id": rid,
@@ -97,7 +103,7 @@ def response_shell(req: dict[str, Any], model: str, rid: str, status: str) -> di
     }
 
 
-def message_item(text: str, item_id: str, status: str = "completed") -> dict[str, Any]:
+def message_item(text: str, item_id: str, status: str = "completed") -> JSONObject:
     return {
         "type": "message",
         "id": item_id,
@@ -109,9 +115,7 @@ def message_item(text: str, item_id: str, status: str = "completed") -> dict[str
     }
 
 
-def call_item(
-    call_id: str, name: str, arguments: str, item_id: str, status: str = "completed"
-) -> dict[str, Any]:
+def call_item(call_id: str, name: str, arguments: str, item_id: str, status: str = "completed") -> JSONObject:
     return {
         "type": "function_call",
         "id": item_id,
@@ -122,39 +126,47 @@ def call_item(
     }
 
 
-def chat_to_responses_json(obj: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
+def _first_choice(obj: Mapping[str, object]) -> JSONObject:
+    """A ``chat.completion``'s first choice (empty when it has none)."""
+    choices = obj.get("choices")
+    return obj_of(choices[0]) if isinstance(choices, list) and choices else {}
+
+
+def chat_to_responses_json(obj: Mapping[str, object], req: Mapping[str, object]) -> JSONObject:
     """A ``chat.completion`` as a Responses ``response`` object."""
-    ch = (obj.get("choices") or [{}])[0]
-    msg = ch.get("message") or {}
+    ch = _first_choice(obj)
+    msg = obj_of(ch.get("message"))
     finish = ch.get("finish_reason")
     r = response_shell(
         req, str(obj.get("model", "")), new_id("resp_"), "incomplete" if finish == "length" else "completed"
     )
     if finish == "length":
         r["incomplete_details"] = {"reason": "max_output_tokens"}
-    out = r["output"]
+    out: list[JSONObject] = []
+    r["output"] = out
     if msg.get("content"):
         out.append(message_item(str(msg["content"]), new_id("msg_")))
-    for tc in msg.get("tool_calls") or ():
-        fn = tc.get("function") or {}
+    for tc in objs_of(msg.get("tool_calls")):
+        fn = obj_of(tc.get("function"))
         out.append(
             call_item(str(tc.get("id")), str(fn.get("name")), str(fn.get("arguments") or ""), new_id("fc_"))
         )
-    r["usage"] = responses_usage_from_chat(obj.get("usage"))
+    r["usage"] = responses_usage_from_chat(obj_of(obj.get("usage")))
     return r
 
 
-def chat_to_messages_json(obj: dict[str, Any]) -> dict[str, Any]:
+def chat_to_messages_json(obj: Mapping[str, object]) -> JSONObject:
     """A ``chat.completion`` as an Anthropic ``message``."""
-    ch = (obj.get("choices") or [{}])[0]
-    msg = ch.get("message") or {}
-    content: list[dict[str, Any]] = []
+    ch = _first_choice(obj)
+    msg = obj_of(ch.get("message"))
+    content: list[JSONObject] = []
     if msg.get("content"):
         content.append({"type": "text", "text": str(msg["content"])})
-    for tc in msg.get("tool_calls") or ():
-        fn = tc.get("function") or {}
+    for tc in objs_of(msg.get("tool_calls")):
+        fn = obj_of(tc.get("function"))
+        text = fn.get("arguments") or "{}"
         try:
-            args = orjson.loads(fn.get("arguments") or "{}")
+            args = orjson.loads(text) if isinstance(text, (str, bytes)) else {}
         except orjson.JSONDecodeError:
             args = {}
         content.append(
@@ -168,14 +180,14 @@ def chat_to_messages_json(obj: dict[str, Any]) -> dict[str, Any]:
         "content": content,
         "stop_reason": finish_to_stop(ch.get("finish_reason")),
         "stop_sequence": None,
-        "usage": messages_usage_from_chat(obj.get("usage")),
+        "usage": messages_usage_from_chat(obj_of(obj.get("usage"))),
     }
 
 
-def messages_to_chat_json(obj: dict[str, Any]) -> dict[str, Any]:
+def messages_to_chat_json(obj: Mapping[str, object]) -> JSONObject:
     """An Anthropic ``message`` as a ``chat.completion``."""
-    blocks = obj.get("content") or []
-    text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    blocks = objs_of(obj.get("content"))
+    text = "".join(t for b in blocks if b.get("type") == "text" and isinstance(t := b.get("text", ""), str))
     calls = [
         {
             "id": str(b.get("id")),
@@ -188,7 +200,7 @@ def messages_to_chat_json(obj: dict[str, Any]) -> dict[str, Any]:
         for b in blocks
         if b.get("type") == "tool_use"
     ]
-    message: dict[str, Any] = {"role": "assistant", "content": text or None, "refusal": None}
+    message: JSONObject = {"role": "assistant", "content": text or None, "refusal": None}
     if calls:
         message["tool_calls"] = calls
     return {
@@ -204,5 +216,5 @@ def messages_to_chat_json(obj: dict[str, Any]) -> dict[str, Any]:
                 "finish_reason": stop_to_finish(obj.get("stop_reason")),
             }
         ],
-        "usage": chat_usage_from_messages(obj.get("usage") or {}),
+        "usage": chat_usage_from_messages(obj_of(obj.get("usage"))),
     }

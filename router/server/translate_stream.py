@@ -27,14 +27,15 @@ client protocol's events (objects), in order; ``close()`` flushes what the end o
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Protocol
 
 import orjson
 
-from router.server.chat import Capture as ChatReader
+from router.server.chat import ChatReader
 from router.server.messages import MessagesReader
-from router.server.protocol import ClientRequest
-from router.server.sse import DONE, encode, parse_event
+from router.server.protocol import AnswerReader, ClientRequest, JSONObject
+from router.server.sse import DONE, encode, obj_of, objs_of, parse_event
 from router.server.translate import finish_to_stop, new_id, stop_to_finish
 from router.server.translate_answers import (
     call_item,
@@ -48,28 +49,44 @@ from router.server.translate_answers import (
     responses_usage_from_chat,
 )
 
-__all__ = ["ChatToResponses", "ChatToMessages", "MessagesToChat", "TranslatingCapture", "translating_capture"]
+__all__ = [
+    "Translator",
+    "ChatToResponses",
+    "ChatToMessages",
+    "MessagesToChat",
+    "TranslatingCapture",
+    "translating_capture",
+]
 
-Obj = dict[str, Any]
+Obj = JSONObject
+
+
+class Translator(Protocol):
+    """One stage of a stream translation: events in (None: ``[DONE]``), events out."""
+
+    def feed(self, obj: Obj | None) -> list[Obj]: ...
+    def close(self) -> list[Obj]: ...
 
 
 class ChatToResponses:
     """Chat chunks -> Responses events (module docstring)."""
 
-    def __init__(self, req: Obj, model: str = ""):
+    def __init__(self, req: Mapping[str, object], model: str = ""):
         self.req, self.model = req, model
         self.rid = new_id("resp_")
         self.seq = 0
         self.started = False
-        self.items: list[Obj] = []  # output items in order
+        self.items: list[Obj] = []  # output items in order (as announced)
         self.text_idx: int | None = None
-        self.calls: dict[int, int] = {}  # chat tool-call index -> output index
+        self.text = ""  # the message item's text so far
+        self.args: dict[int, str] = {}  # a function_call item's arguments so far, by output index
+        self.calls: dict[object, int] = {}  # chat tool-call index -> output index
         self.usage: Obj | None = None
         self.finish: str | None = None
         self.done = False
         self.response: Obj | None = None
 
-    def _ev(self, out: list[Obj], type_: str, **kw: Any) -> None:
+    def _ev(self, out: list[Obj], type_: str, **kw: object) -> None:
         out.append({"type": type_, "sequence_number": self.seq, **kw})
         self.seq += 1
 
@@ -89,15 +106,17 @@ class ChatToResponses:
         if obj.get("model") and not self.model:
             self.model = str(obj["model"])
         self._start(out)
-        if isinstance(obj.get("usage"), dict):
-            self.usage = obj["usage"]
-        for ch in obj.get("choices") or ():
-            d = ch.get("delta") or {}
-            if d.get("content"):
+        u = obj.get("usage")
+        if isinstance(u, dict):
+            self.usage = u
+        for ch in objs_of(obj.get("choices")):
+            d = obj_of(ch.get("delta"))
+            content = d.get("content")
+            if content:
                 if self.text_idx is None:
                     self.text_idx = len(self.items)
                     item = message_item("", new_id("msg_"), "in_progress")
-                    self.items.append({**item, "_text": ""})
+                    self.items.append(item)
                     self._ev(out, "response.output_item.added", output_index=self.text_idx, item=item)
                     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
                     self._ev(
@@ -108,22 +127,22 @@ class ChatToResponses:
                         content_index=0,
                         part=part,
                     )
-                it = self.items[self.text_idx]
-                it["_text"] += d["content"]
+                self.text += str(content)
                 self._ev(
                     out,
                     "response.output_text.delta",
-                    item_id=it["id"],
+                    item_id=self.items[self.text_idx]["id"],
                     output_index=self.text_idx,
                     content_index=0,
-                    delta=d["content"],
+                    delta=content,
                     logprobs=[],
                 )
-            for tc in d.get("tool_calls") or ():
+            for tc in objs_of(d.get("tool_calls")):
                 k = tc.get("index", 0)
-                fn = tc.get("function") or {}
+                fn = obj_of(tc.get("function"))
                 if k not in self.calls:
                     self.calls[k] = len(self.items)
+                    self.args[self.calls[k]] = ""
                     item = call_item(
                         str(tc.get("id") or new_id("call_")),
                         str(fn.get("name") or ""),
@@ -133,19 +152,18 @@ class ChatToResponses:
                     )
                     self.items.append(item)
                     self._ev(out, "response.output_item.added", output_index=self.calls[k], item=dict(item))
-                it = self.items[self.calls[k]]
                 piece = fn.get("arguments") or ""
                 if piece:
-                    it["arguments"] += piece
+                    self.args[self.calls[k]] += str(piece)
                     self._ev(
                         out,
                         "response.function_call_arguments.delta",
-                        item_id=it["id"],
+                        item_id=self.items[self.calls[k]]["id"],
                         output_index=self.calls[k],
                         delta=piece,
                     )
             if ch.get("finish_reason"):
-                self.finish = ch["finish_reason"]
+                self.finish = str(ch["finish_reason"])
         return out
 
     def close(self) -> list[Obj]:
@@ -156,13 +174,14 @@ class ChatToResponses:
         self._start(out)
         final: list[Obj] = []
         for i, it in enumerate(self.items):
+            item_id = str(it["id"])
             if it["type"] == "message":
-                text = it.pop("_text")
+                text = self.text
                 part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
                 self._ev(
                     out,
                     "response.output_text.done",
-                    item_id=it["id"],
+                    item_id=item_id,
                     output_index=i,
                     content_index=0,
                     text=text,
@@ -171,22 +190,22 @@ class ChatToResponses:
                 self._ev(
                     out,
                     "response.content_part.done",
-                    item_id=it["id"],
+                    item_id=item_id,
                     output_index=i,
                     content_index=0,
                     part=part,
                 )
-                done = message_item(text, it["id"])
+                done = message_item(text, item_id)
             else:
                 self._ev(
                     out,
                     "response.function_call_arguments.done",
-                    item_id=it["id"],
+                    item_id=item_id,
                     output_index=i,
                     name=it["name"],
-                    arguments=it["arguments"],
+                    arguments=self.args[i],
                 )
-                done = {**it, "status": "completed"}
+                done = {**it, "arguments": self.args[i], "status": "completed"}
             final.append(done)
             self._ev(out, "response.output_item.done", output_index=i, item=done)
         status = "incomplete" if self.finish == "length" else "completed"
@@ -209,7 +228,7 @@ class ChatToMessages:
         self.block: int | None = None  # open content block index
         self.kind: str | None = None
         self.n = 0
-        self.calls: dict[int, int] = {}
+        self.calls: dict[object, int] = {}  # chat tool-call index -> content block index
         self.usage: Obj | None = None
         self.finish: str | None = None
         self.done = False
@@ -246,10 +265,11 @@ class ChatToMessages:
         if obj.get("model") and not self.model:
             self.model = str(obj["model"])
         self._start(out)
-        if isinstance(obj.get("usage"), dict):
-            self.usage = obj["usage"]
-        for ch in obj.get("choices") or ():
-            d = ch.get("delta") or {}
+        u = obj.get("usage")
+        if isinstance(u, dict):
+            self.usage = u
+        for ch in objs_of(obj.get("choices")):
+            d = obj_of(ch.get("delta"))
             if d.get("content"):
                 if self.kind != "text":
                     self._close_block(out)
@@ -269,9 +289,9 @@ class ChatToMessages:
                         "delta": {"type": "text_delta", "text": d["content"]},
                     }
                 )
-            for tc in d.get("tool_calls") or ():
+            for tc in objs_of(d.get("tool_calls")):
                 k = tc.get("index", 0)
-                fn = tc.get("function") or {}
+                fn = obj_of(tc.get("function"))
                 if k not in self.calls:
                     self._close_block(out)
                     self.calls[k] = self.block = self.n
@@ -293,7 +313,7 @@ class ChatToMessages:
                         }
                     )
             if ch.get("finish_reason"):
-                self.finish = ch["finish_reason"]
+                self.finish = str(ch["finish_reason"])
         return out
 
     def close(self) -> list[Obj]:
@@ -323,7 +343,7 @@ class MessagesToChat:
         self.cid = new_id("chatcmpl-")
         self.created = int(time.time())
         self.usage: Obj = {}
-        self.calls: dict[int, int] = {}  # block index -> tool-call index
+        self.calls: dict[object, int] = {}  # block index -> tool-call index
         self.finish: str | None = None
         self.done = False
 
@@ -341,12 +361,12 @@ class MessagesToChat:
             return []
         t = obj.get("type")
         if t == "message_start":
-            msg = obj.get("message") or {}
+            msg = obj_of(obj.get("message"))
             self.model = self.model or str(msg.get("model", ""))
-            self.usage.update(msg.get("usage") or {})
+            self.usage.update(obj_of(msg.get("usage")))
             return [self._chunk({"role": "assistant", "content": ""})]
         if t == "content_block_start":
-            b = obj.get("content_block") or {}
+            b = obj_of(obj.get("content_block"))
             if b.get("type") == "tool_use":
                 k = self.calls[obj.get("index", 0)] = len(self.calls)
                 head = {
@@ -360,7 +380,7 @@ class MessagesToChat:
                 return [self._chunk({"content": b["text"]})]
             return []
         if t == "content_block_delta":
-            d = obj.get("delta") or {}
+            d = obj_of(obj.get("delta"))
             if d.get("type") == "text_delta":
                 return [self._chunk({"content": d.get("text", "")})]
             if d.get("type") == "input_json_delta" and obj.get("index", 0) in self.calls:
@@ -372,8 +392,8 @@ class MessagesToChat:
                 ]
             return []
         if t == "message_delta":
-            self.usage.update({k: v for k, v in (obj.get("usage") or {}).items() if v is not None})
-            self.finish = stop_to_finish((obj.get("delta") or {}).get("stop_reason"))
+            self.usage.update({k: v for k, v in obj_of(obj.get("usage")).items() if v is not None})
+            self.finish = stop_to_finish(obj_of(obj.get("delta")).get("stop_reason"))
             return [self._chunk({}, self.finish)]
         if t == "message_stop":
             return self.close()
@@ -394,15 +414,15 @@ class MessagesToChat:
 class TranslatingCapture:
     """The backend protocol's reader + the translation into the client's protocol."""
 
-    markers = None
-    translating = True
+    markers: tuple[bytes, ...] | None = None  # every event
+    translating: bool = True
 
     def __init__(self, req: ClientRequest, backend_protocol: str):
         self.client = req.protocol
         self.backend = backend_protocol
         self.req = req
-        self.reader: Any = ChatReader() if backend_protocol == "chat" else MessagesReader()
-        self.chain: list[Any] = []
+        self.reader: AnswerReader = ChatReader() if backend_protocol == "chat" else MessagesReader()
+        self.chain: list[Translator] = []
         self.response: Obj | None = None  # the Responses object produced (Responses clients)
         body = req.body
         so = body.get("stream_options")
@@ -452,10 +472,7 @@ class TranslatingCapture:
         if obj is None and b"[DONE]" not in ev:
             return None
         if obj is not None:
-            if self.backend == "chat":
-                self.reader.read_chunk(obj)
-            else:
-                self.reader.read_event(obj)
+            self.reader.read_event(obj)
         return self._encode(self._run([obj])) or None
 
     def finish_stream(self) -> bytes:
@@ -483,10 +500,11 @@ class TranslatingCapture:
         return self.reader.call_args()
 
     def response_id(self) -> str | None:
-        return self.response.get("id") if self.response else None
+        rid = self.response.get("id") if self.response else None
+        return rid if isinstance(rid, str) else None
 
     def output_items(self) -> list[Obj]:
-        return list(self.response.get("output") or []) if self.response else []
+        return objs_of(self.response.get("output")) if self.response else []
 
 
 def translating_capture(req: ClientRequest, backend_protocol: str) -> TranslatingCapture:

@@ -30,7 +30,7 @@ envelope stays far below it; orjson re-serialises at most 255 levels).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from router.server.errors import ProxyError
 
@@ -60,32 +60,31 @@ def _bad(code: str, message: str) -> ProxyError:
     return ProxyError(422, code, message)
 
 
-def json_depth(obj: Any, limit: int) -> int:
+def json_depth(obj: object, limit: int) -> int:
     """Nesting depth of lists/objects in ``obj`` (a scalar is 0), counted up to ``limit + 1``."""
     if not isinstance(obj, (dict, list)):
         return 0
-    level: list[Any] = [obj]
+    level: list[object] = [obj]
     depth = 0
     while level:
         depth += 1
         if depth > limit:
             return depth
-        deeper: list[Any] = []
-        for node in level:
-            deeper += [
-                v for v in (node.values() if isinstance(node, dict) else node) if isinstance(v, _CONTAINERS)
-            ]
+        deeper: list[object] = []
+        for node in level:  # every node is a container
+            values = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+            deeper += [v for v in values if isinstance(v, _CONTAINERS)]
         level = deeper
     return depth
 
 
-def check_depth(body: Any, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+def check_depth(body: object, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
     """Refuse a body nested deeper than ``max_depth`` (module docstring)."""
     if json_depth(body, max_depth) > max_depth:
         raise _bad("body_too_deep", f"request body is nested deeper than {max_depth} levels")
 
 
-def check_stream_options(so: Any) -> None:
+def check_stream_options(so: object) -> None:
     if so is None:
         return
     if not isinstance(so, dict):
@@ -95,7 +94,7 @@ def check_stream_options(so: Any) -> None:
         raise _bad("invalid_stream_options", "'stream_options.include_usage' must be a boolean")
 
 
-def check_messages(msgs: list[dict[str, Any]]) -> None:
+def check_messages(msgs: Sequence[Mapping[str, object]]) -> None:
     """Each message's role, content and tool calls (module docstring); ``msgs`` holds objects."""
     for i, m in enumerate(msgs):
         role = m.get("role")
@@ -119,7 +118,7 @@ def check_messages(msgs: list[dict[str, Any]]) -> None:
                 )
 
 
-def check_tools(tools: Any) -> None:
+def check_tools(tools: object) -> None:
     if tools is None:
         return
     if not isinstance(tools, list):
@@ -133,7 +132,7 @@ def check_tools(tools: Any) -> None:
                 raise _bad("invalid_tools", f"tools[{i}].function must be an object with a string 'name'")
 
 
-def check_metadata(meta: Any) -> None:
+def check_metadata(meta: object) -> None:
     if meta is None:
         return
     if not isinstance(meta, dict):
@@ -148,11 +147,11 @@ def check_metadata(meta: Any) -> None:
             )
 
 
-def check_optional_str(value: Any, field: str) -> None:
+def check_optional_str(value: object, field: str) -> None:
     if value is not None and not isinstance(value, str):
         raise _bad(f"invalid_{field}", f"'{field}' must be a string")
 
 
-def check_object(value: Any, field: str) -> None:
+def check_object(value: object, field: str) -> None:
     if value is not None and not isinstance(value, dict):
         raise _bad(f"invalid_{field}", f"'{field}' must be an object")
