@@ -33,8 +33,10 @@ class Predictor(Protocol):
     def version(self) -> str: ...
 
     #: False when predictions do not depend on the feature vector (the step engine then asks
-    #: ``predict(prefix)`` and extracts nothing unless the step record wants the vector)
-    needs_features: bool
+    #: ``predict(prefix)`` and extracts nothing unless the step record wants the vector); read-only
+    #: here, so a frozen predictor (:class:`ConstantPredictor`) is one too
+    @property
+    def needs_features(self) -> bool: ...
 
     def predict(self, prefix: RunPrefix) -> Predictions: ...
 
