@@ -79,7 +79,7 @@ from __future__ import annotations
 import hashlib
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -88,6 +88,9 @@ from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES, ex
 from features.runlog import RunLog
 from router.core.prefix_cache import PrefixCache, turnover
 from router.policy.defaults import KV_CACHE_GB
+
+if TYPE_CHECKING:
+    from training.dask_replay import FlatChains
 
 __all__ = [
     "Dataset",
@@ -395,7 +398,7 @@ def replay_cache_labels(
     kv_cache_gb: float = KV_CACHE_GB,
     synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
     synthetic_cache_share: float = 1.0,
-    hash_chains: Any = None,
+    hash_chains: FlatChains | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(y_cache, local_cache_pressure)`` per row of ``steps`` (sorted by run, then step): the
     logged ``cached_tokens`` where present, else the per-source, per-replica LRU replay through the
