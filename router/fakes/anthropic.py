@@ -60,7 +60,7 @@ class FakeAnthropic(FakeFrontier):
     protocols: ClassVar[tuple[str, ...]] = ("messages",)
     knobs: AnthropicKnobs
 
-    def __init__(self, **knobs: Any):
+    def __init__(self, **knobs: object):
         super().__init__(**knobs)
         self.prefixes: dict[str, float] = {}  # prefix hash -> expiry (monotonic s)
 
