@@ -156,14 +156,14 @@ class Workload:
         steps = steps.sort_values(["run_id", "step"], kind="stable")
         n = len(steps)
 
-        def col(name: str, default: Any = None) -> list[Any]:
+        def col(name: str, default: object = None) -> list[Any]:
             if name not in steps.columns:
                 return [default] * n
             return steps[name].tolist()
 
         import pandas as pd
 
-        def isnull(v: Any) -> bool:
+        def isnull(v: object) -> bool:
             return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
 
         rid, prompt, comp = col("run_id"), col("prompt_tokens"), col("completion_tokens")
