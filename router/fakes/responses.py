@@ -168,7 +168,11 @@ def stream_chunks(
 
 
 def usage_chunk(
-    rid: str, model: str, usage: Mapping[str, object], extra: Mapping[str, object] | None = None, vllm: bool = False
+    rid: str,
+    model: str,
+    usage: Mapping[str, object],
+    extra: Mapping[str, object] | None = None,
+    vllm: bool = False,
 ) -> dict[str, Any]:
     c: dict[str, Any] = {
         "id": rid,

@@ -66,7 +66,7 @@ def check_workers(settings: RouterSettings, n: int) -> None:
         )
 
 
-def worker_env(config: Path | None, server: dict[str, Any], metrics_dir: Path) -> dict[str, str]:
+def worker_env(config: Path | None, server: dict[str, object], metrics_dir: Path) -> dict[str, str]:
     """The environment entries :func:`app_from_env` reads in each worker."""
     return {
         ENV_CONFIG: "" if config is None else str(Path(config).resolve()),
