@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -150,8 +151,8 @@ class Dataset:
 
 
 def lru_replay(
-    hash_lists: list[Any],
-    run_ids: list[Any],
+    hash_lists: Sequence[np.ndarray | Sequence[int]],
+    run_ids: Sequence[Hashable],
     prompt_tokens: np.ndarray,
     capacity_blocks: int,
     block_tokens: int,
@@ -169,7 +170,7 @@ def lru_replay(
         raise ValueError(f"cache capacity must be >= 1 block, got {capacity_blocks}")
     cache = PrefixCache(capacity_blocks, block_tokens)
     admit, release = cache.admit, cache.release
-    last_seen: dict[Any, int] = {}
+    last_seen: dict[Hashable, int] = {}
     hits = np.zeros(len(hash_lists), dtype=np.float64)
     pressure = np.full(len(hash_lists), np.nan)
     prompts = [int(x) for x in prompt_tokens]  # int(NaN) raises: token counts must be known
