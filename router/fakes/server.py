@@ -29,6 +29,7 @@ import asyncio
 import random
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import orjson
@@ -133,7 +134,7 @@ class FakeServer:
         return {"prompt_tokens": n, "total_tokens": n + c, "completion_tokens": c}
 
     def response_headers(
-        self, ticket: Ticket, comp: Completion, usage: dict[str, Any] | None
+        self, ticket: Ticket, comp: Completion, usage: Mapping[str, object] | None
     ) -> dict[str, str]:
         return {}
 

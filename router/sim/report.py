@@ -122,7 +122,7 @@ def render_table(result: dict[str, Any], console: Console | None = None) -> None
         console.print(line, highlight=False)
 
 
-def write_json(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+def write_json(result: dict[str, object], path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     data = json.dumps(result, indent=2, allow_nan=False)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["write_report", "print_scorecard", "card_dict"]
 
 
-def card_dict(card: Scorecard | dict[str, Any]) -> dict[str, Any]:
+def card_dict(card: Scorecard | dict[str, object]) -> dict[str, Any]:
     """The JSON object of a scorecard (a typed one is dumped, a dict is made JSON-safe)."""
     if isinstance(card, Scorecard):
         return card.to_json_dict()
