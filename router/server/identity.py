@@ -126,7 +126,7 @@ def opening_hash(
     return "h-" + hashlib.sha256(orjson.dumps(parts)).hexdigest()[:20]
 
 
-def hash_opening(messages: list[Any], scope: str | None = None) -> str:
+def hash_opening(messages: list[object], scope: str | None = None) -> str:
     """The opening hash of a chat-completions message list."""
     from router.server.chat import chat_opening
 
