@@ -26,6 +26,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
+# router.core, router.policy and models are checked with the flags of `mypy --strict`
+# ([[tool.mypy.overrides]] in pyproject.toml), the rest with the defaults.
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy features models router training runroute
 

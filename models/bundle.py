@@ -76,7 +76,8 @@ class _RowPredictor:
     def __init__(self, booster: Any, row: np.ndarray) -> None:
         import ctypes
 
-        from lightgbm.basic import _LIB, _safe_call
+        from lightgbm.basic import _safe_call
+        from lightgbm.libpath import _LIB  # where lightgbm.basic takes it from (the same CDLL)
 
         if row.dtype != np.float64 or not row.flags.c_contiguous:
             raise TypeError("row buffer must be C-contiguous float64")

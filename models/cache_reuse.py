@@ -27,7 +27,7 @@ from models.escalation import lgb_dataset, train_booster
 __all__ = ["CacheReuseRegressor"]
 
 
-class CacheReuseRegressor(RegressorMixin, BaseEstimator):
+class CacheReuseRegressor(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # sklearn ships no type stubs
     """LightGBM regressor of cached prompt tokens; see the module docstring."""
 
     def __init__(
@@ -79,7 +79,8 @@ class CacheReuseRegressor(RegressorMixin, BaseEstimator):
     def _finish(self, X: np.ndarray, raw: np.ndarray) -> np.ndarray:
         if self.prompt_col is None:
             return raw
-        return np.clip(raw, 0.0, 1.0) * np.maximum(np.nan_to_num(X[:, self.prompt_col]), 0.0)
+        out: np.ndarray = np.clip(raw, 0.0, 1.0) * np.maximum(np.nan_to_num(X[:, self.prompt_col]), 0.0)
+        return out
 
     def predict(self, X: Any) -> np.ndarray:
         check_is_fitted(self, "booster_")

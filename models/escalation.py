@@ -114,7 +114,7 @@ def _splits(y: np.ndarray, groups: np.ndarray | None, cv: int, seed: int | None)
     return list(StratifiedKFold(n_splits=n, shuffle=True, random_state=seed).split(y, y))
 
 
-class EscalationClassifier(ClassifierMixin, BaseEstimator):
+class EscalationClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]  # sklearn ships no type stubs
     """LightGBM + out-of-fold calibration; binary. See the module docstring."""
 
     def __init__(
@@ -158,7 +158,7 @@ class EscalationClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"calibration must be one of {_CALIBRATIONS}, got {self.calibration!r}")
         X, y = validate_data(self, X, y, ensure_all_finite="allow-nan", dtype=np.float64)
         check_classification_targets(y)
-        self.classes_ = np.unique(y)
+        self.classes_: np.ndarray = np.unique(y)
         if len(self.classes_) > 2:
             raise ValueError(
                 f"Only binary classification is supported (needs frontier or not); y has "
@@ -208,11 +208,13 @@ class EscalationClassifier(ClassifierMixin, BaseEstimator):
 
     def predict(self, X: Any) -> np.ndarray:
         p = self.predict_proba(X)[:, 1]
-        return self.classes_[(p >= 0.5).astype(int)]
+        labels: np.ndarray = self.classes_[(p >= 0.5).astype(int)]
+        return labels
 
     def calibrate(self, raw: np.ndarray) -> np.ndarray:
         """Map raw LightGBM probabilities through the fitted calibration map."""
-        return np.interp(raw, self.calib_x_, self.calib_y_)
+        out: np.ndarray = np.interp(raw, self.calib_x_, self.calib_y_)
+        return out
 
     def predict_p_fast(self, x2d: np.ndarray) -> float:
         """Serving fast path: calibrated P for one pre-validated float64 row of shape (1, n)."""

@@ -33,7 +33,7 @@ def pinball_loss(y: np.ndarray, q_pred: np.ndarray, q: float) -> float:
     return float(np.mean(np.maximum(q * d, (q - 1.0) * d)))
 
 
-class RemainingWorkRegressor(RegressorMixin, BaseEstimator):
+class RemainingWorkRegressor(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # sklearn ships no type stubs
     """Quantile LightGBM models; see the module docstring."""
 
     def __init__(

@@ -14,9 +14,13 @@ Knobs: ``n_boot``, ``seed``, ``z``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from models.bundle import ModelBundle
+    from training.dataset import Dataset
 
 __all__ = ["heldout_agreement"]
 
@@ -28,7 +32,7 @@ def _auc(y: np.ndarray, p: np.ndarray) -> float:
 
 
 def heldout_agreement(
-    a: Any, b: Any, held: Any, *, n_boot: int = 200, seed: int = 0, z: float = 1.0
+    a: ModelBundle, b: ModelBundle, held: Dataset, *, n_boot: int = 200, seed: int = 0, z: float = 1.0
 ) -> dict[str, dict[str, float | bool]]:
     """Per metric: value of ``a`` and ``b``, gap, SE of the gap, agree (the module docstring)."""
     m, X = held.meta, held.X

@@ -9,12 +9,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from features.logged import STEP_COLUMNS
 from training.dask_replay import REPLAY_COLS
+
+if TYPE_CHECKING:
+    import dask.dataframe as dd
+    from distributed import Client
 
 __all__ = [
     "KEEP_COLUMNS",
@@ -30,7 +35,7 @@ __all__ = [
 KEEP_COLUMNS = frozenset((*STEP_COLUMNS, "record", *REPLAY_COLS, "features", "feature_spec_version"))
 
 
-def read_partitioned(files: list[Any], npartitions: int, shuffle_method: str = "p2p") -> Any:
+def read_partitioned(files: list[Path], npartitions: int, shuffle_method: str = "p2p") -> Any:
     """The run logs as a dask DataFrame whose partitions each hold whole runs (shuffled on run_id).
     Read one Parquet row group per task (runroute writes 131,072-row groups): a task that read a
     pyarrow-default million-row group held 3.4 GB on one worker before the shuffle."""
@@ -74,7 +79,7 @@ def runs_of(cleaned: tuple[pd.DataFrame, pd.DataFrame, list[str]]) -> tuple[pd.D
     return cleaned[1], cleaned[2]
 
 
-def to_client(client: Any, ddf: Any) -> pd.DataFrame:
+def to_client(client: Client, ddf: dd.DataFrame) -> pd.DataFrame:
     """A dask DataFrame's rows on the client, in partition order, joined there: ``.compute()`` joins
     the partitions in one task on a worker first, and at 5M steps the held-out rows made that
     worker peak at 9.1 GB."""
@@ -82,7 +87,7 @@ def to_client(client: Any, ddf: Any) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else ddf._meta.reset_index(drop=True)
 
 
-def parquet_rows(path: Any) -> int:
+def parquet_rows(path: str | Path) -> int:
     """Records in one Parquet file (its footer only)."""
     import pyarrow.parquet as pq
 

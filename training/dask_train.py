@@ -40,7 +40,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -50,6 +50,16 @@ from training.config import TrainConfig, TrainResult
 from training.dask_io import clean_partition, parquet_rows, read_partitioned, runs_of, steps_of, to_client
 from training.dask_replay import pack_replay_input, replay_packed
 from training.dataset import Dataset
+
+if TYPE_CHECKING:
+    import dask.dataframe as dd
+    from distributed import Client
+
+    from models.cache_reuse import CacheReuseRegressor
+    from models.escalation import EscalationClassifier
+    from models.remaining import RemainingWorkRegressor
+
+_T = TypeVar("_T")
 
 __all__ = ["train_on_dask", "read_partitioned", "PartitionedDataset"]
 
@@ -77,11 +87,11 @@ class PartitionedDataset(Dataset):
         return self.digest
 
 
-def _identity(x: Any) -> Any:
+def _identity(x: _T) -> _T:
     return x
 
 
-def _pick(xs: list[Any], i: int) -> Any:
+def _pick(xs: list[_T], i: int) -> _T:
     return xs[i]
 
 
@@ -153,7 +163,15 @@ def _with_fold(part: pd.DataFrame, folds: pd.Series) -> pd.DataFrame:
     return out
 
 
-def _dask_fit(client: Any, est: Any, X: Any, y: Any, objective: str, weight: Any = None, **extra: Any) -> Any:
+def _dask_fit(
+    client: Client,
+    est: EscalationClassifier | CacheReuseRegressor | RemainingWorkRegressor,
+    X: dd.DataFrame,
+    y: dd.Series,
+    objective: str,
+    weight: dd.Series | None = None,
+    **extra: float,
+) -> Any:
     """One LightGBM Dask fit with ``est``'s hyper-parameters (``models.escalation.lgb_params``);
     returns the trained ``lightgbm.Booster``."""
     from lightgbm.dask import DaskLGBMClassifier, DaskLGBMRegressor
@@ -184,7 +202,7 @@ def _dask_fit(client: Any, est: Any, X: Any, y: Any, objective: str, weight: Any
 
 def train_on_dask(
     cfg: TrainConfig,
-    client: Any,
+    client: Client,
     *,
     npartitions: int | None = None,
     progress: Callable[[str], None] | None = None,
@@ -361,7 +379,7 @@ def train_on_dask(
     )
 
 
-def _source_masked(rows: Any) -> tuple[str, ...]:
+def _source_masked(rows: dd.DataFrame) -> tuple[str, ...]:
     """:func:`training.dataset.masked_features` over the per-source missing shares of the labelled
     rows (sources with enough rows), computed on the workers."""
     import dask
@@ -392,7 +410,9 @@ def _target_meta(kind: str) -> pd.DataFrame:
     return m
 
 
-def _fit_escalation(client: Any, cfg: TrainConfig, esc_rows: Any, n_esc: int) -> tuple[Any, pd.DataFrame]:
+def _fit_escalation(
+    client: Client, cfg: TrainConfig, esc_rows: dd.DataFrame, n_esc: int
+) -> tuple[EscalationClassifier, pd.DataFrame]:
     """The escalation estimator with Dask-trained boosters: out-of-fold calibration on the groups and
     folds :class:`models.escalation.EscalationClassifier` picks (a random subset of groups holding
     about ``calibration_max_rows`` rows; groups dealt to folds by mean label), then the final fit on

@@ -78,8 +78,9 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -88,6 +89,9 @@ from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES, ex
 from features.runlog import RunLog
 from router.core.prefix_cache import PrefixCache, turnover
 from router.policy.defaults import KV_CACHE_GB
+
+if TYPE_CHECKING:
+    from training.dask_replay import FlatChains
 
 __all__ = [
     "Dataset",
@@ -147,8 +151,8 @@ class Dataset:
 
 
 def lru_replay(
-    hash_lists: list[Any],
-    run_ids: list[Any],
+    hash_lists: Sequence[np.ndarray | Sequence[int]],
+    run_ids: Sequence[Hashable],
     prompt_tokens: np.ndarray,
     capacity_blocks: int,
     block_tokens: int,
@@ -166,7 +170,7 @@ def lru_replay(
         raise ValueError(f"cache capacity must be >= 1 block, got {capacity_blocks}")
     cache = PrefixCache(capacity_blocks, block_tokens)
     admit, release = cache.admit, cache.release
-    last_seen: dict[Any, int] = {}
+    last_seen: dict[Hashable, int] = {}
     hits = np.zeros(len(hash_lists), dtype=np.float64)
     pressure = np.full(len(hash_lists), np.nan)
     prompts = [int(x) for x in prompt_tokens]  # int(NaN) raises: token counts must be known
@@ -395,7 +399,7 @@ def replay_cache_labels(
     kv_cache_gb: float = KV_CACHE_GB,
     synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
     synthetic_cache_share: float = 1.0,
-    hash_chains: Any = None,
+    hash_chains: FlatChains | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(y_cache, local_cache_pressure)`` per row of ``steps`` (sorted by run, then step): the
     logged ``cached_tokens`` where present, else the per-source, per-replica LRU replay through the

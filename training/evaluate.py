@@ -19,7 +19,7 @@ Baselines (same folds, same rows):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,13 @@ from features.extract import FEATURE_NAMES
 from models.escalation import group_folds
 from models.remaining import pinball_loss
 from training.calibration import expected_calibration_error
+
+if TYPE_CHECKING:
+    from models.bundle import ModelBundle
+    from models.cache_reuse import CacheReuseRegressor
+    from models.escalation import EscalationClassifier
+    from models.remaining import RemainingWorkRegressor
+    from training.dataset import Dataset
 
 __all__ = [
     "assign_folds",
@@ -93,7 +100,7 @@ def escalation_cv(
     y: np.ndarray,
     groups: np.ndarray,
     fold: np.ndarray,
-    make_model: Callable[[], Any],
+    make_model: Callable[[], EscalationClassifier],
     on_fold: Callable[[int], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """OOF predictions: {"model": ..., "constant": ..., "logreg_steps": ..., "stall": ...}."""
@@ -128,7 +135,7 @@ def escalation_report(
 
 
 def cache_cv(
-    X: np.ndarray, y: np.ndarray, fold: np.ndarray, make_model: Callable[[], Any]
+    X: np.ndarray, y: np.ndarray, fold: np.ndarray, make_model: Callable[[], CacheReuseRegressor]
 ) -> dict[str, np.ndarray]:
     """OOF cached-token predictions: model, zero, constant, hit_share."""
     out = {k: np.full(len(y), np.nan) for k in ("model", "zero", "constant", "hit_share")}
@@ -147,7 +154,7 @@ def remaining_cv(
     X: np.ndarray,
     y: np.ndarray,
     fold: np.ndarray,
-    make_model: Callable[[], Any],
+    make_model: Callable[[], RemainingWorkRegressor],
     quantiles: Sequence[float] = (0.5, 0.9),
 ) -> dict[str, np.ndarray]:
     """OOF quantile predictions, arrays of shape (n, len(quantiles)): model, constant, by_step."""
@@ -176,7 +183,7 @@ def mae_report(y: np.ndarray, oof: dict[str, np.ndarray]) -> dict[str, float]:
     return {name: float(np.mean(np.abs(y - p))) for name, p in oof.items()}
 
 
-def bundle_scores(bundle: Any, ds: Any) -> dict[str, Any]:
+def bundle_scores(bundle: ModelBundle, ds: Dataset) -> dict[str, Any]:
     """Held-out scores of a bundle (``models.bundle.ModelBundle``) on a ``training.dataset.Dataset``:
     escalation metrics (:func:`binary_metrics`), cache-reuse MAE in tokens, remaining-steps pinball
     losses at p50 / p90. A predictor the bundle lacks, or a target with no label, is left out."""

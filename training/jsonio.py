@@ -23,7 +23,7 @@ import numpy as np
 __all__ = ["jsonable", "atomic_write"]
 
 
-def jsonable(o: Any) -> Any:
+def jsonable(o: object) -> Any:
     """``o`` with every value a JSON type (see the module docstring)."""
     if isinstance(o, dict):
         return {str(k): jsonable(v) for k, v in o.items()}

@@ -33,11 +33,18 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from models.types import Predictions
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from features.prefix import RunPrefix
+    from models.predictor import Predictor
+    from training.eval.ope_replay import LoggedRuns
 
 __all__ = ["BenefitRows", "rows_from_logs", "rows_from_pairs", "IPWBenefitModel", "IPWBenefitPredictor"]
 
@@ -72,7 +79,7 @@ def _norm(w: np.ndarray, arm: np.ndarray) -> np.ndarray:
     return out
 
 
-def rows_from_logs(logged: Any, clip: float = 20.0) -> BenefitRows:
+def rows_from_logs(logged: LoggedRuns, clip: float = 20.0) -> BenefitRows:
     """IPW rows from logged runs (module docstring); ``logged``: :class:`training.eval.ope_replay.LoggedRuns`."""
     Xs: list[np.ndarray] = []
     arms: list[Any] = []
@@ -109,7 +116,7 @@ def rows_from_logs(logged: Any, clip: float = 20.0) -> BenefitRows:
 
 
 def rows_from_pairs(
-    runs: Any, steps: Any, variant: Any = "escalate-anytime", prior_weight: float = 1.0
+    runs: pd.DataFrame, steps: pd.DataFrame, variant: object = "escalate-anytime", prior_weight: float = 1.0
 ) -> BenefitRows:
     """Prior rows from paired weak runs (``outcome`` and ``strong_outcome`` known)."""
     import pandas as pd
@@ -216,7 +223,7 @@ class IPWBenefitPredictor:
     """A :class:`models.predictor.Predictor`: ``base``'s predictions (cache reuse, remaining work)
     with ``p_frontier`` = ``P(success | escalate) - P(success | stay)`` clipped to [0, 1]."""
 
-    def __init__(self, base: Any, model: IPWBenefitModel):
+    def __init__(self, base: Predictor, model: IPWBenefitModel):
         self.base = base
         self.model = model
         self.version = f"{model.version_}+{getattr(base, 'version', 'none')}"
@@ -235,7 +242,7 @@ class IPWBenefitPredictor:
         s, e = self.model.predict_arms(np.asarray(x, dtype=np.float64).reshape(1, -1))
         return self._with(self.base.predict_features(x), float(e[0] - s[0]))
 
-    def predict(self, prefix: Any) -> Predictions:
+    def predict(self, prefix: RunPrefix) -> Predictions:
         from features.extract import extract
 
         return self.predict_features(extract(prefix))

@@ -46,9 +46,9 @@ import logging
 import math
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import mlflow
 import mlflow.pyfunc
@@ -56,6 +56,9 @@ import mlflow.pyfunc
 from training.jsonio import jsonable
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+    from mlflow import MlflowClient
+
     from training.config import TrainConfig, TrainResult
 
 __all__ = [
@@ -79,7 +82,7 @@ def resolve_tracking_uri(explicit: str | None = None) -> str:
     return default_tracking_uri(explicit)
 
 
-def flatten_metrics(d: Any, prefix: str = "") -> dict[str, float]:
+def flatten_metrics(d: object, prefix: str = "") -> dict[str, float]:
     out: dict[str, float] = {}
     if isinstance(d, dict):
         for k, v in d.items():
@@ -239,7 +242,7 @@ def _input_example(result: TrainResult, n: int = 3) -> Any:
     return pd.DataFrame(rows, columns=list(FEATURE_NAMES))
 
 
-def _signature(example: Any, result: TrainResult) -> Any:
+def _signature(example: pd.DataFrame, result: TrainResult) -> Any:
     import pandas as pd
     from mlflow.models import infer_signature
 
@@ -326,7 +329,7 @@ def _requirements(libs: dict[str, str]) -> list[str]:
     return out
 
 
-def _champion_version(client: Any, name: str) -> str | None:
+def _champion_version(client: MlflowClient, name: str) -> str | None:
     try:
         return str(client.get_model_version_by_alias(name, CHAMPION).version)
     except Exception:  # noqa: BLE001 - no alias (or no model) yet
@@ -354,7 +357,7 @@ def _compare(
     return False, f"held-out Brier {nb:.4f} >= champion v{version}'s {ob:.4f}; champion kept", old
 
 
-def _safe(report: dict[str, Any]) -> dict[str, Any]:
+def _safe(report: Mapping[str, object]) -> dict[str, Any]:
     out = jsonable(report)
     assert isinstance(out, dict)
     return out
@@ -384,7 +387,12 @@ def quiet_mlflow() -> Iterator[None]:
             shown = warnings.showwarning
 
             def show(
-                message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+                message: Warning | str,
+                category: type[Warning],
+                filename: str,
+                lineno: int,
+                file: TextIO | None = None,
+                line: str | None = None,
             ) -> None:
                 if f"{os.sep}mlflow{os.sep}" not in str(filename):
                     shown(message, category, filename, lineno, file, line)

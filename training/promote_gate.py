@@ -20,7 +20,13 @@ with no champion yet, a candidate that fails the gate is registered but does not
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from models.bundle import ModelBundle
+    from training.dataset import Dataset
 
 __all__ = ["baseline_gate", "escalation_gate", "pooled_differences"]
 
@@ -46,7 +52,9 @@ def pooled_differences(holdout: dict[str, Any]) -> dict[str, tuple[float, float]
     return out
 
 
-def escalation_gate(bundle: Any, train: Any, held: Any, n_boot: int = 200, seed: int = 0) -> dict[str, Any]:
+def escalation_gate(
+    bundle: ModelBundle, train: Dataset, held: Dataset, n_boot: int = 200, seed: int = 0
+) -> dict[str, tuple[float, float]]:
     """``{baseline: (Brier(baseline) - Brier(model), SE)}`` on the held-out labelled rows."""
     import numpy as np
 
@@ -71,17 +79,19 @@ def escalation_gate(bundle: Any, train: Any, held: Any, n_boot: int = 200, seed:
         "logreg_steps": _logreg(steps_tr, ytr, steps),
         "stall": _logreg(stall_score(Xtr), ytr, stall_score(X)),
     }
-    out: dict[str, Any] = {}
+    out: dict[str, tuple[float, float]] = {}
     for name, b in base.items():
 
-        def gain(i: Any, b: Any = b) -> float:
+        def gain(i: np.ndarray, b: np.ndarray = b) -> float:
             return float(np.mean((b[i] - y[i]) ** 2) - np.mean((p[i] - y[i]) ** 2))
 
         out[name] = (gain(np.arange(len(y))), bootstrap_se(gain, g, n_boot, seed))
     return out
 
 
-def baseline_gate(report: dict[str, Any], escalation: dict[str, Any] | None = None) -> tuple[bool, str]:
+def baseline_gate(
+    report: dict[str, Any], escalation: dict[str, tuple[float, float]] | None = None
+) -> tuple[bool, str]:
     """``(passes, reason)`` (module docstring); ``escalation``: :func:`escalation_gate`'s figures,
     read when the report has no held-out paired tasks."""
     hold = (report.get("benefit") or {}).get("holdout") or {}

@@ -26,17 +26,17 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION
 from models.bundle import ModelBundle
 from training.config import TrainConfig, TrainResult
-from training.dataset import build_dataset
+from training.dataset import Dataset, build_dataset
 from training.evaluate import (
     assign_folds,
     bundle_scores,
@@ -62,7 +62,22 @@ __all__ = [
     "holdout_frontier_share",
 ]
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from features.runlog import RunLog
+    from models.cache_reuse import CacheReuseRegressor
+    from models.escalation import EscalationClassifier
+    from models.remaining import RemainingWorkRegressor
+
 Progress = Callable[[str], None]
+#: one final fit: (name, estimator, positional arrays, keyword arrays)
+FitJob = tuple[
+    str,
+    "EscalationClassifier | CacheReuseRegressor | RemainingWorkRegressor",
+    tuple[np.ndarray, ...],
+    dict[str, np.ndarray],
+]
 
 
 def load_runs(paths: list[Path], pairs: list[str]) -> Any:
@@ -107,14 +122,17 @@ def _noop(_: str) -> None:
 
 
 def _fit_one(
-    name: str, est: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[str, Any, float, float]:
+    name: str,
+    est: EscalationClassifier | CacheReuseRegressor | RemainingWorkRegressor,
+    args: tuple[np.ndarray, ...],
+    kwargs: dict[str, np.ndarray],
+) -> tuple[str, EscalationClassifier | CacheReuseRegressor | RemainingWorkRegressor, float, float]:
     t, c = time.perf_counter(), time.process_time()
     est.fit(*args, **kwargs)
     return name, est, round(time.perf_counter() - t, 3), round(time.process_time() - c, 3)
 
 
-def _fit_all(jobs: list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]], processes: int) -> dict[str, Any]:
+def _fit_all(jobs: list[FitJob], processes: int) -> dict[str, Any]:
     """Fit independent estimators, in ``processes`` worker processes when > 1 (joblib/loky; large
     arrays are memory-mapped, not copied). Returns {name: fitted, "_seconds": {name: fit seconds}}."""
     if processes > 1:
@@ -146,7 +164,7 @@ def run_training(cfg: TrainConfig, progress: Progress | None = None) -> TrainRes
 
 
 def train_on_log(
-    log: Any, cfg: TrainConfig, progress: Progress | None = None, *, t0: float | None = None
+    log: RunLog, cfg: TrainConfig, progress: Progress | None = None, *, t0: float | None = None
 ) -> TrainResult:
     """:func:`run_training` after reading: train on an in-memory :class:`features.runlog.RunLog`."""
     say = progress or _noop
@@ -253,7 +271,7 @@ def train_on_log(
         t = lap("cv_remaining_s", t)
 
     say("fitting the final models")
-    jobs: list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]] = [
+    jobs: list[FitJob] = [
         ("escalation", cfg.make_escalation(), (X_esc[esc_rows], y_esc), {"groups": groups[esc_rows]}),
         ("remaining_steps", cfg.make_remaining(), (train.X, m["y_rem_steps"].to_numpy()), {}),
         ("remaining_tokens", cfg.make_remaining(), (train.X, m["y_rem_tokens"].to_numpy()), {}),
@@ -312,12 +330,12 @@ def finish_training(
     oof_run_ids: np.ndarray,
     oof_steps: np.ndarray,
     fallback_p: Callable[[], np.ndarray],
-    train: Any,
-    held: Any,
+    train: Dataset,
+    held: Dataset,
     oof: dict[str, Any],
     say: Progress,
-    runs: Any,
-    benefit_train: Any = None,
+    runs: pd.DataFrame,
+    benefit_train: Dataset | None = None,
 ) -> TrainResult:
     """After the final fits (serial or Dask: :mod:`training.dask_train`): thresholds from the
     escalation model's out-of-fold calibrated probabilities (``oof_run_ids``/``oof_steps`` align with
@@ -429,7 +447,7 @@ def finish_training(
     return result
 
 
-def holdout_frontier_share(esc: Any, held: Any, up: float) -> float | None:
+def holdout_frontier_share(esc: EscalationClassifier, held: Dataset, up: float) -> float | None:
     """Share of the held-out runs a run-stable policy escalates at ``up``: runs whose maximum
     calibrated p over their steps reaches it (the rule :func:`training.calibration.choose_thresholds`
     sets ``up`` by, on out-of-fold scores; here the final model on rows it never saw). The same
@@ -443,7 +461,7 @@ def holdout_frontier_share(esc: Any, held: Any, up: float) -> float | None:
     return float((mx.to_numpy() >= up).mean())
 
 
-def write_report(report: dict[str, Any], path: Path) -> None:
+def write_report(report: Mapping[str, object], path: Path) -> None:
     from training.jsonio import jsonable
 
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -114,7 +114,7 @@ class _Client:
         self._base = u.path.rstrip("/")
         self._conn: http.client.HTTPConnection | None = None
 
-    def post_json(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any, Any]:
+    def post_json(self, path: str, body: dict[str, object], headers: dict[str, str]) -> tuple[int, Any, Any]:
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         hdrs = {"Content-Type": "application/json", "Content-Length": str(len(data)), **headers}
         while True:

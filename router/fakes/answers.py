@@ -13,7 +13,7 @@ a fake may report cache writes through ``cache_creation``). A Responses answer i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -30,17 +30,20 @@ from router.fakes.protocol import ParsedRequest, load_body, parse_body, parse_re
 from router.fakes.responses import SSE_DONE, chat_response, new_id, sse, stream_chunks, usage_chunk
 from router.fakes.synth import Completion
 
+if TYPE_CHECKING:
+    from router.fakes.server import FakeServer
+
 __all__ = ["Exchange", "sse_named"]
 
 
-def sse_named(obj: dict[str, Any]) -> bytes:
+def sse_named(obj: dict[str, object]) -> bytes:
     return b"event: " + str(obj["type"]).encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
 
 
 class Exchange:
     """One request/answer of one protocol on a fake server (module docstring)."""
 
-    def __init__(self, server: Any, protocol: str):
+    def __init__(self, server: FakeServer, protocol: str):
         self.server, self.protocol = server, protocol
         self.body: dict[str, Any] = {}
         self.items: list[dict[str, Any]] = []
@@ -86,7 +89,7 @@ class Exchange:
             "service_tier": "standard",
         }
 
-    def _store(self, comp: Completion, output: list[dict[str, Any]]) -> None:
+    def _store(self, comp: Completion, output: list[dict[str, object]]) -> None:
         if self.body.get("store") is False:
             return
         st = self.server.responses_store

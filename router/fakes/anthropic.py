@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from aiohttp import web
 from pydantic import Field
@@ -40,6 +40,9 @@ from router.policy.defaults import (
     FRONTIER_IN_PER_M,
     FRONTIER_OUT_PER_M,
 )
+
+if TYPE_CHECKING:
+    from router.fakes.answers import Exchange
 
 __all__ = ["AnthropicKnobs", "FakeAnthropic"]
 
@@ -60,7 +63,7 @@ class FakeAnthropic(FakeFrontier):
     protocols: ClassVar[tuple[str, ...]] = ("messages",)
     knobs: AnthropicKnobs
 
-    def __init__(self, **knobs: Any):
+    def __init__(self, **knobs: object):
         super().__init__(**knobs)
         self.prefixes: dict[str, float] = {}  # prefix hash -> expiry (monotonic s)
 
@@ -82,7 +85,7 @@ class FakeAnthropic(FakeFrontier):
             return self.protocol_error("messages", 400, "anthropic-version: header is required")
         return self.rate_limit(protocol)
 
-    def on_parsed(self, ex: Any, req: ParsedRequest, ticket: Ticket) -> None:
+    def on_parsed(self, ex: Exchange, req: ParsedRequest, ticket: Ticket) -> None:
         """Prompt caching by breakpoints (module docstring)."""
         k = self.knobs
         segs = req.segments or []

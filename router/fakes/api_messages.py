@@ -4,6 +4,7 @@ breakpoints), the answer and its stream, Anthropic's error body (see :mod:`route
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -23,7 +24,7 @@ def _rid(prefix: str) -> str:
     return prefix + uuid.uuid4().hex[:24]
 
 
-def _text(c: Any) -> str:
+def _text(c: object) -> str:
     if isinstance(c, str):
         return c
     if isinstance(c, list):
@@ -142,7 +143,7 @@ def _blocks(comp: Completion, call_id: str) -> list[dict[str, Any]]:
 
 
 def messages_body(
-    comp: Completion, mid: str, model: str, usage: dict[str, Any], call_id: str
+    comp: Completion, mid: str, model: str, usage: Mapping[str, object], call_id: str
 ) -> dict[str, Any]:
     return {
         "id": mid,
@@ -157,7 +158,7 @@ def messages_body(
 
 
 def messages_events(
-    comp: Completion, mid: str, model: str, usage: dict[str, Any], call_id: str
+    comp: Completion, mid: str, model: str, usage: Mapping[str, object], call_id: str
 ) -> list[tuple[int, dict[str, Any]]]:
     """``[(output tokens so far, event)]`` of a streamed message (Anthropic's event order)."""
     start_usage = {**usage, "output_tokens": 1}

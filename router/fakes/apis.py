@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from router.fakes.protocol import FakeRequestError
@@ -45,7 +46,7 @@ def _rid(prefix: str) -> str:
     return prefix + uuid.uuid4().hex[:24]
 
 
-def _text(c: Any) -> str:
+def _text(c: object) -> str:
     if isinstance(c, str):
         return c
     if isinstance(c, list):
@@ -176,7 +177,7 @@ def _output(comp: Completion, call_id: str) -> list[dict[str, Any]]:
 
 
 def _response(
-    body: dict[str, Any], rid: str, model: str, status: str, output: list[Any], usage: Any
+    body: dict[str, Any], rid: str, model: str, status: str, output: list[dict[str, object]], usage: object
 ) -> dict[str, Any]:
     return {
         "id": rid,
@@ -207,7 +208,7 @@ def _response(
 
 
 def responses_body(
-    body: dict[str, Any], comp: Completion, rid: str, model: str, usage: dict[str, Any], call_id: str
+    body: dict[str, Any], comp: Completion, rid: str, model: str, usage: Mapping[str, object], call_id: str
 ) -> dict[str, Any]:
     return _response(body, rid, model, "completed", _output(comp, call_id), usage)
 
@@ -219,7 +220,7 @@ def responses_events(
     seq = [0]
     out: list[tuple[int, dict[str, Any]]] = []
 
-    def ev(done: int, type_: str, **kw: Any) -> None:
+    def ev(done: int, type_: str, **kw: object) -> None:
         out.append((done, {"type": type_, "sequence_number": seq[0], **kw}))
         seq[0] += 1
 
@@ -289,7 +290,7 @@ def responses_events(
         )
     ev(total, "response.output_item.done", output_index=0, item=item)
 
-    def finish(usage: dict[str, Any]) -> dict[str, Any]:
+    def finish(usage: Mapping[str, object]) -> dict[str, Any]:
         r = _response(body, rid, model, "completed", [item], usage)
         return {"type": "response.completed", "sequence_number": seq[0], "response": r}
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hmac
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -86,7 +87,7 @@ class FakeFrontier(FakeServer):
     }
     knobs: FrontierKnobs
 
-    def __init__(self, **knobs: Any):
+    def __init__(self, **knobs: object):
         super().__init__(**knobs)
         k = self.knobs
         self.cache = PrefixCache(k.cache_capacity_blocks, k.cache_block)
@@ -227,7 +228,7 @@ class FakeFrontier(FakeServer):
         )
 
     def response_headers(
-        self, ticket: Ticket, comp: Completion, usage: dict[str, Any] | None
+        self, ticket: Ticket, comp: Completion, usage: Mapping[str, object] | None
     ) -> dict[str, str]:
         h = {"x-fake-prices": self._prices}
         if usage is not None:

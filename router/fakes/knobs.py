@@ -4,6 +4,7 @@ each knob does)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ class CommonKnobs(BaseModel):
     max_tool_turns: int = Field(0, ge=0)  # answer with text once a request carries this many tool results
 
 
-def validate_knobs(cls: type[BaseModel], values: dict[str, Any]) -> Any:
+def validate_knobs(cls: type[BaseModel], values: Mapping[str, object]) -> Any:
     try:
         return cls.model_validate(values)
     except ValidationError as e:

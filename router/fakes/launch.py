@@ -60,7 +60,7 @@ FAKE_KINDS: dict[str, type[FakeServer]] = {
 T = TypeVar("T")
 
 
-def make_fake(kind: str, **knobs: Any) -> FakeServer:
+def make_fake(kind: str, **knobs: object) -> FakeServer:
     """Build a fake server object (not yet listening); KnobError on a bad kind or knob."""
     cls = FAKE_KINDS.get(kind)
     if cls is None:
@@ -117,7 +117,7 @@ class RunningFake:
         await self.stop()
 
 
-async def start_fake(kind: str, host: str = "127.0.0.1", port: int = 0, **knobs: Any) -> RunningFake:
+async def start_fake(kind: str, host: str = "127.0.0.1", port: int = 0, **knobs: object) -> RunningFake:
     """Start a fake on this event loop; see the module docstring."""
     server = make_fake(kind, **knobs)
     runner = web.AppRunner(server.make_app(), handler_cancellation=True, access_log=None)
@@ -136,7 +136,7 @@ class FakeThread:
     """A fake served by a background thread's event loop, for sync code and tests."""
 
     def __init__(
-        self, kind: str, host: str = "127.0.0.1", port: int = 0, *, timeout_s: float = 10.0, **knobs: Any
+        self, kind: str, host: str = "127.0.0.1", port: int = 0, *, timeout_s: float = 10.0, **knobs: object
     ):
         self._args = (kind, host, port, knobs)
         self._timeout = timeout_s
@@ -206,7 +206,7 @@ class FakeThread:
 
         return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result(timeout_s or self._timeout)
 
-    def update(self, **knobs: Any) -> None:
+    def update(self, **knobs: object) -> None:
         async def go() -> None:
             self.server.update(**knobs)
 
@@ -235,12 +235,14 @@ class FakeThread:
         self.stop()
 
 
-def fake_in_thread(kind: str, host: str = "127.0.0.1", port: int = 0, **knobs: Any) -> FakeThread:
+def fake_in_thread(
+    kind: str, host: str = "127.0.0.1", port: int = 0, *, timeout_s: float = 10.0, **knobs: object
+) -> FakeThread:
     """``with fake_in_thread("vllm", zero_latency=True) as f: ... f.url ...``"""
-    return FakeThread(kind, host, port, **knobs)
+    return FakeThread(kind, host, port, timeout_s=timeout_s, **knobs)
 
 
-def _knob_arg(name: str, value: Any) -> str:
+def _knob_arg(name: str, value: object) -> str:
     if isinstance(value, bool):
         value = "true" if value else "false"
     return f"--{name.replace('_', '-')}={value}"
@@ -256,7 +258,7 @@ class FakeProcess:
         port: int = 0,
         *,
         startup_timeout_s: float = 20.0,
-        **knobs: Any,
+        **knobs: object,
     ):
         make_fake(kind, **knobs)  # fail fast on bad knobs
         self.kind, self.host, self.requested_port = kind, host, port
@@ -328,9 +330,11 @@ def _read_line(proc: subprocess.Popen[bytes], timeout_s: float) -> bytes:
     return out[0].strip() if out else b""
 
 
-def start_fake_process(kind: str, host: str = "127.0.0.1", port: int = 0, **knobs: Any) -> FakeProcess:
+def start_fake_process(
+    kind: str, host: str = "127.0.0.1", port: int = 0, *, startup_timeout_s: float = 20.0, **knobs: object
+) -> FakeProcess:
     """Start a fake subprocess and wait until it listens; use as a context manager to stop it."""
-    return FakeProcess(kind, host, port, **knobs).start()
+    return FakeProcess(kind, host, port, startup_timeout_s=startup_timeout_s, **knobs).start()
 
 
 # --- command line --------------------------------------------------------------------------------
@@ -357,7 +361,7 @@ def parse_knob_args(args: Sequence[str]) -> dict[str, str]:
 
 
 async def _serve(
-    kind: str, host: str, port: int, knobs: dict[str, Any], on_ready: Callable[[RunningFake], None]
+    kind: str, host: str, port: int, knobs: dict[str, object], on_ready: Callable[[RunningFake], None]
 ) -> None:
     fake = await start_fake(kind, host, port, **knobs)
     stop = asyncio.Event()
@@ -376,7 +380,7 @@ def serve_forever(
     kind: str,
     host: str,
     port: int,
-    knobs: dict[str, Any],
+    knobs: dict[str, object],
     on_ready: Callable[[RunningFake], None] | None = None,
 ) -> None:
     """Serve a fake until SIGINT/SIGTERM; print one JSON ready line (url, port, kind, model) by default."""

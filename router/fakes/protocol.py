@@ -55,7 +55,12 @@ class FakeRequestError(Exception):
     """A request the fake refuses, with the HTTP status and OpenAI-style error fields."""
 
     def __init__(
-        self, status: int, message: str, type_: str = "BadRequestError", code: Any = None, param: Any = None
+        self,
+        status: int,
+        message: str,
+        type_: str = "BadRequestError",
+        code: str | int | None = None,
+        param: str | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -65,7 +70,7 @@ class FakeRequestError(Exception):
         self.param = param
 
 
-def error_body(message: str, type_: str, code: Any, param: Any = None) -> bytes:
+def error_body(message: str, type_: str, code: str | int | None, param: str | None = None) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
@@ -74,7 +79,7 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN_RE.findall(text)
 
 
-def _content_text(content: Any) -> str:
+def _content_text(content: object) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -120,12 +125,12 @@ def prompt_tokens(segments: Sequence[str], memo: TokenMemo | None = None) -> lis
     return out
 
 
-def render_prompt(messages: Sequence[Any], tools: Sequence[Any] | None = None) -> str:
+def render_prompt(messages: Sequence[object], tools: Sequence[object] | None = None) -> str:
     """Render messages (and tools) with the fake's chat template; see the module docstring."""
     return "".join(render_segments(messages, tools))
 
 
-def render_segments(messages: Sequence[Any], tools: Sequence[Any] | None = None) -> list[str]:
+def render_segments(messages: Sequence[object], tools: Sequence[object] | None = None) -> list[str]:
     """The template's segments: the tools block, one per message, the generation prompt."""
     parts: list[str] = []
     if tools:

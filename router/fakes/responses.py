@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -68,9 +68,9 @@ def chat_response(
     *,
     rid: str,
     model: str,
-    usage: dict[str, Any],
+    usage: Mapping[str, object],
     call_id: str,
-    extra: dict[str, Any] | None = None,
+    extra: Mapping[str, object] | None = None,
     vllm: bool = False,
 ) -> bytes:
     """A non-streaming ``chat.completion`` body."""
@@ -99,7 +99,7 @@ def chat_response(
     return orjson.dumps(body)
 
 
-def sse(obj: dict[str, Any]) -> bytes:
+def sse(obj: dict[str, object]) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -110,7 +110,7 @@ def stream_chunks(
     model: str,
     call_id: str,
     usage_null: bool,
-    extra: dict[str, Any] | None = None,
+    extra: Mapping[str, object] | None = None,
     vllm: bool = False,
 ) -> Iterable[tuple[int, dict[str, Any]]]:
     """Yield (output tokens so far, chunk) for each ``chat.completion.chunk`` before the usage chunk.
@@ -126,7 +126,7 @@ def stream_chunks(
     if usage_null:
         base["usage"] = None
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, first: bool = False) -> dict[str, Any]:
+    def chunk(delta: dict[str, object], finish: str | None = None, first: bool = False) -> dict[str, Any]:
         c = dict(base)
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         if vllm and first:
@@ -168,7 +168,11 @@ def stream_chunks(
 
 
 def usage_chunk(
-    rid: str, model: str, usage: dict[str, Any], extra: dict[str, Any] | None = None, vllm: bool = False
+    rid: str,
+    model: str,
+    usage: Mapping[str, object],
+    extra: Mapping[str, object] | None = None,
+    vllm: bool = False,
 ) -> dict[str, Any]:
     c: dict[str, Any] = {
         "id": rid,

@@ -29,6 +29,7 @@ import asyncio
 import random
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import orjson
@@ -67,7 +68,7 @@ class FakeServer:
     error_types: ClassVar[dict[int, str]] = {}
     protocols: ClassVar[tuple[str, ...]] = ("chat",)
 
-    def __init__(self, **knobs: Any):
+    def __init__(self, **knobs: object):
         self.knobs = validate_knobs(self.knobs_class, knobs)
         self.stats = Stats()
         self.running = 0
@@ -93,7 +94,7 @@ class FakeServer:
         self._port = port
         self._refresh_header()
 
-    def update(self, **changes: Any) -> None:
+    def update(self, **changes: object) -> None:
         """Change knobs at run time (validated as a whole; unknown names refused)."""
         merged = {**self.knobs.model_dump(), **changes}
         new = validate_knobs(self.knobs_class, merged)
@@ -104,7 +105,7 @@ class FakeServer:
         self._refresh_header()
         self._drain()
 
-    def on_knobs_change(self, old: Any, new: Any) -> None:  # pragma: no cover - hook
+    def on_knobs_change(self, old: CommonKnobs, new: CommonKnobs) -> None:  # pragma: no cover - hook
         return None
 
     # --- engine hooks (overridden) ------------------------------------------------------------
@@ -133,7 +134,7 @@ class FakeServer:
         return {"prompt_tokens": n, "total_tokens": n + c, "completion_tokens": c}
 
     def response_headers(
-        self, ticket: Ticket, comp: Completion, usage: dict[str, Any] | None
+        self, ticket: Ticket, comp: Completion, usage: Mapping[str, object] | None
     ) -> dict[str, str]:
         return {}
 
@@ -155,7 +156,13 @@ class FakeServer:
         )
 
     def error_response(
-        self, status: int, message: str, type_: str | None = None, code: Any = None, headers=None, param=None
+        self,
+        status: int,
+        message: str,
+        type_: str | None = None,
+        code: str | int | None = None,
+        headers=None,
+        param=None,
     ):
         t = type_ or self.error_types.get(
             status, "BadRequestError" if status < 500 else "InternalServerError"
@@ -319,7 +326,7 @@ class FakeServer:
         status: int,
         message: str,
         type_: str | None = None,
-        code: Any = None,
+        code: str | int | None = None,
         headers=None,
         param=None,
     ):

@@ -42,7 +42,7 @@ class Completion:
     pieces: list[str] = field(default_factory=list)  # streamed deltas (content or argument pieces)
 
 
-def _value_for(schema: Any, rng: random.Random, depth: int = 0) -> Any:
+def _value_for(schema: object, rng: random.Random, depth: int = 0) -> Any:
     if not isinstance(schema, dict):
         return " ".join(rng.choice(_WORDS) for _ in range(2))
     if "enum" in schema and schema["enum"]:

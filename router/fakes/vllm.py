@@ -106,7 +106,7 @@ class FakeVllm(FakeServer):
     error_types = {400: "BadRequestError", 404: "NotFoundError"}
     knobs: VllmKnobs
 
-    def __init__(self, **knobs: Any):
+    def __init__(self, **knobs: object):
         super().__init__(**knobs)
         self.cache = PrefixCache(self.knobs.capacity_blocks, self.knobs.block_size)
         self.queries = self.hits = 0

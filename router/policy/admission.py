@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -280,7 +280,7 @@ class AdmissionController:
         n = max(load.active_local_runs, 1)
         # runs that must finish for the prediction to fall below the limit (search downwards)
         need = 0
-        probe = LoadSnapshot(**{**_asdict(load)})
+        probe = replace(load)  # a copy (every field is an init field)
         while need < n:
             probe.active_local_runs = load.active_local_runs - need
             if predict_short_step_latency(cfg, probe)[0] <= limit:
@@ -295,7 +295,3 @@ class AdmissionController:
         else:
             eta = cfg.retry_after_min_s
         return float(min(max(eta, cfg.retry_after_min_s), cfg.retry_after_max_s))
-
-
-def _asdict(load: LoadSnapshot) -> dict:
-    return {k: getattr(load, k) for k in LoadSnapshot.__slots__}  # type: ignore[attr-defined]

@@ -346,7 +346,7 @@ def _one_line(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_policy_config(cfg: Any) -> Any:
+def parse_policy_config(cfg: object) -> Any:
     """Validate ``cfg`` (a config object, a dict with ``kind``, or a bare kind string)."""
     if isinstance(cfg, BaseModel):
         return cfg
@@ -366,7 +366,7 @@ def parse_policy_config(cfg: Any) -> Any:
         raise PolicyConfigError(f"policy {cfg['kind']!r}: {_one_line(e)}") from None
 
 
-def build_policy(cfg: Any, bundle: ModelBundle | None = None) -> Policy:
+def build_policy(cfg: object, bundle: ModelBundle | None = None) -> Policy:
     """Validate ``cfg`` and build its policy; thresholds left unset come from ``bundle``."""
     parsed = parse_policy_config(cfg)
     try:

@@ -30,13 +30,16 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.core.admission import UNLIMITED, AdmissionGate
 from router.core.capacity import capacity_plan
 from router.policy.admission import admissible_runs, predict_short_step_latency
 from router.policy.types import RunState
 from router.server.background import BackgroundTask
+
+if TYPE_CHECKING:
+    from router.server.state import RunStateStore
 
 __all__ = ["LiveAdmission"]
 
@@ -56,7 +59,7 @@ class LiveAdmission(BackgroundTask):
     def __init__(
         self,
         gate: AdmissionGate,
-        store: Any,
+        store: RunStateStore,
         *,
         key: str = "local",
         idle_release_s: float = 3600.0,

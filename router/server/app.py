@@ -34,13 +34,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models.predictor import ConstantPredictor
 from router.server.bundles import BundleHolder
@@ -60,12 +61,17 @@ from router.server.tracing import make_tracing
 from router.server.upstream import AiohttpUpstream, Upstream
 from router.server.wiring import make_backends, make_engine, make_prefix_share, make_store
 
+if TYPE_CHECKING:
+    from models.predictor import Predictor
+    from router.server.runcontext import EmbedFn
+    from router.server.state import RunStateStore
+
 __all__ = ["create_app", "make_backends", "serve_in_thread"]
 
 log = logging.getLogger("runroute.app")
 
 
-def _json(obj: Any, status: int = 200) -> Response:
+def _json(obj: object, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
 
@@ -91,7 +97,7 @@ class _RouterApp(FastAPI):
     max_body_bytes: int = 8 * 1024 * 1024  # server.max_body_bytes (router.server.limits)
     body_timeout_s: float = 30.0  # server.body_timeout_s
 
-    async def _refuse(self, scope: Any, receive: Any, send: Any, e: BodyError) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, e: BodyError) -> None:
         """A refused body, in the endpoint's protocol shape (Anthropic's for count_tokens)."""
         if scope["path"] == "/v1/messages/count_tokens":
             r: Response = Response(
@@ -106,7 +112,7 @@ class _RouterApp(FastAPI):
         if self.on_request is not None:
             self.on_request("unmatched", e.status)
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             hdrs = scope["headers"]
             if len(hdrs) > self.max_headers or sum(len(k) + len(v) for k, v in hdrs) > self.max_header_bytes:
@@ -137,7 +143,7 @@ class _RouterApp(FastAPI):
         if hot is not None:
             started = False
 
-            async def tracking_send(msg: Any) -> None:
+            async def tracking_send(msg: Message) -> None:
                 nonlocal started
                 started = True
                 await send(msg)
@@ -157,7 +163,7 @@ class _RouterApp(FastAPI):
             return
         status = 500
 
-        async def counting_send(msg: Any) -> None:
+        async def counting_send(msg: Message) -> None:
             nonlocal status
             if msg["type"] == "http.response.start":
                 status = msg["status"]
@@ -174,12 +180,12 @@ def create_app(
     settings: RouterSettings,
     *,
     upstream: Upstream | None = None,
-    store: Any = None,
-    bundle: Any = None,
-    admission_budget_hook: Any = None,
+    store: RunStateStore | None = None,
+    bundle: Predictor | None = None,
+    admission_budget_hook: Callable[[str | None], bool] | None = None,
     clock: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
-    embed_fn: Any = None,
+    embed_fn: EmbedFn | None = None,
 ) -> FastAPI:
     """Build the app; see the module docstring for what is injected and what is built
     (``embed_fn``: the task-embedding function, default ``features.embed.embed_texts`` when
@@ -341,7 +347,9 @@ def create_app(
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 20.0) -> Any:
+def serve_in_thread(
+    app: ASGIApp, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 20.0
+) -> Iterator[str]:
     """Run ``app`` under uvicorn in a background thread (tests, benchmarks); yields the base URL.
 
     Stops the server (lifespan shutdown included) when the block exits.

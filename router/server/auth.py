@@ -27,11 +27,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
 from router.server.errors import ProxyError
+
+if TYPE_CHECKING:
+    from router.server.settings import ServerSettings
 
 __all__ = ["Access", "key_id", "LOOPBACK"]
 
@@ -63,7 +66,7 @@ def _match(token: str, keys: Iterable[str]) -> bool:
 class Access:
     """The access rules of one app (module docstring), built from ``settings.server``."""
 
-    def __init__(self, server: Any):
+    def __init__(self, server: ServerSettings):
         self.client_keys: frozenset[str] = server.client_keys()
         self.admin_keys: frozenset[str] = server.admin_key_set()
         self.metrics_keys: frozenset[str] = server.metrics_key_set()

@@ -24,7 +24,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
@@ -32,6 +32,10 @@ from router.core.runs import CacheReading
 from router.policy.admission import PRIORITIES
 from router.policy.types import BackendState
 from router.server.errors import ProxyError
+
+if TYPE_CHECKING:
+    from router.server.scrape import Scraper
+    from router.server.settings import AdmissionSettings
 
 __all__ = ["Backend", "BackendPool", "read_body", "priority_tenant", "state_of"]
 
@@ -63,7 +67,7 @@ class Backend:
 class BackendPool:
     """The backends of one app and their per-step states (module docstring)."""
 
-    def __init__(self, backends: list[Backend], scraper: Any, kv_cache_tokens: int | None = None):
+    def __init__(self, backends: list[Backend], scraper: Scraper, kv_cache_tokens: int | None = None):
         self.backends = {b.name: b for b in backends}
         self.models = {b.model: b.tier for b in backends}
         self.local = [b for b in backends if b.tier == "local"]
@@ -162,7 +166,7 @@ async def read_body(request: Request, max_body: int) -> bytes:
 
 
 def priority_tenant(
-    a: Any, request: Request, body: dict[str, Any], user: str | None = None
+    a: AdmissionSettings, request: Request, body: dict[str, Any], user: str | None = None
 ) -> tuple[str, str | None]:
     """``a``: the admission settings (header names, default priority); ``user``: the request's
     user (chat/Responses ``user``, Messages ``metadata.user_id``), the tenant when nothing else

@@ -24,7 +24,7 @@ class BackgroundTask:
             self._task = asyncio.get_running_loop().create_task(loop_fn())
 
     def _start_periodic(
-        self, every_s: float, once: Callable[[], Awaitable[Any]], log: logging.Logger, what: str
+        self, every_s: float, once: Callable[[], Awaitable[object]], log: logging.Logger, what: str
     ) -> None:
         """Await ``once()`` every ``every_s`` seconds (0 = off); a failure is logged as ``what``
         and the loop goes on (a store hiccup must not kill a sweeper)."""

@@ -38,9 +38,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.server.background import BackgroundTask
+
+if TYPE_CHECKING:
+    from models.predictor import Predictor
+    from router.policy.types import Policy
+    from router.server.metrics import RouterMetrics
 
 __all__ = ["Serving", "BundleHolder", "load_bundle", "resolve_source", "exercise"]
 
@@ -129,14 +134,14 @@ class BundleHolder(BackgroundTask):
 
     def __init__(
         self,
-        policy_factory: Callable[[Any], Any],
+        policy_factory: Callable[[Predictor], Policy],
         *,
         path: Path | None = None,
         mlflow_uri: str | None = None,
         tracking_uri: str | None = None,
         watch_s: float = 0.0,
-        loader: Callable[[], Any] | None = None,
-        metrics: Any = None,
+        loader: Callable[[], Predictor] | None = None,
+        metrics: RouterMetrics | None = None,
     ):
         self.policy_factory = policy_factory
         self.path = Path(path) if path is not None else None
@@ -162,7 +167,7 @@ class BundleHolder(BackgroundTask):
             return True
         return self.mlflow_uri is not None and "@" in self.mlflow_uri
 
-    def install(self, predictor: Any, registry_version: str | None = None) -> Serving:
+    def install(self, predictor: Predictor, registry_version: str | None = None) -> Serving:
         """Build the policy for ``predictor``, exercise every part of the new pair
         (:func:`exercise`) and only then swap it in (also used for injected bundles); a pair that
         fails leaves the old one serving (the exception propagates)."""

@@ -55,9 +55,12 @@ import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = [
     "run_id_for",
@@ -123,7 +126,7 @@ def opening_hash(
     return "h-" + hashlib.sha256(orjson.dumps(parts)).hexdigest()[:20]
 
 
-def hash_opening(messages: list[Any], scope: str | None = None) -> str:
+def hash_opening(messages: list[object], scope: str | None = None) -> str:
     """The opening hash of a chat-completions message list."""
     from router.server.chat import chat_opening
 
@@ -142,7 +145,7 @@ def header_text(value: str) -> str:
         return value
 
 
-def explicit_id(header_value: str | None, body: Mapping[str, Any]) -> tuple[str, str] | None:
+def explicit_id(header_value: str | None, body: Mapping[str, object]) -> tuple[str, str] | None:
     """Rules 1-2: the ``X-Run-Id`` header (raw UTF-8 read as UTF-8, :func:`header_text`), else
     ``metadata.run_id``; the same text names the same run either way."""
     if header_value and header_value.strip():
@@ -181,7 +184,9 @@ class OpeningRuns:
         self.max_entries = max_entries
         self._latest: dict[str, _Latest] = {}
 
-    def resolve(self, base: str, is_opening: bool, status: Any) -> str:
+    def resolve(
+        self, base: str, is_opening: bool, status: Callable[[str], tuple[bool, float | None, bool]]
+    ) -> str:
         cur = self._latest.get(base)
         if cur is None:
             cur = self._latest[base] = _Latest(base, 1)

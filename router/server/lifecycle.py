@@ -25,12 +25,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.policy.types import RunState
 from router.server.background import BackgroundTask
 from router.server.identity import OpeningRuns, clean_id, explicit_id, opening_hash, scoped_id
-from router.server.protocol import ClientRequest
+from router.server.protocol import Adapter, ClientRequest
+
+if TYPE_CHECKING:
+    from router.core.engine import StepEngine
+    from router.core.runs import RunTracker
+    from router.server.admission import LiveAdmission
+    from router.server.proxy import RunHistory
+    from router.server.runlog_writer import RunLogWriter
+    from router.server.settings_tiers import IdentitySettings
+    from router.server.state import RunStateStore
 
 __all__ = ["RunLifecycle", "MAX_SIGNALS"]
 
@@ -46,12 +55,12 @@ class RunLifecycle(BackgroundTask):
     def __init__(
         self,
         *,
-        tracker: Any,
-        store: Any,
-        engine: Any,
-        admission: Any,
-        writer: Any,
-        identity: Any,
+        tracker: RunTracker[RunHistory],
+        store: RunStateStore,
+        engine: StepEngine,
+        admission: LiveAdmission | None,
+        writer: RunLogWriter | None,
+        identity: IdentitySettings,
         clock: Callable[[], float],
         wall: Callable[[], float],
     ):
@@ -70,7 +79,7 @@ class RunLifecycle(BackgroundTask):
 
     # ------------------------------------------------------------------ identity
     @staticmethod
-    def _last(h: Any) -> float | None:
+    def _last(h: RunHistory) -> float | None:
         seen = [t for t in (h.last_end_s, h.last_seen_s) if t is not None]
         return max(seen) if seen else None
 
@@ -83,7 +92,7 @@ class RunLifecycle(BackgroundTask):
         return h.ended, idle, h.served_opening
 
     def resolve(
-        self, headers: Mapping[str, str], proto: Any, req: ClientRequest
+        self, headers: Mapping[str, str], proto: Adapter, req: ClientRequest
     ) -> tuple[str, str, str | None]:
         """``(run_id, source, user)`` of a request (module docstring); the run id is scoped by
         the request's tenant (``req.tenant``, :func:`router.server.identity.scoped_id`)."""
@@ -163,7 +172,7 @@ class RunLifecycle(BackgroundTask):
             "end_reason": reason,
         }
 
-    async def _context(self, h: Any) -> dict[str, Any]:
+    async def _context(self, h: RunHistory) -> dict[str, Any]:
         """The run record's context fields (contract C2): domain, task embedding, signals."""
         out: dict[str, Any] = {}
         if h.domain is not None:

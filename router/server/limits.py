@@ -31,11 +31,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from router.server.errors import ProxyError
+
+if TYPE_CHECKING:
+    from router.server.settings import ServerSettings
 
 __all__ = [
     "BodyError",
@@ -187,7 +190,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
 
-def guarded_protocol(server: Any) -> type[GuardedHttpToolsProtocol]:
+def guarded_protocol(server: ServerSettings) -> type[GuardedHttpToolsProtocol]:
     """The protocol class with ``server``'s (``ServerSettings``) timeouts."""
     return type(
         "RunrouteHttpProtocol",
@@ -196,7 +199,7 @@ def guarded_protocol(server: Any) -> type[GuardedHttpToolsProtocol]:
     )
 
 
-def uvicorn_options(server: Any) -> dict[str, Any]:
+def uvicorn_options(server: ServerSettings) -> dict[str, Any]:
     """The uvicorn.Config keyword arguments of ``server`` (``ServerSettings``) limits."""
     return {
         "http": guarded_protocol(server),

@@ -19,13 +19,16 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.server.runlog_writer import pid_alive
+
+if TYPE_CHECKING:
+    from router.server.metrics import RouterMetrics
 
 __all__ = ["WorkerMetrics", "merge_expositions"]
 
@@ -64,7 +67,7 @@ class _Merged:
 class WorkerMetrics:
     """A worker's share of the merged view; ``render`` replaces the app's ``metrics.render``."""
 
-    def __init__(self, metrics: Any, dir: Path, every_s: float = 1.0):
+    def __init__(self, metrics: RouterMetrics, dir: Path, every_s: float = 1.0):
         self.metrics, self.dir, self.every_s = metrics, Path(dir), every_s
         self.pid = os.getpid()
         self._own_render = metrics.render

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI
@@ -58,12 +58,15 @@ from router.server.openapi import (
     request_body,
 )
 from router.server.proxy import Proxy
-from router.server.upstream import UpstreamError
+from router.server.upstream import Upstream, UpstreamError
+
+if TYPE_CHECKING:
+    from router.server.bundles import Serving
 
 __all__ = ["Parts", "register_routes", "json_response"]
 
 
-def _run_domain_mode(serving: Any, domain: str | None) -> dict[str, str | None]:
+def _run_domain_mode(serving: Serving | None, domain: str | None) -> dict[str, str | None]:
     """``domain_mode`` / ``domain_reason`` the run's domain is served in (None without a benefit
     model or a domain: the escalation classifier alone)."""
     benefit = getattr(serving.predictor, "benefit", None) if serving is not None else None
@@ -73,7 +76,7 @@ def _run_domain_mode(serving: Any, domain: str | None) -> dict[str, str | None]:
     return {"domain_mode": mode, "domain_reason": reason}
 
 
-def _domain_modes(serving: Any) -> dict[str, dict[str, str]]:
+def _domain_modes(serving: Serving | None) -> dict[str, dict[str, str]]:
     """``{domain: {mode, reason}}`` of the serving bundle's benefit model (:mod:`models.benefit`):
     ``model`` where a domain's evidence beat the prior, else ``prior``, and why; empty without one."""
     benefit = getattr(serving.predictor, "benefit", None) if serving is not None else None
@@ -82,7 +85,7 @@ def _domain_modes(serving: Any) -> dict[str, dict[str, str]]:
     return {k: {"mode": d.mode, "reason": d.reason} for k, d in sorted(benefit.domains.items())}
 
 
-def _prefix_index_state(engine: StepEngine, app: Any) -> dict[str, Any] | None:
+def _prefix_index_state(engine: StepEngine, app: FastAPI) -> dict[str, Any] | None:
     """``/ready``'s view of the prefix index (router.core.prefix_index): its mode per local replica
     (``approximate``: what the routers sent where; KV events are not read yet), its blocks held and
     whether it is shared through Redis; None without an index."""
@@ -101,7 +104,7 @@ def _prefix_index_state(engine: StepEngine, app: Any) -> dict[str, Any] | None:
     }
 
 
-def json_response(obj: Any, status: int = 200) -> Response:
+def json_response(obj: object, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
 
@@ -122,7 +125,7 @@ class Parts:
     wall: Callable[[], float]
 
 
-def _hot(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+def _hot(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         return await handler(request)
 
@@ -211,7 +214,7 @@ def register_routes(app: FastAPI, parts: Parts) -> None:
             return error_response(e.status, e.code, e.message)
         return None
 
-    def check(rule: Callable[[Request], Any], request: Request) -> Response | None:
+    def check(rule: Callable[[Request], object], request: Request) -> Response | None:
         try:
             rule(request)
         except ProxyError as e:
@@ -468,7 +471,7 @@ def parse_signal(raw: bytes) -> tuple[str, tuple[int, str, str] | None]:
     return kind, None
 
 
-async def count_message_tokens(proxy: Proxy, up: Any, request: Request) -> Response:
+async def count_message_tokens(proxy: Proxy, up: Upstream, request: Request) -> Response:
     """``POST /v1/messages/count_tokens``: the count of the backend the next step would go to.
 
     The model is resolved as ``/v1/messages`` resolves it (an unknown model is the same 404

@@ -54,11 +54,18 @@ import os
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from router.policy.types import RunState
+    from router.server.protocol import Adapter, ClientRequest
+    from router.server.proxy import RunHistory
+    from router.server.state import RunStateStore
 
 __all__ = [
     "RunContextSettings",
@@ -70,6 +77,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("runroute.context")
+
+#: The task-embedding function: texts -> (n, d) vectors (``features.embed.embed_texts``).
+EmbedFn = Callable[[Sequence[str]], np.ndarray]
+_T = TypeVar("_T")
 
 _BAD = re.compile(r"[^A-Za-z0-9._:/-]")
 
@@ -91,7 +102,7 @@ class RunContextSettings(BaseModel):
     agent_domains: dict[str, str] = Field(default_factory=dict)
 
 
-def clean_domain(v: Any) -> str | None:
+def clean_domain(v: object) -> str | None:
     """A domain value made safe (module docstring); None for empty / non-string values."""
     if not isinstance(v, str):
         return None
@@ -104,7 +115,7 @@ def clean_domain(v: Any) -> str | None:
 def resolve_domain(
     cfg: RunContextSettings,
     headers: Mapping[str, str],
-    body: Mapping[str, Any],
+    body: Mapping[str, object],
     tenant: str | None,
     system: str | None,
 ) -> tuple[str | None, str]:
@@ -152,14 +163,14 @@ def _load_model(nice: int = 0) -> None:
     get_embedder().load()
 
 
-def _embed_text(text: str) -> Any:
+def _embed_text(text: str) -> np.ndarray:
     """Worker-process task: the vector of one text."""
     from features.embed import embed_texts
 
     return embed_texts([text])[0]
 
 
-def _log_failure(fut: Future[Any]) -> None:
+def _log_failure(fut: Future[_T]) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.warning("task embedding: the model could not be loaded: %s", fut.exception())
 
@@ -168,7 +179,7 @@ class TaskEmbedder:
     """The background task embedding of runs (module docstring). ``embed_fn`` is injected (tests;
     it runs on a thread); the default is ``features.embed.embed_texts``."""
 
-    def __init__(self, cfg: RunContextSettings, embed_fn: Any = None):
+    def __init__(self, cfg: RunContextSettings, embed_fn: EmbedFn | None = None):
         self.wait_s = cfg.embed_wait_ms / 1000.0
         self.queue_max = cfg.embed_queue
         self.nice = cfg.embed_nice
@@ -197,7 +208,7 @@ class TaskEmbedder:
             return False
         return bool(available())
 
-    def _embed(self, text: str) -> Any:  # thread mode
+    def _embed(self, text: str) -> np.ndarray:  # thread mode
         fn = self._fn
         if fn is None:
             from features.embed import embed_texts
@@ -205,7 +216,7 @@ class TaskEmbedder:
             fn = self._fn = embed_texts
         return fn([text])[0]
 
-    def _settled(self, fut: Future[Any]) -> None:
+    def _settled(self, fut: Future[np.ndarray]) -> None:
         self.finished += 1
         if fut.cancelled() or fut.exception() is not None:
             self.failed += 1
@@ -215,7 +226,7 @@ class TaskEmbedder:
             self.done += 1
 
     @staticmethod
-    def result(fut: Future[Any] | None) -> Any:
+    def result(fut: Future[np.ndarray] | None) -> np.ndarray | None:
         """The vector of a finished embedding; None when it failed, is not done or there is none."""
         if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
             return None
@@ -246,7 +257,7 @@ class TaskEmbedder:
                 )
         return self._pool
 
-    def _submit(self, fn: Any, *args: Any) -> Future[Any] | None:
+    def _submit(self, fn: Callable[..., _T], *args: object) -> Future[_T] | None:
         try:
             return self._executor().submit(fn, *args)
         except Exception as e:  # noqa: BLE001 - a broken worker: start a fresh one next time
@@ -277,7 +288,7 @@ class TaskEmbedder:
         self._tokens -= 1.0
         return True
 
-    def start(self, text: str | None) -> Future[Any] | None:
+    def start(self, text: str | None) -> Future[np.ndarray] | None:
         """Queue one run's embedding; None when there is no text or the queue is full."""
         if not text:
             return None
@@ -292,7 +303,7 @@ class TaskEmbedder:
         fut.add_done_callback(self._settled)
         return fut
 
-    async def first(self, fut: Future[Any] | None) -> Any:
+    async def first(self, fut: Future[np.ndarray] | None) -> np.ndarray | None:
         """The vector when it is ready within the first step's budget, else None (it stays queued)."""
         if fut is None:
             return None
@@ -316,7 +327,7 @@ class RunContext:
     domain and task embedding (module docstring); at every step the signals posted since the
     run's previous step (from the run-state store)."""
 
-    def __init__(self, cfg: RunContextSettings, embed_fn: Any = None):
+    def __init__(self, cfg: RunContextSettings, embed_fn: EmbedFn | None = None):
         self.cfg = cfg
         self.embedder = (
             TaskEmbedder(cfg, embed_fn) if embed_fn is not None or TaskEmbedder.enabled(cfg) else None
@@ -332,15 +343,15 @@ class RunContext:
 
     async def step(
         self,
-        hist: Any,
+        hist: RunHistory,
         headers: Mapping[str, str],
-        proto: Any,
-        req: Any,
+        proto: Adapter,
+        req: ClientRequest,
         tenant: str | None,
-        store: Any,
-        run: Any,
+        store: RunStateStore,
+        run: RunState,
     ) -> tuple[str, ...]:
-        """Set the run's context on ``hist`` (a :class:`router.core.runs.RunTrack`) and return the
+        """Set the run's context on ``hist`` (the proxy's :class:`router.server.proxy.RunHistory`) and return the
         signals new since its previous step. ``run`` (the pin, :class:`router.policy.types.RunState`)
         says how many signals the run's previous step saw, on whichever router served it; a track
         that missed those steps takes the older signals from the store, so "so far" and "new" are the

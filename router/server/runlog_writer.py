@@ -107,7 +107,7 @@ class RunLogWriter:
         self.path: Path | None = None
 
     # ------------------------------------------------------------------ request path
-    def submit(self, record: dict[str, Any]) -> asyncio.Future[None] | None:
+    def submit(self, record: dict[str, object]) -> asyncio.Future[None] | None:
         """Hand one record to the writer; never blocks, never drops (see module doc). With
         ``durability: ack`` returns a future that resolves when the record is fsynced."""
         if self._ack:
@@ -220,7 +220,7 @@ class RunLogWriter:
             for rec in spill:
                 self._write(rec)
 
-    def _write(self, rec: dict[str, Any]) -> None:
+    def _write(self, rec: dict[str, object]) -> None:
         if not self.log_prompts:
             rec.pop("prompt_text", None)
         rec.setdefault("schema_version", SCHEMA_VERSION)

@@ -29,12 +29,20 @@ OTLP/HTTP to ``endpoint`` through a batch processor, needs ``opentelemetry-expor
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+    from opentelemetry.util.types import AttributeValue
+
+    from features.schema import Step
+    from router.server.backends import Backend
+    from router.server.settings import RouterSettings, TracingSettings
 
 __all__ = ["Tracing", "make_tracing"]
 
 
-def make_tracing(settings: Any) -> Tracing | None:
+def make_tracing(settings: RouterSettings) -> Tracing | None:
     """A :class:`Tracing` for ``settings.tracing`` when enabled, else None (no import at all)."""
     t = getattr(settings, "tracing", None)
     if t is None or not t.enabled:
@@ -45,7 +53,7 @@ def make_tracing(settings: Any) -> Tracing | None:
 class Tracing:
     """The sidecar's tracer provider (its own, not the global one) and the span hooks."""
 
-    def __init__(self, s: Any):
+    def __init__(self, s: TracingSettings):
         from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -81,7 +89,7 @@ class Tracing:
         self.propagator = TraceContextTextMapPropagator()
 
     # ------------------------------------------------------------------ hooks
-    def start_step(self, headers: Mapping[str, str]) -> Any:
+    def start_step(self, headers: Mapping[str, str]) -> Span:
         tp = headers.get("traceparent")
         parent = None
         if tp:
@@ -92,7 +100,9 @@ class Tracing:
             parent = self.propagator.extract(carrier)
         return self.tracer.start_span("runroute.step", context=parent, kind=self._kind.SERVER)
 
-    def start_upstream(self, step: Any, backend: Any, headers: dict[str, str]) -> tuple[Any, dict[str, str]]:
+    def start_upstream(
+        self, step: Span, backend: Backend, headers: dict[str, str]
+    ) -> tuple[Span, dict[str, str]]:
         """The child span of one upstream attempt and the headers to send (``headers`` plus its
         traceparent)."""
         ctx = self._trace.set_span_in_context(step)
@@ -111,7 +121,7 @@ class Tracing:
         self.propagator.inject(headers, context=self._trace.set_span_in_context(span))
         return span, headers
 
-    def end_upstream(self, span: Any, status: int | None = None, error: str | None = None) -> None:
+    def end_upstream(self, span: Span | None, status: int | None = None, error: str | None = None) -> None:
         """End one attempt's span (returns None: the caller's handle is cleared with it)."""
         if span is None or not span.is_recording():
             return
@@ -122,13 +132,13 @@ class Tracing:
             span.set_status(self._status(self._code.ERROR, error))
         span.end()
 
-    def end_step(self, span: Any, rec: Any, upstream: Any = None) -> None:
+    def end_step(self, span: Span | None, rec: Step, upstream: Span | None = None) -> None:
         """Close the step span (and an open upstream span) with the step record's facts."""
         if upstream is not None:
             self.end_upstream(upstream, rec.status if rec.status != 200 else None)
         if span is None or not span.is_recording():
             return
-        attrs = {
+        attrs: dict[str, AttributeValue] = {
             "runroute.run_id": rec.run_id,
             "runroute.step": rec.step,
             "runroute.tier": rec.tier or "none",
@@ -148,7 +158,7 @@ class Tracing:
             span.set_status(self._status(self._code.ERROR, rec.error_code or str(rec.status)))
         span.end()
 
-    def end_refused(self, span: Any, run_id: str, status: int, code: str) -> None:
+    def end_refused(self, span: Span | None, run_id: str, status: int, code: str) -> None:
         """A step refused before it had a record (e.g. 429 at admission)."""
         if span is None or not span.is_recording():
             return

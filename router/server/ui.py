@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections import deque
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI
@@ -46,12 +46,17 @@ from router.server.errors import ProxyError, error_response
 from router.server.routes import Parts, json_response
 from router.server.settings import RouterSettings
 
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from router.server.settings import UiSettings
+
 __all__ = ["register_ui", "ui_data", "metric_samples", "ASSETS"]
 
 ASSETS = {"index.html": "text/html", "ui.js": "text/javascript", "ui.css": "text/css"}
 
 
-def metric_samples(registry: Any) -> dict[str, list[tuple[dict[str, str], float]]]:
+def metric_samples(registry: CollectorRegistry) -> dict[str, list[tuple[dict[str, str], float]]]:
     """``{sample name: [(labels, value)]}`` of a prometheus_client registry (what /metrics shows)."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for fam in registry.collect():
@@ -77,7 +82,9 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def ui_data(parts: Parts, ui: Any, spend_samples: deque[tuple[float, float]], now: float) -> dict[str, Any]:
+def ui_data(
+    parts: Parts, ui: UiSettings, spend_samples: deque[tuple[float, float]], now: float
+) -> dict[str, Any]:
     """Every figure of the page (module docstring); ``spend_samples`` is the window's
     ``(wall, total spend)`` history, appended to here."""
     m = parts.metrics

@@ -22,7 +22,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = [
     "UpstreamError",
@@ -63,7 +66,7 @@ class Upstream(Protocol):
 class _AiohttpResponse:
     __slots__ = ("_r", "status", "headers")
 
-    def __init__(self, r: Any):
+    def __init__(self, r: aiohttp.ClientResponse):
         self._r = r
         self.status: int = r.status
         self.headers: Mapping[str, str] = r.headers

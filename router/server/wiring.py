@@ -15,13 +15,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.core.engine import StepEngine
 from router.policy.types import BackendState
 from router.server.backends import Backend
 from router.server.scrape import Scraper
 from router.server.settings import RouterSettings
+
+if TYPE_CHECKING:
+    from router.server.admission import LiveAdmission
+    from router.server.state import RunStateStore
 
 __all__ = ["make_backends", "make_store", "make_engine", "make_prefix_share"]
 
@@ -81,7 +85,7 @@ def make_backends(s: RouterSettings) -> list[Backend]:
     return out
 
 
-def make_store(s: RouterSettings) -> Any:
+def make_store(s: RouterSettings) -> RunStateStore:
     """``memory``: InProcessStore. ``redis``: RedisStore behind FallbackStore (keeps serving from
     local pins while Redis is down, resyncs when it returns)."""
     from router.server.state import InProcessStore
@@ -111,13 +115,13 @@ def make_store(s: RouterSettings) -> Any:
 
 def make_engine(
     s: RouterSettings,
-    store: Any,
+    store: RunStateStore,
     scraper: Scraper,
     backends: list[Backend],
-    budget_hook: Any,
+    budget_hook: Callable[[str | None], bool] | None,
     clock: Callable[[], float],
     wall: Callable[[], float],
-) -> tuple[StepEngine, Any]:
+) -> tuple[StepEngine, LiveAdmission | None]:
     """The step engine of this app and its store-backed admission (None without a local tier)."""
     from router.core.admission import AdmissionGate, TenantSpillBudget
     from router.core.capacity import ArrivalForecaster

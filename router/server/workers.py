@@ -30,7 +30,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from router.server.settings import RouterSettings
 
 __all__ = [
     "ENV_CONFIG",
@@ -51,7 +54,7 @@ class WorkersError(ValueError):
     """A setting that N worker processes cannot serve correctly."""
 
 
-def check_workers(settings: Any, n: int) -> None:
+def check_workers(settings: RouterSettings, n: int) -> None:
     """Refuse ``n`` workers where they would not share run state (module docstring)."""
     if n < 1:
         raise WorkersError(f"--workers must be >= 1, got {n}")
@@ -63,7 +66,7 @@ def check_workers(settings: Any, n: int) -> None:
         )
 
 
-def worker_env(config: Path | None, server: dict[str, Any], metrics_dir: Path) -> dict[str, str]:
+def worker_env(config: Path | None, server: dict[str, object], metrics_dir: Path) -> dict[str, str]:
     """The environment entries :func:`app_from_env` reads in each worker."""
     return {
         ENV_CONFIG: "" if config is None else str(Path(config).resolve()),

@@ -23,12 +23,15 @@ simulated steps; :func:`percent_errors` compares two such dicts.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from router.core.figures import cache_figures, percentile
 from router.sim.profiles import NodeProfile
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = ["profile_from_fake", "fake_knobs_for_profile", "sim_kv_for_fake", "step_figures", "percent_errors"]
 
@@ -44,14 +47,14 @@ _FAKE_DEFAULTS = {
 }
 
 
-def _knobs(knobs: Mapping[str, Any] | Any) -> dict[str, Any]:
-    d = dict(_FAKE_DEFAULTS)
+def _knobs(knobs: Mapping[str, object] | BaseModel) -> dict[str, Any]:
+    d: dict[str, Any] = dict(_FAKE_DEFAULTS)
     src = knobs.model_dump() if hasattr(knobs, "model_dump") else dict(knobs)
     d.update({k: v for k, v in src.items() if k in _FAKE_DEFAULTS})
     return d
 
 
-def profile_from_fake(knobs: Mapping[str, Any] | Any) -> tuple[NodeProfile, dict[str, float]]:
+def profile_from_fake(knobs: Mapping[str, object] | BaseModel) -> tuple[NodeProfile, dict[str, float]]:
     """The node profile matching a fake vLLM's knobs, plus notes (``ttft_offset_s``, ``batch_slowdown``)."""
     k = _knobs(knobs)
     a = k["decode_ms_per_token"] / 1000.0
@@ -75,7 +78,7 @@ def profile_from_fake(knobs: Mapping[str, Any] | Any) -> tuple[NodeProfile, dict
     return prof, notes
 
 
-def sim_kv_for_fake(knobs: Mapping[str, Any] | Any) -> dict[str, float | int]:
+def sim_kv_for_fake(knobs: Mapping[str, object] | BaseModel) -> dict[str, float | int]:
     """``SimConfig`` fields giving the simulated node the fake's cache: block size and capacity."""
     k = _knobs(knobs)
     bs = int(k["block_size"])

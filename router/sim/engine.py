@@ -40,7 +40,7 @@ class EventLoop:
         """End :meth:`run` after the current event (pending events stay in the heap)."""
         self._stop = True
 
-    def schedule(self, t: float, handler: Handler, arg: Any = None) -> None:
+    def schedule(self, t: float, handler: Handler, arg: object = None) -> None:
         """Run ``handler(arg)`` at time ``t`` (never before :attr:`now`)."""
         if t < self.now:
             t = self.now

@@ -13,7 +13,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,10 @@ from router.sim.points import MapFn, Point, PointResult, run_points
 from router.sim.simconfig import SimConfig
 from router.sim.slo import SLO
 from router.sim.workload import Workload
+
+if TYPE_CHECKING:
+    from models.predictor import Predictor
+    from router.policy.admission import AdmissionConfig, AdmissionController
 
 __all__ = ["GridPoint", "run_grid", "answers"]
 
@@ -40,8 +44,8 @@ def run_grid(
     base: SimConfig,
     starts: np.ndarray,
     *,
-    predictor: Any = None,
-    admission_factory: Callable[[], Any] | None = None,
+    predictor: Predictor | None = None,
+    admission_factory: Callable[[], AdmissionController | AdmissionConfig] | None = None,
     compare_always_on: bool = False,
     progress: Callable[[str], None] | None = None,
     map: MapFn = builtins.map,  # noqa: A002 - builtin map, a Dask client's map, a pool's map

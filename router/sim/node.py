@@ -129,9 +129,9 @@ class Request:
         self.n_hashed = 0
         self.chunk = 0  # prefill tokens scheduled in the iteration in flight
         self.it_target = self.gen_target  # iterations to finish (speculative decoding: fewer)
-        self.grow = 1  # tokens emitted per decode iteration
-        self.c0 = self.prompt  # context after ``decoded`` iterations = c0 + decoded * grow
-        self.vt = 0  # draft tokens verified per decode iteration
+        self.grow: float = 1  # tokens emitted per decode iteration
+        self.c0: float = self.prompt  # context after ``decoded`` iterations = c0 + decoded * grow
+        self.vt: float = 0  # draft tokens verified per decode iteration
         self.tier_t: list[int] | None = None  # tokens loaded from each lower KV tier
         self.load_s = 0.0  # seconds of that load (added to the admitting iteration)
         self.room_needed = 0  # after a refusal: free + evictable blocks needed before a retry can fit
@@ -274,7 +274,7 @@ class Replica:
         if gen == self.gen:
             self._start(self.loop.now)
 
-    def _woken(self, _: Any) -> None:
+    def _woken(self, _: object) -> None:
         self.state = "on"
         self._touch()
         if not self.busy:

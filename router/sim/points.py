@@ -26,7 +26,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,10 @@ from router.sim.simconfig import SimConfig
 from router.sim.simulator import Simulator
 from router.sim.slo import SLO, Target, measure, pool
 from router.sim.workload import Workload
+
+if TYPE_CHECKING:
+    from models.predictor import Predictor
+    from router.policy.admission import AdmissionConfig, AdmissionController
 
 __all__ = ["Point", "PointResult", "simulate_point", "run_points", "MapFn"]
 
@@ -49,8 +53,8 @@ class Point:
     policy_factory: Callable[[], Policy]
     label: str
     starts: np.ndarray
-    predictor: Any = None
-    admission_factory: Callable[[], Any] | None = None
+    predictor: Predictor | None = None
+    admission_factory: Callable[[], AdmissionController | AdmissionConfig] | None = None
     tag: str = ""  # the caller's name for this point (e.g. "always_on", a sweep cell)
     slo: SLO | None = None  # targets measured with intervals into details["slo"]
     seed_starts: tuple[np.ndarray, ...] = ()  # start times of the extra arrival seeds (seed + 1, + 2, ...)

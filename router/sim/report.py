@@ -16,7 +16,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["render_table", "answer_lines", "write_json", "plot"]
 
@@ -62,7 +65,7 @@ def answer_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_table(result: dict[str, Any], console: Any = None) -> None:
+def render_table(result: dict[str, Any], console: Console | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -119,7 +122,7 @@ def render_table(result: dict[str, Any], console: Any = None) -> None:
         console.print(line, highlight=False)
 
 
-def write_json(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+def write_json(result: dict[str, object], path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     data = json.dumps(result, indent=2, allow_nan=False)

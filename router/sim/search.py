@@ -43,7 +43,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,10 @@ from router.sim.points import MapFn, Point, PointResult, run_points
 from router.sim.simconfig import SimConfig
 from router.sim.slo import SLO, parse_slo
 from router.sim.workload import SimError, Workload
+
+if TYPE_CHECKING:
+    from models.predictor import Predictor
+    from router.policy.admission import AdmissionConfig, AdmissionController
 
 __all__ = ["SLO", "parse_slo", "Ladder", "find", "KV_LADDER", "indistinguishable"]
 
@@ -134,8 +138,8 @@ def find(
     max_replicas: int = 64,
     kv_values: Sequence[float] = KV_LADDER,
     start: float | None = None,
-    predictor: Any = None,
-    admission_factory: Callable[[], Any] | None = None,
+    predictor: Predictor | None = None,
+    admission_factory: Callable[[], AdmissionController | AdmissionConfig] | None = None,
     map: MapFn = builtins.map,  # noqa: A002 - builtin map, a Dask client's map, a pool's map
     progress: Callable[[PointResult], None] | None = None,
     seed_starts: Sequence[np.ndarray] = (),

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["render_search", "precheck_lines", "plot_search"]
 
@@ -37,7 +40,7 @@ def _probe_value(p: dict[str, Any]) -> str:
     return "-" if v is None else f"{v:.3f}" + (f" ({p['worst_target']})" if p.get("worst_target") else "")
 
 
-def render_search(result: dict[str, Any], console: Any = None) -> None:
+def render_search(result: dict[str, Any], console: Console | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -33,13 +33,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from router.core.figures import upper_bound_tokens
 from router.sim.profiles import NodeProfile
 from router.sim.workload import SimError, Workload
+
+if TYPE_CHECKING:
+    from router.sim.scorecard import SimResult
 
 __all__ = ["Target", "SLO", "parse_slo", "measure", "pool", "floors", "floor_lines", "prefill_s", "METRICS"]
 
@@ -246,7 +249,7 @@ def _weighted_quantiles(v: np.ndarray, runs: np.ndarray, w: np.ndarray, q: float
     return out
 
 
-def _metric_arrays(res: Any, t: Target) -> tuple[np.ndarray, np.ndarray]:
+def _metric_arrays(res: SimResult, t: Target) -> tuple[np.ndarray, np.ndarray]:
     """(values, run of each value) of target ``t`` over one :class:`~router.sim.scorecard.SimResult`."""
     from router.sim.scorecard import SERVED_FRONTIER, SERVED_LOCAL, SPILLED
 
@@ -269,7 +272,7 @@ def _metric_arrays(res: Any, t: Target) -> tuple[np.ndarray, np.ndarray]:
     return itl, res.run_of_step[m]
 
 
-def measure(res: Any, slo: SLO, n_boot: int = 200, boot_seed: int = 0) -> dict[str, dict[str, Any]]:
+def measure(res: SimResult, slo: SLO, n_boot: int = 200, boot_seed: int = 0) -> dict[str, dict[str, Any]]:
     """Per target: value, n (steps or runs measured) and ``n_boot`` run-bootstrap replicates."""
     n_runs = len(res.run_completion_s)
     rng = np.random.default_rng(boot_seed)

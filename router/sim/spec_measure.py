@@ -44,7 +44,7 @@ import argparse
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -161,7 +161,7 @@ def measure_step(
     return res
 
 
-def _render_call(name: str, args: Any) -> str:
+def _render_call(name: str, args: object) -> str:
     a = args if isinstance(args, str) else json.dumps(args)
     return '{"name": ' + json.dumps(name) + ', "arguments": ' + a + "}"
 
@@ -212,7 +212,7 @@ def measure(
     files: Sequence[Path],
     configs: Sequence[tuple[int, int, int]],
     limit: int | None = None,
-    progress: Any = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> dict[str, Any]:
     """Counts per config x kind (and per file), module docstring 4."""
     max_n = max(hi for _, hi, _ in configs)

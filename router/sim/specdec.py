@@ -39,9 +39,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.sim.profiles import NodeProfile
+
+if TYPE_CHECKING:
+    from router.sim.node import Request
 
 __all__ = [
     "ACCEPTANCE_FILE",
@@ -87,7 +90,7 @@ class SpecDecode:
         """Drafter seconds per decode iteration (0 for prompt lookup)."""
         return self.num_speculative_tokens * self.draft_cost_ratio * profile.a
 
-    def apply(self, req: Any, tool_call: bool) -> None:
+    def apply(self, req: Request, tool_call: bool) -> None:
         """Set a :class:`router.sim.node.Request`'s iterations, context growth and verified drafts."""
         rate = self.tool_call if tool_call else self.free_text
         e = rate.tokens_per_iteration

@@ -159,14 +159,14 @@ class Workload:
         steps = steps.sort_values(["run_id", "step"], kind="stable")
         n = len(steps)
 
-        def col(name: str, default: Any = None) -> list[Any]:
+        def col(name: str, default: object = None) -> list[Any]:
             if name not in steps.columns:
                 return [default] * n
             return steps[name].tolist()
 
         from features.logged import opt  # the one missing-value test of a logged cell
 
-        def isnull(v: Any) -> bool:
+        def isnull(v: object) -> bool:
             return opt(v) is None
 
         rid, prompt, comp = col("run_id"), col("prompt_tokens"), col("completion_tokens")

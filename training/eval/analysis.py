@@ -86,7 +86,7 @@ def comparison_lines(s: dict[str, Any], ours: str = "learned") -> list[str]:
     return out
 
 
-def _ranking(pairs: list[tuple[str, Any]], tol: float = 1e-9) -> list[list[str]]:
+def _ranking(pairs: list[tuple[str, object]], tol: float = 1e-9) -> list[list[str]]:
     """Tie groups, best first: [[a], [b, c], ...] (values within ``tol`` tie; missing values last)."""
     vals = sorted(pairs, key=lambda t: -(t[1] if isnum(t[1]) else -math.inf))
     groups: list[list[str]] = []

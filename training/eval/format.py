@@ -12,7 +12,7 @@ No knobs.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 __all__ = ["BASE_ORDER", "COLORS", "isnum", "fnum", "fpct", "fusd", "rows_by_policy"]
 
@@ -36,19 +36,19 @@ COLORS = {
 }
 
 
-def isnum(v: Any) -> bool:
+def isnum(v: object) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(float(v))
 
 
-def fnum(v: Any, nd: int = 3) -> str:
+def fnum(v: object, nd: int = 3) -> str:
     return f"{v:.{nd}f}" if isnum(v) else "-"
 
 
-def fpct(v: Any, nd: int = 1) -> str:
+def fpct(v: object, nd: int = 1) -> str:
     return f"{100 * v:.{nd}f}%" if isnum(v) else "-"
 
 
-def fusd(v: Any) -> str:
+def fusd(v: object) -> str:
     if not isnum(v):
         return "-"
     return f"${v:.4f}" if abs(v) < 1 else f"${v:,.3f}"

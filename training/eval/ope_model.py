@@ -18,9 +18,12 @@ the correction). Knobs: ``folds`` (2), ``n_estimators`` (60), ``num_leaves`` (8)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from training.eval.ope_replay import LoggedRuns
 
 __all__ = ["fit_q"]
 
@@ -30,7 +33,7 @@ def _inputs(X: np.ndarray, a: np.ndarray, before: np.ndarray) -> np.ndarray:
 
 
 def fit_q(
-    logged: Any, *, folds: int = 2, n_estimators: int = 60, num_leaves: int = 8, seed: int = 0
+    logged: LoggedRuns, *, folds: int = 2, n_estimators: int = 60, num_leaves: int = 8, seed: int = 0
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{metric: (Q_L, Q_F)}`` per logged step (module docstring). ``logged``: a
     :class:`training.eval.ope_replay.LoggedRuns`."""

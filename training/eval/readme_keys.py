@@ -25,7 +25,6 @@ import textwrap
 import types
 import typing
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -53,7 +52,7 @@ _NOTE = (
 )
 
 
-def _shape(ann: Any, each: str | None) -> tuple[str, list[type[BaseModel]]]:
+def _shape(ann: object, each: str | None) -> tuple[str, list[type[BaseModel]]]:
     """(suffix of the JSON name, models to expand) of a field's type."""
     origin, args = typing.get_origin(ann), typing.get_args(ann)
     if isinstance(ann, type) and issubclass(ann, BaseModel):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.eval.analysis import comparison_lines
 from training.eval.format import fnum, fpct, fusd
@@ -27,10 +27,13 @@ from training.eval.plots import plot_bars, plot_frontier, plot_latency
 from training.eval.scorecard import Scorecard
 from training.jsonio import atomic_write, jsonable
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 __all__ = ["write_report", "print_scorecard", "card_dict"]
 
 
-def card_dict(card: Scorecard | dict[str, Any]) -> dict[str, Any]:
+def card_dict(card: Scorecard | dict[str, object]) -> dict[str, Any]:
     """The JSON object of a scorecard (a typed one is dumped, a dict is made JSON-safe)."""
     if isinstance(card, Scorecard):
         return card.to_json_dict()
@@ -85,7 +88,7 @@ def _paired(r: dict[str, Any]) -> str:
     return out
 
 
-def print_scorecard(card: Scorecard | dict[str, Any], console: Any = None) -> None:
+def print_scorecard(card: Scorecard | dict[str, Any], console: Console | None = None) -> None:
     """One rich table per set: the headline figures of every policy."""
     from rich.console import Console
     from rich.table import Table

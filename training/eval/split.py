@@ -26,11 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from training.eval.scorecard import Split, SyntheticSet
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["DemoSets", "split_tau2", "split_by_task"]
 
@@ -45,7 +48,7 @@ class DemoSets:
     split: Split
 
 
-def split_tau2(runs: Any, share: float, seed: int, limit: int | None) -> tuple[list[str], list[str]]:
+def split_tau2(runs: pd.DataFrame, share: float, seed: int, limit: int | None) -> tuple[list[str], list[str]]:
     """Held-out / training tau2 task ids: a seeded permutation of the tasks with paired runs."""
     paired = runs[(runs["source"] == "tau2bench") & runs["strong_outcome"].notna()]
     tasks = sorted(set(paired["task_id"].dropna().astype(str).tolist()))
@@ -58,8 +61,8 @@ def split_tau2(runs: Any, share: float, seed: int, limit: int | None) -> tuple[l
 
 
 def split_by_task(
-    runs: Any,
-    steps: Any,
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
     *,
     data_dir: Path,
     holdout_share: float,
