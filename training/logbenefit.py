@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from features.prefix import RunPrefix
     from models.predictor import Predictor
     from training.eval.ope_replay import LoggedRuns
+    from training.eval.outcome import VariantLike
 
 __all__ = ["BenefitRows", "rows_from_logs", "rows_from_pairs", "IPWBenefitModel", "IPWBenefitPredictor"]
 
@@ -116,7 +117,7 @@ def rows_from_logs(logged: LoggedRuns, clip: float = 20.0) -> BenefitRows:
 
 
 def rows_from_pairs(
-    runs: pd.DataFrame, steps: pd.DataFrame, variant: object = "escalate-anytime", prior_weight: float = 1.0
+    runs: pd.DataFrame, steps: pd.DataFrame, variant: VariantLike = "escalate-anytime", prior_weight: float = 1.0
 ) -> BenefitRows:
     """Prior rows from paired weak runs (``outcome`` and ``strong_outcome`` known)."""
     import pandas as pd

@@ -67,7 +67,7 @@ class Backend:
 class BackendPool:
     """The backends of one app and their per-step states (module docstring)."""
 
-    def __init__(self, backends: list[Backend], scraper: Scraper, kv_cache_tokens: int | None = None):
+    def __init__(self, backends: list[Backend], scraper: Scraper | None, kv_cache_tokens: int | None = None):
         self.backends = {b.name: b for b in backends}
         self.models = {b.model: b.tier for b in backends}
         self.local = [b for b in backends if b.tier == "local"]
