@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from router.policy.defaults import SHORT_STEP_TOKENS
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from features.runlog import RunLog
 
 __all__ = ["SimError", "SHORT_STEP_TOKENS", "StepSpec", "RunSpec", "Workload"]
-
-SHORT_STEP_TOKENS = 64
 
 
 class SimError(ValueError):
