@@ -180,3 +180,12 @@ def test_whatif_of_a_config_simulates_that_deployment(deployment, tmp_path, monk
     assert inputs["slo_ttft_s"] == 4.5
     assert inputs["slo_short_s"] == 1.75  # the flag over the file's 1.5
     assert inputs["admission"] is True  # the sidecar admits by default; so does its what-if
+
+
+def test_whatif_slo_targets_set_the_per_step_slos_over_the_file(deployment, monkeypatch, capsys):
+    args = ["whatif", "--config", str(deployment), "--slo", "short_p95=1.2s,ttft_p95=3s", "--show-config"]
+    rc, out, _ = run_cli(args, monkeypatch, capsys)
+    assert rc == 0
+    rows = _shown(out)
+    assert rows["admission.slo_short_step_s"] == ("1.2", "flag --slo short_p95")
+    assert rows["slo.ttft_s"] == ("3", "flag --slo ttft_p95")

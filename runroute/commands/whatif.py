@@ -488,6 +488,18 @@ def _deployment_flags(ctx: typer.Context, v: dict[str, Any]) -> dict[str, tuple[
         kvs = _floats(v["kv_cache_gb"], "--kv-cache-gb")
         if len(kvs) == 1:
             out["node.kv_cache_gb"] = ("--kv-cache-gb", kvs[0])
+    if given(ctx, "slo") and v["slo"]:  # short_p95 / ttft_p95 also set the two per-step SLOs
+        from router.sim.search import parse_slo
+        from router.sim.workload import SimError
+
+        try:
+            t = parse_slo(v["slo"])
+        except SimError as e:
+            raise CliError(str(e)) from None
+        if t.short_p95_s is not None:
+            out["admission.slo_short_step_s"] = ("--slo short_p95", t.short_p95_s)
+        if t.ttft_p95_s is not None:
+            out["slo.ttft_s"] = ("--slo ttft_p95", t.ttft_p95_s)
     if given(ctx, "replicas"):
         reps = _floats(v["replicas"], "--replicas")
         if len(reps) == 1:
