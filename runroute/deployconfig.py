@@ -58,6 +58,20 @@ class Resolved:
         """Whether ``key`` came from the file, the environment or a flag (not a default)."""
         return self.sources[key] != "default"
 
+    def stated_fields(
+        self, section: str, exclude: set[str] | frozenset[str] = frozenset()
+    ) -> dict[str, object]:
+        """The fields of ``section`` (e.g. ``admission``) that a file, env or flag set, with their
+        resolved values (a nested field counts when any of its leaves was set)."""
+        model = getattr(self.deployment, section)
+        out: dict[str, object] = {}
+        for key, src in self.sources.items():
+            head, _, rest = key.partition(".")
+            name = rest.split(".")[0]
+            if head == section and src != "default" and name not in exclude:
+                out[name] = getattr(model, name)
+        return out
+
     def lines(self) -> list[str]:
         width = max(len(k) for k in self.values)
         return [f"{k:<{width}}  {_fmt(v):<12}  {self.sources[k]}" for k, v in self.values.items()]

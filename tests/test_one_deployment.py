@@ -75,6 +75,8 @@ def test_serve_whatif_and_bench_report_the_same_prices_slo_and_kv(tmp_path):
     }
     assert serve == whatif == bench == want
     assert b["kv_cache_gb"] == sim_kv == d.KV_CACHE_GB
+    # long steps' TTFT SLO: the sidecar's slo.ttft_s, whatif's --slo-ttft-s, the evaluation's
+    assert s.slo.ttft_s == w["slo_ttft_s"] == sim.slo_ttft_s == d.SLO_TTFT_S
 
 
 ONE_FILE = """\

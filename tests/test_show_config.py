@@ -189,3 +189,20 @@ def test_whatif_slo_targets_set_the_per_step_slos_over_the_file(deployment, monk
     rows = _shown(out)
     assert rows["admission.slo_short_step_s"] == ("1.2", "flag --slo short_p95")
     assert rows["slo.ttft_s"] == ("3", "flag --slo ttft_p95")
+
+
+def test_the_admission_knobs_a_file_states_reach_whatifs_controller(tmp_path, monkeypatch):
+    from runroute.deployconfig import resolve
+
+    for k in list(__import__("os").environ):
+        if k.upper().startswith("RUNROUTE_"):
+            monkeypatch.delenv(k)
+    f = tmp_path / "adm.yaml"
+    f.write_text(
+        "admission:\n  replica_slots: 8\n  headroom: {interactive: 0.8, batch: 0.5}\n  slo_short_step_s: 1.5\n"
+    )
+    r = resolve(f)
+    stated = r.stated_fields("admission", exclude={"slo_short_step_s"})
+    assert set(stated) == {"replica_slots", "headroom"}
+    assert stated == {"replica_slots": 8, "headroom": {"interactive": 0.8, "batch": 0.5}}
+    assert r.stated_fields("slo") == {}

@@ -371,8 +371,12 @@ def register(app: typer.Typer) -> None:
             from router.sim.calibrate import admission_config_for_profile
             from router.sim.whatif import admission_from_controller
 
-            # knobs derived from the node profile at the smallest KV size asked for (conservative)
+            # knobs derived from the node profile at the smallest KV size asked for (conservative),
+            # except those the deployment states (file / env): the sidecar admits with those
             acfg = admission_config_for_profile(prof, min(kvs), slo_short_s)
+            acfg = acfg.model_copy(
+                update=res.stated_fields("admission", exclude={"slo_short_step_s", "enabled"})
+            )
 
             def hook_factory() -> Any:  # a fresh controller (hysteresis state) per simulation
                 return admission_from_controller(AdmissionController(acfg))
