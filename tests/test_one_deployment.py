@@ -152,3 +152,27 @@ def test_one_config_gives_serve_whatif_and_bench_the_same_deployment(tmp_path, m
     want = {"prices": (3.0, 0.3, 15.0), "gpu_hour": 2.75, "slo": (1.25, 3.5, 12.0), "kv": 40.0, "replicas": 2}
     assert serve == whatif == bench == want
     assert b.gpu == sim.profile.name.split("-")[0] == "h100"
+
+
+def test_env_overrides_reach_serve_and_the_other_commands_alike(tmp_path, monkeypatch):
+    """RUNROUTE_* variables over the file: the sidecar (pydantic-settings) and the commands'
+    resolver (runroute.deployconfig) read the same deployment."""
+    import os
+
+    from runroute.deployconfig import resolve
+
+    for k in list(os.environ):
+        if k.upper().startswith("RUNROUTE_"):
+            monkeypatch.delenv(k)
+    cfg = tmp_path / "runroute.yaml"
+    cfg.write_text(ONE_FILE)
+    monkeypatch.setenv("RUNROUTE_NODE__KV_CACHE_GB", "24")
+    monkeypatch.setenv("RUNROUTE_SLO__TTFT_S", "6.5")
+    monkeypatch.setenv("RUNROUTE_ADMISSION__SLO_SHORT_STEP_S", "1.75")
+    monkeypatch.setenv("RUNROUTE_FRONTIER__PRICE_OUT_PER_M", "12")
+    serve = RouterSettings.load(cfg).deployment()
+    r = resolve(cfg)
+    assert serve == r.deployment
+    assert (serve.node.kv_cache_gb, serve.slo.ttft_s, serve.slo_short_step_s) == (24.0, 6.5, 1.75)
+    assert serve.frontier.price_out_per_m == 12.0 and serve.frontier.price_in_per_m == 3.0
+    assert r.sources["frontier.price_out_per_m"] == "env RUNROUTE_FRONTIER__PRICE_OUT_PER_M"
