@@ -1,4 +1,4 @@
-"""Each deployment default (GPU price, frontier prices, short-step SLO, KV size) is written once.
+"""Each deployment default (GPU price, frontier prices, SLOs, KV size) is written once.
 
 A field of one of these concepts given a non-zero number as its default anywhere in the tree
 (outside tests) is a second copy that can drift; the one copy is router/policy/defaults.py.
@@ -14,7 +14,10 @@ import pytest
 
 from router.policy import defaults
 from router.policy.admission import AdmissionConfig
+from router.policy.deployment import Deployment
 from router.policy.learned import LearnedPolicy
+from router.server.metrics import RouterMetrics
+from router.server.settings import SLOSettings
 from router.server.settings_tiers import FrontierTier
 from router.sim.frontier import FrontierConfig
 from router.sim.simconfig import SimConfig
@@ -32,6 +35,9 @@ CONCEPTS = {
     "frontier output price": r"price_out_per_m|frontier_out_per_m",
     "frontier cache write price": r"price_cache_write_per_m|frontier_cache_write_per_m",
     "short-step SLO": r"slo_short_s|slo_short_step_s",
+    "TTFT SLO": r"slo_ttft_s|ttft_s|ttft_slo_s",
+    "step latency SLO": r"step_latency_s|step_slo_s|slo_step_s",
+    "short-step tokens": r"short_step_tokens",
     "KV cache GB": r"kv_cache_gb",
 }
 
@@ -92,3 +98,20 @@ def test_sidecar_simulator_and_evaluation_default_to_the_same_deployment():
     assert sim_fields["slo_short_s"].default == AdmissionConfig().slo_short_step_s == d.SLO_SHORT_STEP_S
     assert sim_fields["kv_cache_gb"].default == SimSettings().kv_cache_gb == d.KV_CACHE_GB
     assert SimSettings().slo_short_s == d.SLO_SHORT_STEP_S
+
+
+def test_the_ttft_and_step_slos_agree_across_sidecar_simulator_metrics_and_evaluation():
+    d = defaults
+    sidecar = SLOSettings()
+    assert sidecar.ttft_s == SimConfig.__dataclass_fields__["slo_ttft_s"].default == SimSettings().slo_ttft_s
+    assert sidecar.ttft_s == Deployment().slo.ttft_s == d.SLO_TTFT_S
+    m = RouterMetrics()
+    assert m.step_slo_s == sidecar.step_latency_s == d.SLO_STEP_S
+    assert m.short_step_tokens == sidecar.short_step_tokens == d.SHORT_STEP_TOKENS
+
+
+def test_the_pattern_finds_a_second_ttft_slo():
+    pat = re.compile(rf"\b({CONCEPTS['TTFT SLO']})\b{_VALUE}", re.IGNORECASE)
+    assert pat.search("    ttft_s: float = Field(default=1.0, gt=0)")
+    assert pat.search('slo_ttft_s: float = typer.Option(5.0, "--slo-ttft-s")')
+    assert not pat.search("    frontier_ttft_s: float = 0.4")

@@ -49,6 +49,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from router.policy.defaults import SHORT_STEP_TOKENS  # output tokens at or under which a step is short
+
 __all__ = [
     "SHORT_STEP_TOKENS",
     "ratio",
@@ -64,9 +66,6 @@ __all__ = [
     "slo_met",
     "step_figures",
 ]
-
-#: output tokens at or under which a step is short (a tool call or a structured answer always is)
-SHORT_STEP_TOKENS = 64
 
 
 def ratio(num: float, den: float) -> float | None:

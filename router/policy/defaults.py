@@ -17,6 +17,13 @@ tree for a second copy of each literal):
   premium): frontier prices, USD per 1M tokens.
 - ``SLO_SHORT_STEP_S`` (2.0): per-step latency SLO of short steps (tool calls, short answers),
   which the admission gate admits against and the simulator and evaluation score against.
+- ``SLO_TTFT_S`` (5.0): per-step SLO of long steps (more than the short-step output tokens):
+  their time to first token. The simulator's scorecard and the evaluation score long steps
+  against it; the sidecar's ``slo.ttft_s``. 5 s is the figure the what-if reports were made with
+  (the sidecar said 1 s but read it nowhere; the evaluation used the short-step SLO, 2 s).
+- ``SLO_STEP_S`` (10.0): per-step end-to-end latency target of the sidecar's SLO-attainment
+  metric (``runroute_slo_steps_total``, ``slo.step_latency_s``).
+- ``SHORT_STEP_TOKENS`` (64): a step with at most this many output tokens (or a tool call) is short.
 - ``KV_CACHE_GB`` (16.0): KV cache per local replica, GB.
 """
 
@@ -31,6 +38,9 @@ __all__ = [
     "FRONTIER_OUT_PER_M",
     "FRONTIER_CACHE_WRITE_PER_M",
     "SLO_SHORT_STEP_S",
+    "SLO_TTFT_S",
+    "SLO_STEP_S",
+    "SHORT_STEP_TOKENS",
     "KV_CACHE_GB",
 ]
 
@@ -40,4 +50,7 @@ FRONTIER_CACHED_IN_PER_M: Final[float] = 0.5
 FRONTIER_OUT_PER_M: Final[float] = 8.0
 FRONTIER_CACHE_WRITE_PER_M: Final[float] = 2.5
 SLO_SHORT_STEP_S: Final[float] = 2.0
+SLO_TTFT_S: Final[float] = 5.0
+SLO_STEP_S: Final[float] = 10.0
+SHORT_STEP_TOKENS: Final[int] = 64
 KV_CACHE_GB: Final[float] = 16.0

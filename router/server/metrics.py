@@ -37,6 +37,7 @@ from prometheus_client.samples import Sample
 
 from router.core.accounting import backend_step_usd
 from router.core.figures import is_short, upper_bound_tokens
+from router.policy.defaults import SHORT_STEP_TOKENS, SLO_STEP_S
 from router.server.metrics_specs import (
     CHAT_HANDLER,
     DEPRECATED,
@@ -97,7 +98,11 @@ class RouterMetrics:
     """The app's series (:data:`SPECS`) and the hooks that set them; see the module docstring."""
 
     def __init__(
-        self, *, deprecated_names: bool = True, short_step_tokens: int = 64, step_slo_s: float = 10.0
+        self,
+        *,
+        deprecated_names: bool = True,
+        short_step_tokens: int = SHORT_STEP_TOKENS,
+        step_slo_s: float = SLO_STEP_S,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.short_step_tokens, self.step_slo_s = short_step_tokens, step_slo_s

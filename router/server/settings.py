@@ -47,8 +47,15 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   ``mlflow_uri`` (``models:/runroute-bundle@champion`` or ``models:/runroute-bundle/3``) with
   ``mlflow_tracking_uri``; ``watch_s`` polls the path's mtime or the alias's version for hot
   reload (0 turns the watcher off). A source set in the environment replaces the file's.
-- ``slo``: per-step targets, used for the SLO-attainment metric: ``ttft_s``, ``step_latency_s``;
-  ``short_step_tokens`` splits short vs long steps in the latency histograms.
+- ``slo``: per-step targets (defaults in :mod:`router.policy.defaults`, shared with whatif and the
+  evaluation): ``ttft_s`` (long steps' TTFT; the simulator scores against it), ``step_latency_s``
+  (the SLO-attainment metric); ``short_step_tokens`` splits short vs long steps in the histograms.
+  The short-step SLO is ``admission.slo_short_step_s``.
+- ``node``: the local node as the planning commands see it (:class:`router.policy.deployment.NodeSpec`):
+  ``gpu`` (a100 | h100), ``profile`` (a node profile name or JSON path), ``kv_cache_gb`` (per
+  replica), ``replicas`` (unset = one per ``local.urls``). ``serve`` does not read them;
+  ``whatif``, ``bench``, ``evaluate``, ``train``, ``replay``, ``loop`` and ``demo`` given the same
+  ``--config`` do (:meth:`RouterSettings.deployment`).
 - ``timeouts``: ``connect_s`` (TCP connect to an upstream), ``first_byte_s`` (until response headers
   / the first byte), ``total_s`` (whole upstream request).
 - ``fallback``: ``enabled`` (retry once on the other tier on connect error / 5xx before the first
@@ -89,14 +96,16 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import yaml
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from router.policy.admission import AdmissionConfig
+from router.policy.deployment import Deployment, NodeSpec, SLOTargets
 from router.server.loopwatch import RuntimeSettings
 from router.server.runcontext import RunContextSettings
 from router.server.settings_tiers import (
@@ -115,6 +124,8 @@ __all__ = [
     "FrontierTier",
     "BundleSource",
     "SLOSettings",
+    "NodeSpec",
+    "Deployment",
     "Timeouts",
     "FallbackSettings",
     "ServerSettings",
@@ -147,7 +158,7 @@ class BundleSource(_Strict):
 
     @field_validator("path", "mlflow_uri", "mlflow_tracking_uri", mode="before")
     @classmethod
-    def _empty_is_unset(cls, v: Any) -> Any:
+    def _empty_is_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v
 
     @field_validator("mlflow_uri")
@@ -215,10 +226,8 @@ class UiSettings(_Strict):
     spend_window_s: float = Field(default=300.0, gt=0)
 
 
-class SLOSettings(_Strict):
-    ttft_s: float = Field(default=1.0, gt=0)
-    step_latency_s: float = Field(default=10.0, gt=0)
-    short_step_tokens: int = Field(default=64, ge=0)
+class SLOSettings(SLOTargets):
+    """``slo``: the deployment description's per-step targets (:class:`~router.policy.deployment.SLOTargets`)."""
 
 
 class Timeouts(_Strict):
@@ -271,7 +280,7 @@ class ServerSettings(_Strict):
 
     @field_validator("port", mode="before")
     @classmethod
-    def _no_bool_port(cls, v: Any) -> Any:
+    def _no_bool_port(cls, v: object) -> object:
         if isinstance(v, bool):  # YAML `port: true` would otherwise bind port 1
             raise ValueError("server.port must be a port number, not a boolean")
         return v
@@ -379,7 +388,7 @@ class AdmissionSettings(AdmissionConfig):
         return AdmissionConfig(**{**data, **upd})
 
 
-def _validate_policy(v: Any) -> Any:
+def _validate_policy(v: object) -> object:
     """Validate through router.policy.config's discriminated union (the one registry of policies)."""
     from router.policy.config import parse_policy_config
 
@@ -400,6 +409,7 @@ class RouterSettings(BaseSettings):
     policy: Any = Field(default_factory=lambda: {"kind": "learned"})
     bundle: BundleSource = Field(default_factory=BundleSource)
     slo: SLOSettings = Field(default_factory=SLOSettings)
+    node: NodeSpec = Field(default_factory=NodeSpec)
     timeouts: Timeouts = Field(default_factory=Timeouts)
     fallback: FallbackSettings = Field(default_factory=FallbackSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
@@ -415,7 +425,7 @@ class RouterSettings(BaseSettings):
 
     @field_validator("policy", mode="before")
     @classmethod
-    def _policy(cls, v: Any) -> Any:
+    def _policy(cls, v: object) -> object:
         return _validate_policy(v)
 
     @model_validator(mode="after")
@@ -440,6 +450,11 @@ class RouterSettings(BaseSettings):
     def policy_kind(self) -> str:
         return str(self.policy.kind)
 
+    def deployment(self) -> Deployment:
+        """The deployment this sidecar serves, resolved as for every other command
+        (:meth:`router.policy.deployment.Deployment.from_mapping` of these settings)."""
+        return Deployment.from_mapping(self.model_dump(mode="python"))
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -453,9 +468,9 @@ class RouterSettings(BaseSettings):
         return (env_settings, init_settings)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> RouterSettings:
+    def load(cls, path: str | os.PathLike[str] | None = None, **overrides: object) -> RouterSettings:
         """Read a YAML file (optional), apply ``overrides`` then RUNROUTE_* env; one-line errors."""
-        data: dict[str, Any] = {}
+        data: dict[str, object] = {}
         if path is not None:
             p = Path(path)
             if not p.is_file():
@@ -470,12 +485,12 @@ class RouterSettings(BaseSettings):
         data = _merge(data, overrides)
         data = _env_bundle_source_wins(data)
         try:
-            return cls(**data)
+            return cls(**cast("dict[str, Any]", data))  # the fields validate every value
         except Exception as e:  # pydantic.ValidationError -> one line
             raise SettingsError(_one_line(e, path)) from None
 
 
-def _env_bundle_source_wins(data: dict[str, Any]) -> dict[str, Any]:
+def _env_bundle_source_wins(data: dict[str, object]) -> dict[str, object]:
     """A bundle source named in the environment replaces the one of the file / overrides as a whole
     (``RUNROUTE_BUNDLE__MLFLOW_URI`` over a file's ``bundle.path``, and the reverse): the nested
     merge would otherwise keep both and refuse them."""
@@ -489,10 +504,11 @@ def _env_bundle_source_wins(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def _merge(a: Mapping[str, object], b: Mapping[str, object]) -> dict[str, object]:
     out = dict(a)
     for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        old = out.get(k)
+        out[k] = _merge(old, v) if isinstance(v, dict) and isinstance(old, dict) else v
     return out
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from router.policy.defaults import FRONTIER_CACHED_IN_PER_M, FRONTIER_IN_PER_M, FRONTIER_OUT_PER_M
+from router.policy.deployment import FrontierPrices
 
 __all__ = [
     "ProtocolName",
@@ -81,7 +81,13 @@ class LocalTier(StrictModel):
         return self
 
 
-class FrontierTier(StrictModel):
+class FrontierTier(StrictModel, FrontierPrices):
+    """One frontier backend; its prices per 1M tokens (``price_in_per_m``, ``price_cached_in_per_m``,
+    ``price_cache_write_per_m``, ``price_out_per_m``) are the deployment description's
+    :class:`~router.policy.deployment.FrontierPrices`."""
+
+    model_config = ConfigDict(extra="forbid")
+
     url: str
     kind: Literal["openai", "anthropic", "azure", "openai-compatible"] = "openai"
     model: str = "frontier-model"
@@ -92,10 +98,6 @@ class FrontierTier(StrictModel):
     api_key_env: str | None = "OPENAI_API_KEY"
     allow_no_key: bool = False  # only for loopback fakes
     max_context: int = Field(default=131072, gt=0)
-    price_in_per_m: float = Field(default=FRONTIER_IN_PER_M, ge=0)
-    price_cached_in_per_m: float = Field(default=FRONTIER_CACHED_IN_PER_M, ge=0)
-    price_cache_write_per_m: float | None = Field(default=None, ge=0)  # None = price_in_per_m
-    price_out_per_m: float = Field(default=FRONTIER_OUT_PER_M, ge=0)
     ttft_base_s: float = Field(default=0.4, ge=0)
     # azure
     deployment: str | None = None

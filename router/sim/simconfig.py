@@ -5,7 +5,7 @@ Knobs (:class:`SimConfig`): ``profile`` (the node's step-time coefficients and l
 the KV allocation unit), ``frontier`` (:class:`~router.sim.frontier.FrontierConfig`),
 ``gpu_hour_usd`` (per GPU; default :mod:`router.policy.defaults`), ``scale_to_zero``, ``wake_s`` (267-282 s), ``idle_reap_s``
 (1800 s), ``slo_short_s`` (:mod:`router.policy.defaults`; p95 target and per-step SLO of short steps), ``slo_ttft_s`` (per-step
-SLO of long steps: their TTFT), ``slo_tpot_s`` (None; when set, details report the goodput share:
+SLO of long steps: their TTFT; :mod:`router.policy.defaults`), ``slo_tpot_s`` (None; when set, details report the goodput share:
 served steps with TTFT <= ``slo_ttft_s`` and time per output token <= it, DistServe's measure),
 ``local_model``, ``seed``, ``fast_forward`` (False = step every
 decode iteration; same results, slower: the reference in tests), ``log_steps`` (keep every step's
@@ -37,6 +37,10 @@ Disaggregation (:mod:`router.sim.disagg`): ``disagg_prefill`` (0 = co-located ch
 ``replicas - P`` decode-only), ``kv_link_gbps`` (prefill -> decode KV transfer bandwidth per
 prefill replica, GB/s) and ``kv_link_latency_s`` (per transfer).
 
+A deployment description (:class:`router.policy.deployment.Deployment`, what ``runroute serve
+--config`` serves) gives a config with :meth:`SimConfig.for_deployment`: its GPU price, short-step
+and TTFT SLOs, frontier prices, and its KV size and replica count where it states them.
+
 Tensor parallelism (:func:`router.sim.disagg.tp_profile`): ``tp`` (GPUs per replica sharding the
 model, every replica; 1 = the profile as fitted), ``tp_decode`` (the decode pool's degree when
 disaggregated; 0 = ``tp``), ``tp_efficiency`` (0.8, an assumption, not fitted: the share of the
@@ -47,7 +51,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from router.policy.defaults import GPU_HOUR_USD, KV_CACHE_GB, SLO_SHORT_STEP_S
+from router.policy.defaults import GPU_HOUR_USD, KV_CACHE_GB, SLO_SHORT_STEP_S, SLO_TTFT_S
+from router.policy.deployment import Deployment
 from router.sim.frontier import FrontierConfig
 from router.sim.profiles import NodeProfile
 from router.sim.specdec import SpecDecode
@@ -96,7 +101,7 @@ class SimConfig:
     wake_s: tuple[float, float] = (267.0, 282.0)
     idle_reap_s: float = 1800.0
     slo_short_s: float = SLO_SHORT_STEP_S
-    slo_ttft_s: float = 5.0
+    slo_ttft_s: float = SLO_TTFT_S
     slo_tpot_s: float | None = None
     local_model: str = "local"
     seed: int = 0
@@ -145,6 +150,31 @@ class SimConfig:
             raise SimError("a global CPU KV pool is modelled without an SSD tier and without scale-to-zero")
         if self.tp < 1 or self.tp_decode < 0 or not 0 < self.tp_efficiency <= 1:
             raise SimError("tp must be >= 1, tp_decode >= 0 (0: tp) and 0 < tp_efficiency <= 1")
+
+    @classmethod
+    def for_deployment(
+        cls, dep: Deployment, profile: NodeProfile, frontier: FrontierConfig | None = None
+    ) -> SimConfig:
+        """The simulated node of ``dep`` on ``profile``: ``frontier`` (its timing; default
+        :class:`FrontierConfig`'s) priced at ``dep``'s frontier prices."""
+        fr = replace(
+            frontier or FrontierConfig(),
+            price_in_per_m=dep.frontier.price_in_per_m,
+            price_cached_in_per_m=dep.frontier.price_cached_in_per_m,
+            price_out_per_m=dep.frontier.price_out_per_m,
+        )
+        cfg = cls(
+            profile=profile,
+            frontier=fr,
+            gpu_hour_usd=dep.gpu_hour_usd,
+            slo_short_s=dep.slo_short_step_s,
+            slo_ttft_s=dep.slo.ttft_s,
+        )
+        if dep.node.kv_cache_gb is not None:
+            cfg = replace(cfg, kv_cache_gb=dep.node.kv_cache_gb)
+        if dep.replicas is not None:
+            cfg = replace(cfg, replicas=dep.replicas)
+        return cfg
 
     def pool_tp(self, role: str) -> int:
         """The tensor-parallel degree of a replica of ``role`` (both, prefill or decode)."""

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from router.core.figures import SHORT_STEP_TOKENS as FIGURES_SHORT_STEP_TOKENS
 from router.core.figures import is_short, upper_bound_tokens
+from router.policy.defaults import SHORT_STEP_TOKENS
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -32,8 +32,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from features.runlog import RunLog
 
 __all__ = ["SimError", "SHORT_STEP_TOKENS", "StepSpec", "RunSpec", "Workload"]
-
-SHORT_STEP_TOKENS = FIGURES_SHORT_STEP_TOKENS  # router.core.figures' (re-exported for router.sim.whatif)
 
 
 class SimError(ValueError):

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from router.policy.defaults import KV_CACHE_GB
+from runroute.deployconfig import CONFIG_HELP, SHOW_HELP, deployment_for, given
 from runroute.errors import CliError
 
 
@@ -25,9 +26,12 @@ def _floats(s: str, what: str) -> list[float]:
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
-        runs: Annotated[list[str], typer.Option("--runs", help="run-log file(s); repeat or comma-separate")],
-        bundle: Annotated[Path, typer.Option("--bundle", help="model bundle directory")],
-        json_out: Annotated[Path, typer.Option("--json", help="write the scorecard JSON here")],
+        ctx: typer.Context,
+        runs: Annotated[
+            list[str] | None, typer.Option("--runs", help="run-log file(s); repeat or comma-separate")
+        ] = None,
+        bundle: Annotated[Path | None, typer.Option("--bundle", help="model bundle directory")] = None,
+        json_out: Annotated[Path | None, typer.Option("--json", help="write the scorecard JSON here")] = None,
         more_runs: Annotated[
             list[str] | None, typer.Argument(help="more run-log files (`--runs A B`)")
         ] = None,
@@ -35,12 +39,17 @@ def register(app: typer.Typer) -> None:
         report_dir: Annotated[
             Path | None, typer.Option("--report-dir", help="also write report.md + all plots here")
         ] = None,
-        replicas: Annotated[int, typer.Option("--replicas", help="simulated local replicas")] = 2,
+        replicas: Annotated[
+            int, typer.Option("--replicas", help="simulated local replicas (with --config: the file's)")
+        ] = 2,
         kv_cache_gb: Annotated[
-            float, typer.Option("--kv-cache-gb", help="KV cache per replica (GB)")
+            float,
+            typer.Option("--kv-cache-gb", help="KV cache per replica (GB; with --config: node.kv_cache_gb)"),
         ] = KV_CACHE_GB,
         arrival_rate: Annotated[float, typer.Option("--arrival-rate", help="run starts per second")] = 0.1,
-        no_admission: Annotated[bool, typer.Option("--no-admission", help="no admission control")] = False,
+        no_admission: Annotated[
+            bool, typer.Option("--no-admission", help="no admission control (default: admission.enabled)")
+        ] = False,
         frontier_price: Annotated[
             str | None, typer.Option("--frontier-price", help="USD per 1M tokens: IN,CACHED_IN,OUT")
         ] = None,
@@ -63,6 +72,8 @@ def register(app: typer.Typer) -> None:
                 "--workers", min=1, help="--dask local: worker processes (default 2); an address: wait for N"
             ),
         ] = None,
+        config: Annotated[Path | None, typer.Option("--config", "-c", help=CONFIG_HELP)] = None,
+        show_config: Annotated[bool, typer.Option("--show-config", help=SHOW_HELP)] = False,
     ) -> None:
         """Compare always-local, always-frontier, per-step-threshold, session-sticky, stall-escalation,
         learned and oracle on the given logs (what-if simulator + the outcome model), write the scorecard."""
@@ -71,12 +82,31 @@ def register(app: typer.Typer) -> None:
 
         from models.bundle import BundleError
         from training.eval.bench import bench_runs
-        from training.eval.config import SimSettings
-        from training.eval.outcome import Prices
+        from training.eval.config import SimSettings, prices_for
         from training.eval.plots import plot_frontier
         from training.eval.report import print_scorecard, write_report
         from training.jsonio import atomic_write
 
+        flags: dict[str, tuple[str, object]] = {}
+        if given(ctx, "replicas"):
+            flags["replicas"] = ("--replicas", replicas)
+        if given(ctx, "kv_cache_gb"):
+            flags["node.kv_cache_gb"] = ("--kv-cache-gb", kv_cache_gb)
+        if given(ctx, "no_admission"):
+            flags["admission.enabled"] = ("--no-admission", not no_admission)
+        if gpu_hour_usd is not None:
+            flags["gpu_hour_usd"] = ("--gpu-hour-usd", gpu_hour_usd)
+        if frontier_price:
+            vals = _floats(frontier_price, "--frontier-price")
+            if len(vals) != 3:
+                raise CliError("--frontier-price: expected IN,CACHED_IN,OUT")
+            for name, x in zip(
+                ("price_in_per_m", "price_cached_in_per_m", "price_out_per_m"), vals, strict=True
+            ):
+                flags[f"frontier.{name}"] = ("--frontier-price", x)
+        dep = deployment_for(config, show_config, flags).deployment
+        if not runs or bundle is None or json_out is None:
+            raise CliError("bench needs --runs, --bundle and --json")
         files = [Path(f) for item in [*runs, *(more_runs or [])] for f in item.split(",") if f]
         for f in files:
             if not f.exists():
@@ -84,28 +114,8 @@ def register(app: typer.Typer) -> None:
         if not bundle.is_dir():
             raise CliError(f"bundle directory not found: {bundle}")
         try:
-            pk: dict[str, float] = {}
-            if frontier_price:
-                vals = _floats(frontier_price, "--frontier-price")
-                if len(vals) != 3:
-                    raise CliError("--frontier-price: expected IN,CACHED_IN,OUT")
-                pk = dict(
-                    zip(
-                        ("frontier_in_per_m", "frontier_cached_in_per_m", "frontier_out_per_m"),
-                        vals,
-                        strict=True,
-                    )
-                )
-            if gpu_hour_usd is not None:
-                pk["gpu_hour_usd"] = gpu_hour_usd
-            prices = Prices(**pk)
-            sim = SimSettings(
-                replicas=replicas,
-                kv_cache_gb=kv_cache_gb,
-                arrival_rate=arrival_rate,
-                admission=not no_admission,
-                seed=seed,
-            )
+            prices = prices_for(dep)
+            sim = SimSettings.from_deployment(dep, arrival_rate=arrival_rate, seed=seed)
         except ValidationError as e:
             err = e.errors()[0]
             raise CliError(f"bench: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from runroute.deployconfig import CONFIG_HELP, SHOW_HELP, deployment_for
 from runroute.errors import CliError
 
 
@@ -26,6 +27,8 @@ def register(app: typer.Typer) -> None:
             int, typer.Option("--synthetic-train-runs", help="synthetic runs added to training")
         ] = 800,
         no_mlflow: Annotated[bool, typer.Option("--no-mlflow", help="train without MLflow tracking")] = False,
+        config: Annotated[Path | None, typer.Option("--config", "-c", help=CONFIG_HELP)] = None,
+        show_config: Annotated[bool, typer.Option("--show-config", help=SHOW_HELP)] = False,
     ) -> None:
         """Import the shipped samples, train a bundle on tasks that are not held out, compare every routing
         policy on held-out tasks (what-if simulator + live sidecar with fake backends), write
@@ -33,7 +36,9 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from runroute.demo import DemoConfig, LiveSettings, SimSettings, run_demo
+        from training.eval.config import prices_for
 
+        dep = deployment_for(config, show_config).deployment  # prices, node, SLOs, admission
         try:
             cfg = DemoConfig(
                 out=out,
@@ -42,7 +47,8 @@ def register(app: typer.Typer) -> None:
                 synthetic_train_runs=synthetic_train_runs,
                 mlflow=not no_mlflow,
                 live=LiveSettings(enabled=not no_live),
-                sim=SimSettings(seed=seed),
+                prices=prices_for(dep),
+                sim=SimSettings.from_deployment(dep, seed=seed),
             )
         except ValidationError as e:
             err = e.errors()[0]

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from runroute.deployconfig import CONFIG_HELP, SHOW_HELP, deployment_for, given, priced_backends
 from runroute.errors import CliError
 
 
@@ -134,12 +135,13 @@ def plot_report(rep: Any, path: Path) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("evaluate")
     def evaluate(
+        ctx: typer.Context,
         runs: Annotated[
-            list[Path], typer.Option("--runs", help="run-log files/directories with propensities")
-        ],
+            list[Path] | None, typer.Option("--runs", help="run-log files/directories with propensities")
+        ] = None,
         policy: Annotated[
-            list[str], typer.Option("--policy", help="kind, config file or inline JSON; repeat")
-        ],
+            list[str] | None, typer.Option("--policy", help="kind, config file or inline JSON; repeat")
+        ] = None,
         bundle: Annotated[
             Path | None, typer.Option("--bundle", help="model bundle of the candidates")
         ] = None,
@@ -155,12 +157,25 @@ def register(app: typer.Typer) -> None:
                 "--max-unsupported", help="refuse a candidate unsupported on more runs than this share"
             ),
         ] = 0.02,
-        n_local: Annotated[int, typer.Option("--n-local", min=1, help="local replicas of the replay")] = 2,
+        n_local: Annotated[
+            int,
+            typer.Option("--n-local", min=1, help="local replicas of the replay (with --config: the file's)"),
+        ] = 2,
         json_out: Annotated[Path | None, typer.Option("--json", help="write the report here")] = None,
         plot: Annotated[Path | None, typer.Option("--plot", help="write a PNG of the intervals here")] = None,
+        config: Annotated[Path | None, typer.Option("--config", "-c", help=CONFIG_HELP)] = None,
+        show_config: Annotated[bool, typer.Option("--show-config", help=SHOW_HELP)] = False,
     ) -> None:
         """Off-policy estimates (IPS, SNIPS, DR) of candidate policies on logged runs."""
         import json
+
+        from training.eval.config import prices_for
+
+        flags = {"replicas": ("--n-local", n_local)} if given(ctx, "n_local") else {}
+        res = deployment_for(config, show_config, flags)
+        if not runs or not policy:
+            raise CliError("evaluate needs --runs and --policy")
+        n_local = res.deployment.replicas or n_local
 
         from features.runlog import read_runlog
         from models.predictor import ConstantPredictor
@@ -190,7 +205,8 @@ def register(app: typer.Typer) -> None:
                 log,
                 cands,
                 value_of_success=value_of_success,
-                backends=default_backends(n_local=n_local),
+                backends=priced_backends(res, default_backends(n_local=n_local)),
+                prices=prices_for(res.deployment),
                 n_boot=boot,
                 seed=seed,
                 dm=not no_dm,

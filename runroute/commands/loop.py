@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from runroute.deployconfig import CONFIG_HELP, SHOW_HELP, deployment_for
+
 
 def register(app: typer.Typer) -> None:
     @app.command("loop")
@@ -36,6 +38,8 @@ def register(app: typer.Typer) -> None:
         value_of_success: Annotated[float, typer.Option("--value-of-success", help="USD of a success")] = 1.0,
         no_mlflow: Annotated[bool, typer.Option("--no-mlflow", help="no MLflow logging")] = False,
         seed: Annotated[int, typer.Option("--seed")] = 0,
+        config: Annotated[Path | None, typer.Option("--config", "-c", help=CONFIG_HELP)] = None,
+        show_config: Annotated[bool, typer.Option("--show-config", help=SHOW_HELP)] = False,
     ) -> None:
         """Simulated deployment that learns from its own traffic: exploration, logging, daily
         retraining, promotion by off-policy evaluation; plots per domain."""
@@ -43,10 +47,13 @@ def register(app: typer.Typer) -> None:
 
         from rich.console import Console
 
+        from training.eval.config import prices_for
         from training.eval.loop import LoopConfig, run_loop
         from training.eval.loop_report import print_loop
 
+        dep = deployment_for(config, show_config).deployment  # its prices and replica count
         cfg = LoopConfig(
+            prices=prices_for(dep),
             out=out,
             data=data,
             days=days,
@@ -58,6 +65,8 @@ def register(app: typer.Typer) -> None:
             mlflow=not no_mlflow,
             seed=seed,
         )
+        if dep.replicas:  # the deployment's local replicas (else the loop's own default)
+            cfg = cfg.model_copy(update={"replicas": dep.replicas})
         cfg = cfg.model_copy(update={"explore": cfg.explore.model_copy(update={"rate": explore_rate})})
         con = Console(stderr=True)
         t0 = time.perf_counter()

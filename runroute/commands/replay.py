@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
+from runroute.deployconfig import CONFIG_HELP, SHOW_HELP, deployment_for, given, priced_backends
+
 
 def _policy_configs(spec: str, config_file: Path | None) -> list[Any]:
     from router.policy.config import POLICY_KINDS
@@ -108,9 +110,10 @@ def print_table(report: dict[str, Any]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("replay")
     def replay_cmd(
+        ctx: typer.Context,
         runs: Annotated[
-            list[Path], typer.Option("--runs", help="run-log file or directory (repeat for several)")
-        ],
+            list[Path] | None, typer.Option("--runs", help="run-log file or directory (repeat for several)")
+        ] = None,
         policy: Annotated[
             str, typer.Option("--policy", help="policy names, comma-separated, or 'all'")
         ] = "all",
@@ -124,10 +127,23 @@ def register(app: typer.Typer) -> None:
         policy_config: Annotated[
             Path | None, typer.Option("--policy-config", help="YAML/JSON list of policy configs")
         ] = None,
-        n_local: Annotated[int, typer.Option("--n-local", min=1, help="synthetic local replicas")] = 2,
+        n_local: Annotated[
+            int, typer.Option("--n-local", min=1, help="synthetic local replicas (with --config: the file's)")
+        ] = 2,
+        config: Annotated[Path | None, typer.Option("--config", "-c", help=CONFIG_HELP)] = None,
+        show_config: Annotated[bool, typer.Option("--show-config", help=SHOW_HELP)] = False,
     ) -> None:
         """Replay logged runs through routing policies: escalations, recall, flaps, cache (no timing)."""
         import orjson
+
+        from runroute.errors import CliError
+
+        res = deployment_for(
+            config, show_config, {"replicas": ("--n-local", n_local)} if given(ctx, "n_local") else {}
+        )
+        if not runs:
+            raise CliError("replay needs --runs")
+        n_local = res.deployment.replicas or n_local
 
         from features.runlog import read_runlog
         from models.predictor import ConstantPredictor
@@ -160,8 +176,11 @@ def register(app: typer.Typer) -> None:
             strong = log.runs["strong_model"].dropna().unique().tolist()
             if len(strong) == 1:
                 frontier_model = str(strong[0])
-        backends = default_backends(
-            local_model=weak_model or "local-model", frontier_model=frontier_model, n_local=n_local
+        backends = priced_backends(
+            res,
+            default_backends(
+                local_model=weak_model or "local-model", frontier_model=frontier_model, n_local=n_local
+            ),
         )
         try:
             report = replay(log, policies, predictor, backends=backends, weak_model=weak_model)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import typer
 
+from runroute.deployconfig import SHOW_HELP, deployment_for
 from runroute.errors import CliError
 
 __all__ = [
@@ -101,10 +102,14 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(
             1, "--workers", help="worker processes behind the port (> 1 needs store.kind: redis)"
         ),
+        show_config: bool = typer.Option(False, "--show-config", help=SHOW_HELP),
     ) -> None:
         """Serve the routing sidecar: POST /v1/chat/completions with model "auto"."""
         import contextlib
         import os
+
+        if show_config:  # the deployment part, resolved as whatif / bench / evaluate resolve it
+            deployment_for(config, True)
 
         # One OpenMP thread for LightGBM's one-row predictions: with the default (all cores) each
         # Booster.predict costs ~25 ms on a busy 2-core machine instead of ~25 us (measured).

@@ -14,16 +14,18 @@ from typing import Any
 import typer
 
 from router.policy.defaults import KV_CACHE_GB
+from runroute.deployconfig import CONFIG_HELP, SHOW_HELP, deployment_for, given
 from runroute.errors import CliError
 
 
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train(
+        ctx: typer.Context,
         runs: list[Path] = typer.Option(
-            ..., "--runs", help="run-log files/directories (.parquet/.jsonl); repeat"
+            [], "--runs", help="run-log files/directories (.parquet/.jsonl); repeat (required)"
         ),
-        out: Path = typer.Option(..., "-o", "--out", help="bundle directory to write"),
+        out: Path | None = typer.Option(None, "-o", "--out", help="bundle directory to write (required)"),
         report_json: Path | None = typer.Option(None, "--report-json", help="write the report here"),
         benefit_report: Path | None = typer.Option(
             None, "--benefit-report", help="write the per-domain benefit tables (JSON, MD, PNG) here"
@@ -48,9 +50,15 @@ def register(app: typer.Typer) -> None:
             "--cache-capacity-blocks",
             help="LRU replay capacity per replica (default: the node profile's KV blocks at --kv-cache-gb)",
         ),
-        node_gpu: str = typer.Option("a100", "--node-gpu", help="node profile of the cache-label replay"),
-        kv_cache_gb: float = typer.Option(KV_CACHE_GB, "--kv-cache-gb", help="KV cache per replica (GB)"),
-        cache_replicas: int = typer.Option(2, "--cache-replicas", help="local replicas (one cache each)"),
+        node_gpu: str = typer.Option(
+            "a100", "--node-gpu", help="node profile of the cache-label replay (with --config: node.gpu)"
+        ),
+        kv_cache_gb: float = typer.Option(
+            KV_CACHE_GB, "--kv-cache-gb", help="KV cache per replica (GB; with --config: node.kv_cache_gb)"
+        ),
+        cache_replicas: int = typer.Option(
+            2, "--cache-replicas", help="local replicas (one cache each; with --config: the file's)"
+        ),
         n_estimators: int = typer.Option(200, "--n-estimators", help="trees of the regressors"),
         no_mlflow: bool = typer.Option(False, "--no-mlflow", help="do not log to MLflow"),
         tracking_uri: str | None = typer.Option(
@@ -82,6 +90,8 @@ def register(app: typer.Typer) -> None:
         partitions: int | None = typer.Option(
             None, "--partitions", min=1, help="--dask: partitions of the run logs (default: 4 per worker)"
         ),
+        config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+        show_config: bool = typer.Option(False, "--show-config", help=SHOW_HELP),
     ) -> None:
         """Per-step datasets from whole runs, grouped CV against baselines, calibrated thresholds,
         a verified bundle (joblib + manifest) and MLflow tracking with a 'champion' alias."""
@@ -92,6 +102,20 @@ def register(app: typer.Typer) -> None:
         from training.retrain import LogTrainConfig, logs_have_propensities, train_from_logs
         from training.train import TrainConfig, run_training
 
+        flags: dict[str, tuple[str, object]] = {}
+        for param, key, flag, value in (
+            ("node_gpu", "node.gpu", "--node-gpu", node_gpu),
+            ("kv_cache_gb", "node.kv_cache_gb", "--kv-cache-gb", kv_cache_gb),
+            ("cache_replicas", "replicas", "--cache-replicas", cache_replicas),
+        ):
+            if given(ctx, param):
+                flags[key] = (flag, value)
+        dep = deployment_for(config, show_config, flags).deployment
+        node_gpu = dep.node.gpu
+        kv_cache_gb = dep.node.kv_cache_gb if dep.node.kv_cache_gb is not None else kv_cache_gb
+        cache_replicas = dep.replicas or cache_replicas
+        if not runs or out is None:
+            raise CliError("train needs --runs and --out")
         if logs_have_propensities(runs):  # reads two columns of a Parquet log, not the whole log
             if dask is not None:
                 raise CliError("--dask trains on run logs; router logs with propensities train serially")

@@ -8,7 +8,8 @@ from typing import Any
 
 import typer
 
-from router.policy.defaults import GPU_HOUR_USD, KV_CACHE_GB, SLO_SHORT_STEP_S
+from router.policy.defaults import GPU_HOUR_USD, KV_CACHE_GB, SLO_SHORT_STEP_S, SLO_TTFT_S
+from runroute.deployconfig import CONFIG_HELP, SHOW_HELP, deployment_for, given
 from runroute.errors import CliError
 
 
@@ -25,6 +26,7 @@ def _floats(s: str, what: str, n: int | None = None) -> list[float]:
 def register(app: typer.Typer) -> None:
     @app.command("whatif")
     def whatif(
+        ctx: typer.Context,
         runs: list[str] = typer.Option(
             None, "--runs", help="run-log file(s) (.parquet/.jsonl); repeat or comma-separate"
         ),
@@ -40,16 +42,23 @@ def register(app: typer.Typer) -> None:
         speedup: float = typer.Option(
             1.0, "--speedup", help="replay time compression (all arrival processes)"
         ),
-        replicas: str = typer.Option("1,2,4", "--replicas", help="local replica counts, e.g. 1,2,4"),
-        gpu: str = typer.Option("a100", "--gpu", help="a100 | h100 (picks the default node profile)"),
+        replicas: str = typer.Option(
+            "1,2,4", "--replicas", help="local replica counts, e.g. 1,2,4 (with --config: the file's count)"
+        ),
+        gpu: str = typer.Option(
+            "a100", "--gpu", help="a100 | h100 (picks the default node profile; with --config: node.gpu)"
+        ),
         node_profile: str | None = typer.Option(
-            None, "--node-profile", help="shipped profile name or a JSON path (your own vLLM fit)"
+            None,
+            "--node-profile",
+            help="shipped profile name or a JSON path (your own vLLM fit; with --config: node.profile)",
         ),
         kv_cache_gb: str = typer.Option(
             "auto",
             "--kv-cache-gb",
             help="KV cache per replica (GB), e.g. 16,32; auto = what vLLM leaves on the profile's GPU "
-            f"(memory x 0.9 - weights - reserve; {KV_CACHE_GB:g} when the profile has no memory figures)",
+            f"(memory x 0.9 - weights - reserve; {KV_CACHE_GB:g} when the profile has no memory figures); "
+            "with --config: node.kv_cache_gb",
         ),
         policy: str = typer.Option(
             "always-local,session-sticky,always-frontier",
@@ -60,7 +69,9 @@ def register(app: typer.Typer) -> None:
             None, "--bundle", help="model bundle dir (predictions + thresholds)"
         ),
         frontier_price: str | None = typer.Option(
-            None, "--frontier-price", help="USD per 1M tokens: IN,CACHED_IN,OUT"
+            None,
+            "--frontier-price",
+            help="USD per 1M tokens: IN,CACHED_IN,OUT (default: the config's default frontier's)",
         ),
         frontier_ttft_s: float = typer.Option(0.4, "--frontier-ttft-s", help="frontier median TTFT (s)"),
         frontier_tps: float = typer.Option(60.0, "--frontier-tps", help="frontier median output tokens/s"),
@@ -74,12 +85,14 @@ def register(app: typer.Typer) -> None:
         wake_s: str = typer.Option("267,282", "--wake-s", help="scale-to-zero wake time range LO,HI (s)"),
         idle_reap_s: float = typer.Option(1800.0, "--idle-reap-s", help="scale-to-zero idle reaper (s)"),
         slo_short_s: float = typer.Option(SLO_SHORT_STEP_S, "--slo-short-s", help="p95 short-step SLO (s)"),
-        slo_ttft_s: float = typer.Option(5.0, "--slo-ttft-s", help="per-step SLO of long steps: TTFT (s)"),
+        slo_ttft_s: float = typer.Option(
+            SLO_TTFT_S, "--slo-ttft-s", help="per-step SLO of long steps: TTFT (s)"
+        ),
         admission: bool = typer.Option(
             False,
-            "--admission",
+            "--admission/--no-admission",
             help="admission control at run starts (router.policy.admission; SLO = "
-            "--slo-short-s): spill or reject new runs under load",
+            "--slo-short-s): spill or reject new runs under load (with --config: admission.enabled)",
         ),
         limit_runs: int | None = typer.Option(None, "--limit-runs", help="replay only the first N runs"),
         seed: int = typer.Option(0, "--seed", help="seed of arrivals and latency draws"),
@@ -158,6 +171,8 @@ def register(app: typer.Typer) -> None:
             min=1,
             help="--dask local: worker processes (default 2); an address: wait for N",
         ),
+        config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+        show_config: bool = typer.Option(False, "--show-config", help=SHOW_HELP),
     ) -> None:
         """Replay logged runs through the router's policies against simulated local replicas and a
         frontier API; print the scorecard per (policy x replicas x KV size) and the built-in answers,
@@ -178,6 +193,20 @@ def register(app: typer.Typer) -> None:
         from router.sim.specdec import SpecError, parse_spec
         from router.sim.whatif import SimConfig, SimError, Workload, run_grid
 
+        # the deployment (--config, RUNROUTE_* env, flags): a what-if of a config answers for it
+        res = deployment_for(config, show_config, _deployment_flags(ctx, locals()))
+        dep = res.deployment
+        gpu_hour_usd, slo_short_s, slo_ttft_s = dep.gpu_hour_usd, dep.slo_short_step_s, dep.slo.ttft_s
+        gpu, node_profile = dep.node.gpu, dep.node.profile
+        if config is not None or res.stated("admission.enabled"):  # the sidecar admits by default
+            admission = dep.admission.enabled
+        if dep.node.kv_cache_gb is not None and not given(ctx, "kv_cache_gb"):
+            kv_cache_gb = f"{dep.node.kv_cache_gb:g}"
+        if dep.replicas is not None and not given(ctx, "replicas"):
+            replicas = str(dep.replicas)
+        if not frontier_price:
+            f = dep.frontier
+            frontier_price = f"{f.price_in_per_m!r},{f.price_cached_in_per_m!r},{f.price_out_per_m!r}"
         if list_profiles_:
             _print_profiles()
             return
@@ -210,7 +239,7 @@ def register(app: typer.Typer) -> None:
             kvs = _floats(kv_cache_gb, "--kv-cache-gb")
         if any(k <= 0 for k in kvs):
             raise CliError("--kv-cache-gb: sizes must be > 0")
-        if gpu_hour_usd == GPU_HOUR_USD:
+        if not res.stated("gpu_hour_usd"):
             flagged.append(
                 f"GPU price ${GPU_HOUR_USD:.2f} per GPU-hour is the deployment default, not a quote: set "
                 "--gpu-hour-usd for cost answers"
@@ -341,8 +370,12 @@ def register(app: typer.Typer) -> None:
             from router.policy.admission import AdmissionController
             from router.sim.calibrate import admission_config_for_profile
 
-            # knobs derived from the node profile at the smallest KV size asked for (conservative)
+            # knobs derived from the node profile at the smallest KV size asked for (conservative),
+            # except those the deployment states (file / env): the sidecar admits with those
             acfg = admission_config_for_profile(prof, min(kvs), slo_short_s)
+            acfg = acfg.model_copy(
+                update=res.stated_fields("admission", exclude={"slo_short_step_s", "enabled"})
+            )
 
             def hook_factory() -> Any:  # a fresh controller (hysteresis state) per simulation
                 return AdmissionController(acfg)
@@ -436,6 +469,47 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"wrote {plot_out}", err=True)
 
 
+def _deployment_flags(ctx: typer.Context, v: dict[str, Any]) -> dict[str, tuple[str, object]]:
+    """The deployment values set on the command line (they win over --config and RUNROUTE_* env)."""
+    out: dict[str, tuple[str, object]] = {}
+    simple = {
+        "gpu_hour_usd": ("gpu_hour_usd", "--gpu-hour-usd"),
+        "slo_short_s": ("admission.slo_short_step_s", "--slo-short-s"),
+        "slo_ttft_s": ("slo.ttft_s", "--slo-ttft-s"),
+        "gpu": ("node.gpu", "--gpu"),
+        "node_profile": ("node.profile", "--node-profile"),
+        "admission": ("admission.enabled", "--admission"),
+    }
+    for param, (key, flag) in simple.items():
+        if given(ctx, param):
+            out[key] = ("--no-admission" if param == "admission" and not v[param] else flag, v[param])
+    if given(ctx, "frontier_price") and v["frontier_price"]:
+        vals = _floats(v["frontier_price"], "--frontier-price", 3)
+        for name, x in zip(("price_in_per_m", "price_cached_in_per_m", "price_out_per_m"), vals, strict=True):
+            out[f"frontier.{name}"] = ("--frontier-price", x)
+    if given(ctx, "kv_cache_gb") and v["kv_cache_gb"].strip().lower() != "auto":
+        kvs = _floats(v["kv_cache_gb"], "--kv-cache-gb")
+        if len(kvs) == 1:
+            out["node.kv_cache_gb"] = ("--kv-cache-gb", kvs[0])
+    if given(ctx, "slo") and v["slo"]:  # short_p95 / ttft_p95 also set the two per-step SLOs
+        from router.sim.search import parse_slo
+        from router.sim.workload import SimError
+
+        try:
+            t = parse_slo(v["slo"])
+        except SimError as e:
+            raise CliError(str(e)) from None
+        if t.short_p95_s is not None:
+            out["admission.slo_short_step_s"] = ("--slo short_p95", t.short_p95_s)
+        if t.ttft_p95_s is not None:
+            out["slo.ttft_s"] = ("--slo ttft_p95", t.ttft_p95_s)
+    if given(ctx, "replicas"):
+        reps = _floats(v["replicas"], "--replicas")
+        if len(reps) == 1:
+            out["replicas"] = ("--replicas", int(reps[0]))
+    return out
+
+
 def _print_profiles() -> None:
     """`runroute whatif --profile`: every shipped node profile, its derived KV size, sources, fit error."""
     from rich.console import Console
@@ -503,6 +577,10 @@ def _inputs(v: dict[str, Any]) -> dict[str, Any]:
         "node_profile_coefficients": {k: getattr(prof, k) for k in "abcde"},
         "node_profile_fit_error": prof.fit_error,
         "gpu_hour_usd": v["gpu_hour_usd"],
+        "replicas": v["reps"],
+        "slo_short_s": base.slo_short_s,
+        "slo_ttft_s": base.slo_ttft_s,
+        "config": str(v["config"]) if v["config"] else None,
         "frontier": {
             k: getattr(frontier, k)
             for k in (

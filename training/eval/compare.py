@@ -303,13 +303,13 @@ def compare_policies(
         price_out_per_m=prices.frontier_out_per_m,
     )
     base = SimConfig(
-        profile=load_profile(None, sim.gpu),
+        profile=load_profile(sim.profile, sim.gpu),
         replicas=sim.replicas,
         kv_cache_gb=sim.kv_cache_gb,
         frontier=frontier,
         gpu_hour_usd=prices.gpu_hour_usd,
         slo_short_s=sim.slo_short_s,
-        slo_ttft_s=sim.slo_short_s,
+        slo_ttft_s=sim.slo_ttft_s,
         seed=sim.seed,
     )
     band = 0.0
