@@ -217,3 +217,26 @@ def test_domain_evidence_switches_only_on_evidence():
     good = evaluate_budget(domain(1.0), 0.2, evidence=ev, n_boot=100)
     assert good.extra["ranker"] in ("prior", "domain")
     assert all(h[1] != "none" for h in good.extra["ranker_history"])
+
+
+def test_knobs_are_chosen_inside_the_training_domains_only():
+    """select_evidence scores each candidate on the training domains of the held-out one, each
+    arriving with a prior trained on the other training domains: the held-out domain's runs enter
+    neither the priors nor the scored runs."""
+    from features.runlog import read_runlog
+    from features.samples import sample_path
+    from training.eval.budget_eval import DomainEvidence, PairedRows, inner_scores, select_evidence
+
+    rows = PairedRows.of(read_runlog(sample_path("paired/tau2bench_all.parquet")))
+    inner = inner_scores(rows, "airline", n_estimators=20)
+    assert [(d.domain, d.train_domains) for d in inner] == [
+        ("retail", ("telecom",)),
+        ("telecom", ("retail",)),
+    ]
+    held_runs = {str(r) for r, d in zip(rows.rids, rows.row_dom, strict=True) if d == "airline"}
+    assert all(r.run_id not in held_runs for d in inner for r in d.records)
+    cands = [None, DomainEvidence(min_labelled=20, refit_every=20, n_estimators=20, n_boot=50)]
+    pick, figs = select_evidence(rows, "airline", 0.2, cands, seeds=1, n_estimators=20)
+    assert set(figs) == {"prior only", cands[1].label()}
+    assert pick in cands and all(0.0 <= v <= 1.0 for v in figs.values())
+    assert figs["prior only" if pick is None else pick.label()] == max(figs.values())
