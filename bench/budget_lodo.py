@@ -12,8 +12,15 @@ frontier share (for ``--seeds`` arrival orders: mean, min and max), success with
 task-bootstrap interval for the budgeted policy and the baselines held to the same share
 (per-step-threshold with a hindsight threshold, random mixing), the paired difference to the best
 baseline with its SE, and whether the two "Done when" checks hold (share within +-5 points; success
->= best baseline - 1 SE). Draws ``budget_curve.png``: success and cost per run against the realised
-frontier share for budgets 5%..60%, with 95% bands, per domain.
+>= best baseline - 1 SE), and the same for AIQ (each policy's operating point, paired task-bootstrap
+difference to the best baseline by AIQ). Draws ``budget_curve.png``: success and cost per run
+against the realised frontier share for budgets 5%..60%, with 95% bands, per domain.
+
+``--evidence`` (default on): the budgeted policy also weighs the held-out domain's own ended local
+runs (:class:`training.eval.budget_eval.DomainEvidence`, prequential), its knobs chosen per held-out
+domain by :func:`training.eval.budget_eval.select_evidence` inside the *training* domains only (the
+inner figures are printed); ``--evidence off`` is the prior's ordering alone (the figures before).
+Per seed the table counts how many arrival orders pass each check.
 """
 
 from __future__ import annotations
@@ -35,42 +42,77 @@ def main() -> int:
 
     from features.runlog import read_runlog
     from features.samples import sample_path
-    from training.eval.budget_eval import domain_scores, evaluate_budget
+    from training.eval.budget_eval import (
+        DomainEvidence,
+        PairedRows,
+        domain_scores,
+        evaluate_budget,
+        select_evidence,
+    )
     from training.eval.budget_plot import plot_budget_curve
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--share", type=float, default=0.2, help="the frontier budget (share of runs)")
     ap.add_argument("--seeds", type=int, default=5, help="arrival orders tried for the share figure")
+    ap.add_argument("--evidence", choices=("on", "off"), default="on", help="the domain's own evidence")
+    ap.add_argument("--inner-seeds", type=int, default=2, help="arrival orders of the inner selection")
     ap.add_argument("--out", type=Path, default=Path("runroute-report/budget"))
     args = ap.parse_args()
-    console = Console(width=220)
+    console = Console(width=240)
     t0 = time.perf_counter()
-    log = read_runlog(sample_path("paired/tau2bench_all.parquet"))
-    scored = domain_scores(log)
+    rows = PairedRows.of(read_runlog(sample_path("paired/tau2bench_all.parquet")))
+    scored = domain_scores(rows)
     console.print(f"scored {len(scored)} held-out domains in {time.perf_counter() - t0:.1f}s")
+    grid = [DomainEvidence(), DomainEvidence(min_labelled=40, refit_every=40)]
+    chosen: dict[str, DomainEvidence | None] = {}
+    if args.evidence == "on":
+        inner = Table(
+            title="knob choice inside the training domains (mean budgeted success; held-out never used)"
+        )
+        for c in ("held-out", "prior only (reference)", *(g.label() for g in grid), "chosen"):
+            inner.add_column(c)
+        for d in scored:
+            pick, figs = select_evidence(rows, d.domain, args.share, [*grid], seeds=args.inner_seeds)
+            ref = select_evidence(rows, d.domain, args.share, [None], seeds=args.inner_seeds)[1]
+            chosen[d.domain] = pick
+            inner.add_row(
+                d.domain,
+                f"{ref['prior only']:.3f}",
+                *(f"{figs[g.label()]:.3f}" for g in grid),
+                "n/a" if pick is None else pick.label(),
+            )
+        console.print(inner)
 
     tab = Table(title=f"frontier budget {args.share:.0%} of runs, leave-one-domain-out (shipped tau2 pairs)")
     for c in (
         "domain",
         "runs",
-        "tasks",
         "share mean [min, max]",
-        "budgeted",
+        "budgeted (seed 0)",
         "per-step-thr.",
         "random mix",
-        "vs best: diff (SE)",
+        "success vs best: diff (SE), seed 0",
+        "AIQ budgeted / best",
+        "AIQ vs best: diff (SE), seed 0",
+        "mean over seeds: success diff, AIQ diff (mean SE)",
         "share ok",
-        "quality ok",
+        "success ok (seeds)",
+        "AIQ ok (seeds)",
     ):
         tab.add_column(c)
     curves = {}
     shares_grid = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     for d in track(scored, description="domains", console=console):
-        res = [evaluate_budget(d, args.share, seed=s) for s in range(args.seeds)]
+        ev = chosen.get(d.domain)
+        res = [evaluate_budget(d, args.share, seed=s, evidence=ev) for s in range(args.seeds)]
         sh = np.array([r.realised_share for r in res])
         r0 = res[0]
         best = r0.best_baseline
         diff = r0.diff_vs[best]
+        ab = r0.best_aiq_baseline
+        ad = r0.aiq_diff_vs[ab]
+        sd = [r.diff_vs[r.best_baseline] for r in res]
+        aq = [r.aiq_diff_vs[r.best_aiq_baseline] for r in res]
 
         def fmt(k: str, r=r0) -> str:
             ci = r.success[k]
@@ -78,24 +120,30 @@ def main() -> int:
 
         share_ok = bool(np.all(np.abs(sh - args.share) <= 0.05))
         tab.add_row(
-            d.domain,
+            d.domain + ("" if ev is None else f" ({r0.extra['ranker']})"),
             str(r0.runs),
-            str(r0.tasks),
             f"{sh.mean():.3f} [{sh.min():.3f}, {sh.max():.3f}]",
             fmt("budgeted"),
             fmt("per-step-threshold"),
             fmt("random-mixing"),
             f"{best}: {diff.mean:+.3f} ({diff.se:.3f})",
+            f"{r0.aiq['budgeted'].mean:.3f} / {r0.aiq[ab].mean:.3f}",
+            f"{ab}: {ad.mean:+.3f} ({ad.se:.3f})",
+            f"{np.mean([x.mean for x in sd]):+.3f}, {np.mean([x.mean for x in aq]):+.3f} "
+            f"({np.mean([x.se for x in sd]):.3f}, {np.mean([x.se for x in aq]):.3f})",
             "yes" if share_ok else "NO",
-            "yes" if r0.passes else "NO",
+            f"{sum(r.passes for r in res)}/{len(res)}",
+            f"{sum(r.aiq_passes for r in res)}/{len(res)}",
         )
-        curves[d.domain] = [evaluate_budget(d, b, seed=0) for b in shares_grid]
+        curves[d.domain] = [evaluate_budget(d, b, seed=0, evidence=ev) for b in shares_grid]
     console.print(tab)
     console.print(
-        "budgeted: the model of the other domains orders runs, the online conformal quantile decides how "
-        "many escalate; per-step-threshold: the same scores, a threshold picked on the held-out runs to the "
-        "same share (hindsight); random mixing: the same share escalated at random. Success: escalate-anytime "
-        "outcome model, strong side = the domain's strong player's mean over its trials."
+        "budgeted: the model of the other domains orders runs"
+        + (" (then the domain's own evidence, knobs chosen in the training domains)" if chosen else "")
+        + ", the online conformal quantile decides how many escalate; per-step-threshold: the prior's scores, "
+        "a threshold picked on the held-out runs to the same share (hindsight); random mixing: the same share "
+        "escalated at random. Success: escalate-anytime outcome model, strong side = the domain's strong "
+        "player's mean over its trials. ok = diff >= -1 SE."
     )
     png = plot_budget_curve(curves, args.out / "budget_curve.png")
     console.print(

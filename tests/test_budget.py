@@ -162,3 +162,81 @@ def test_engine_state_leaves_spills_and_fallbacks_out():
     st = bt.states["p"]
     assert st.n_scores("d") == 2 and bt.realised_share("p", "d") == 0.5  # the fallback is not an escalation
     assert st.threshold("d") == pytest.approx(0.8, abs=1e-6)  # k = round(3 * 0.5) = 2 of {0.1, 0.8}
+
+
+@given(
+    st.floats(0.0, 2.0),
+    st.floats(0.0, 1.0),
+    st.floats(0.0, 1.0),
+    st.floats(0.1, 3.0),
+)
+@settings(max_examples=60, deadline=None)
+def test_point_aiq_is_the_hull_area_of_one_point(cost, success, q_local, span):
+    """The closed form the budget bench bootstraps equals training.eval.curves.aiq on one point."""
+    from training.eval.budget_eval import point_aiq
+    from training.eval.curves import aiq
+
+    c_local, c_frontier = 0.5, 0.5 + span
+    want = aiq([(cost, success)], (c_local, q_local), c_local, c_frontier)
+    assert want is not None
+    assert float(point_aiq(cost, success, c_local, q_local, c_frontier)) == pytest.approx(want, abs=2e-3)
+
+
+def test_domain_evidence_switches_only_on_evidence():
+    """Step 6 of training.eval.budget_eval: a prior that ranks the domain's weak failures backwards
+    is dropped once the domain's own ended runs show it (and a domain model that ranks them is
+    taken); a prior that ranks them well is kept. Prequential: the share stays on the budget."""
+    from training.eval.budget_eval import DomainEvidence, DomainScores, evaluate_budget
+    from training.eval.outcome import RunRecord
+
+    rng = np.random.default_rng(0)
+
+    def domain(prior_sign: float) -> DomainScores:
+        recs, scores, xs = [], {}, {}
+        for i in range(240):
+            fail = bool(rng.random() < 0.4)
+            n = int(rng.integers(3, 8))
+            rid = f"r{i}"
+            recs.append(
+                RunRecord.make(
+                    rid, [100] * n, [10] * n, weak_success=not fail, strong_success=True, task_id=f"t{i}"
+                )
+            )
+            signal = (1.0 if fail else 0.0) + 0.5 * rng.standard_normal(n)  # what the features show
+            xs[rid] = np.column_stack([signal, rng.standard_normal(n)])
+            scores[rid] = (1 / (1 + np.exp(-prior_sign * signal))).tolist()
+        prior = 1 / (1 + np.exp(-rng.standard_normal(200)))
+        return DomainScores("d", recs, scores, prior, 0, xs)
+
+    ev = DomainEvidence(min_labelled=30, refit_every=30, n_estimators=30, n_boot=100)
+    backwards = evaluate_budget(domain(-1.0), 0.2, evidence=ev, n_boot=100)
+    assert backwards.extra["ranker"] == "domain", backwards.extra["ranker_history"]
+    assert abs(backwards.realised_share - 0.2) <= 0.05
+    plain = evaluate_budget(domain(-1.0), 0.2, n_boot=100)
+    assert backwards.success["budgeted"].mean > plain.success["budgeted"].mean
+    good = evaluate_budget(domain(1.0), 0.2, evidence=ev, n_boot=100)
+    assert good.extra["ranker"] in ("prior", "domain")
+    assert all(h[1] != "none" for h in good.extra["ranker_history"])
+
+
+def test_knobs_are_chosen_inside_the_training_domains_only():
+    """select_evidence scores each candidate on the training domains of the held-out one, each
+    arriving with a prior trained on the other training domains: the held-out domain's runs enter
+    neither the priors nor the scored runs."""
+    from features.runlog import read_runlog
+    from features.samples import sample_path
+    from training.eval.budget_eval import DomainEvidence, PairedRows, inner_scores, select_evidence
+
+    rows = PairedRows.of(read_runlog(sample_path("paired/tau2bench_all.parquet")))
+    inner = inner_scores(rows, "airline", n_estimators=20)
+    assert [(d.domain, d.train_domains) for d in inner] == [
+        ("retail", ("telecom",)),
+        ("telecom", ("retail",)),
+    ]
+    held_runs = {str(r) for r, d in zip(rows.rids, rows.row_dom, strict=True) if d == "airline"}
+    assert all(r.run_id not in held_runs for d in inner for r in d.records)
+    cands = [None, DomainEvidence(min_labelled=20, refit_every=20, n_estimators=20, n_boot=50)]
+    pick, figs = select_evidence(rows, "airline", 0.2, cands, seeds=1, n_estimators=20)
+    assert set(figs) == {"prior only", cands[1].label()}
+    assert pick in cands and all(0.0 <= v <= 1.0 for v in figs.values())
+    assert figs["prior only" if pick is None else pick.label()] == max(figs.values())

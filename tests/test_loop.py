@@ -118,13 +118,33 @@ def test_loop_under_a_frontier_budget(loop_out, tmp_path):
         frontier_budget=0.3,
         match_iters=6,
     )
-    dom = run_loop(cfg)["domains"]["airline"]
+    rep = run_loop(cfg)
+    dom = rep["domains"]["airline"]
     for day in dom["days"]:
         assert 0 <= day["realised_share"] <= 1 and 0 <= day["champion_share"] <= 1
         assert set(day.get("ope") or {}) <= {"champion", "benefit@budget"}
     a = dom["at_share"]
     assert a["budget"] == 0.3 and 0 < a["final_share"] < 1
     assert a["pst_matched"] == (abs(a["pst_share"] - a["final_share"]) <= 0.05), a
+    if a["pst_bracketed"]:  # the randomised threshold puts per-step-threshold's expected share on it
+        assert a["pst_share"] == pytest.approx(a["final_share"], abs=1e-9) and 0 <= a["pst_mix_weight"] <= 1
     lo, hi = a["success_diff_ci"]
     assert lo <= a["success_diff"] <= hi
     assert a["final_aiq"] is not None and a["pst_aiq"] is not None
+    # the AIQ comparison at the same share: final - per-step-threshold with its task-bootstrap SE
+    assert a["aiq_diff"] == pytest.approx(a["final_aiq"] - a["pst_aiq"], abs=1e-9)
+    alo, ahi = a["aiq_diff_ci"]
+    assert alo <= ahi and a["aiq_diff_se"] >= 0
+    assert a["aiq_not_below"] == (a["aiq_diff"] >= -a["aiq_diff_se"])
+    # the printed report says it per domain, with the day's share and decision
+    import io
+
+    from rich.console import Console
+
+    from training.eval.loop_report import print_loop
+
+    buf = io.StringIO()
+    print_loop(rep, Console(file=buf, width=400))
+    text = buf.getvalue()
+    assert "per-step-threshold held to that share" in text and "AIQ difference" in text
+    assert ("not below" if a["aiq_not_below"] else "BELOW") in text

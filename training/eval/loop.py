@@ -42,13 +42,17 @@ Algorithm of :func:`run_loop`, per domain of the paired data (:class:`~training.
    the same share. At the end the final champion's share, success and AIQ on the evaluation tasks
    (anchored at always-local / always-frontier there, :func:`training.eval.curves.aiq`) are set
    against per-step-threshold held to the same share: its threshold found by bisection
-   (``match_iters`` serves) so its share of escalated evaluation runs is closest to the final
-   champion's (hindsight the budgeted policy does not have; the bisection runs on the threshold's
-   logit); the paired success difference has a task-bootstrap interval. Each serve of the
+   (``match_iters`` serves, on the threshold's logit; hindsight the budgeted policy does not have),
+   then the two served thresholds whose shares bracket the champion's are mixed per run with the
+   weight that puts the expected share on it (a randomised threshold: a tie in the bundle's P
+   escalates all or none of its runs, so no single threshold may land on the share); the paired
+   success and AIQ differences (final - per-step-threshold) have task-bootstrap intervals and SEs
+   (:func:`training.eval.budget_eval.aiq_intervals`: anchors recomputed in every resample), and
+   ``aiq_not_below`` says whether the AIQ difference is >= -1 SE. Each serve of the
    evaluation set starts the budget's windows afresh (warm start from the bundle's calibration
    scores until ``min_window`` of the domain's own), so on a small evaluation set the share is
-   mostly the warm start's. ``pst_matched`` says whether per-step-threshold came within 5 points
-   of the share (it cannot when the bundle's calibrated P is tied at 0.0 or 1.0 on most steps).
+   mostly the warm start's. ``pst_matched`` says whether the mixed per-step-threshold came within 5
+   points of the share (it cannot only when no served threshold reaches past it on one side).
 The report and plots are :mod:`training.eval.loop_report`. Every knob is a field of :class:`LoopConfig`.
 """
 
@@ -230,59 +234,82 @@ def _held_to_share(
 ) -> dict[str, Any]:
     """The final champion against per-step-threshold held to its share (module docstring, 7)."""
     from router.policy.config import build_policy
-    from training.eval.curves import aiq
+    from training.eval.budget_eval import aiq_intervals
     from training.eval.trials import bootstrap_mean_ci, paired_diff_ci
 
     target = float(final.escalated().mean())
-    lo, hi, best = -12.0, 12.0, None  # bisection on the threshold's logit: P values crowd near 0 or 1
+    lo, hi = -12.0, 12.0  # bisection on the threshold's logit: P values crowd near 0 or 1
+    tried: list[tuple[float, float, Any]] = []
     for _ in range(cfg.match_iters):  # share falls as the threshold rises
         t = 1.0 / (1.0 + math.exp(-(lo + hi) / 2))
         s = world.serve(
             *ev, build_policy({"kind": "per-step-threshold", "threshold": t}, bundle), bundle, scfg
         )
         share = float(s.escalated().mean())
-        if best is None or abs(share - target) < abs(best[1] - target):
-            best = (t, share, s)
+        tried.append((t, share, s))
         x = (lo + hi) / 2
         lo, hi = (x, hi) if share > target else (lo, x)
-    assert best is not None
-    t, share, pst = best
-    al, af = baselines["always-local"], baselines["always-frontier"]
+    # the randomised threshold: the two served thresholds whose shares bracket the target, mixed per
+    # run with the weight that puts the expected share on it (a tie in P escalates all or none of its
+    # runs, so a deterministic threshold cannot always land there)
+    above = [x for x in tried if x[1] >= target]
+    below = [x for x in tried if x[1] <= target]
+    a = min(above, key=lambda x: x[1]) if above else max(tried, key=lambda x: x[1])
+    b = max(below, key=lambda x: x[1]) if below else min(tried, key=lambda x: x[1])
+    w = 1.0 if a[1] == b[1] else (target - b[1]) / (a[1] - b[1])
+    w = min(1.0, max(0.0, w))
+    pst_success = w * a[2].success_p + (1 - w) * b[2].success_p
+    pst_cost = w * a[2].cost + (1 - w) * b[2].cost
+    share = w * a[1] + (1 - w) * b[1]
+    closest = min(tried, key=lambda x: abs(x[1] - target))
     tasks = [final.task_of[r] for r in final.run_ids]
-
-    def aiq_of(served: Any) -> float | None:
-        return aiq(
-            [(float(served.cost.mean()), float(served.success_p.mean()))],
-            (al["cost"], al["success"]),
-            al["cost"],
-            af["cost"],
-        )
-
+    al, af = baselines["always-local"], baselines["always-frontier"]
+    succ = {
+        "final": np.asarray(final.success_p, dtype=float),
+        "per-step-threshold": pst_success,
+        "always-local": np.asarray(al["success_per_run"], dtype=float),
+        "always-frontier": np.asarray(af["success_per_run"], dtype=float),
+    }
+    cost = {
+        "final": np.asarray(final.cost, dtype=float),
+        "per-step-threshold": pst_cost,
+        "always-local": np.asarray(al["cost_per_run"], dtype=float),
+        "always-frontier": np.asarray(af["cost_per_run"], dtype=float),
+    }
+    aiq, aiq_diff = aiq_intervals(
+        succ, cost, tasks, ["per-step-threshold"], cfg.n_boot, cfg.seed, ref="final"
+    )
     ci = bootstrap_mean_ci(final.success_p, tasks, seed=cfg.seed)
-    diff = paired_diff_ci(final.success_p, pst.success_p, tasks, seed=cfg.seed)
-    final_aiq, pst_aiq = aiq_of(final), aiq_of(pst)
+    diff = paired_diff_ci(final.success_p, pst_success, tasks, seed=cfg.seed)
+    ad = aiq_diff.get("per-step-threshold")
     out: dict[str, Any] = {
         "budget": cfg.frontier_budget,
         "final_share": target,
         "final_success": float(final.success_p.mean()),
         "final_success_ci": None if ci is None else [ci.low, ci.high],
-        "final_aiq": final_aiq,
-        "pst_threshold": t,
+        "final_aiq": None if "final" not in aiq else aiq["final"].mean,
+        "pst_threshold": closest[0],
+        "pst_thresholds": [b[0], a[0]],
+        "pst_mix_weight": w,
         "pst_share": share,
-        # per-step-threshold cannot always be held there: a bundle whose calibrated P is tied (0.0 or
-        # 1.0 on most steps) escalates all or none of those runs at every threshold; the budget
-        # breaks such ties by a run-stable jitter
+        "pst_closest_share": closest[1],
         "pst_matched": abs(share - target) <= 0.05,
-        "pst_success": float(pst.success_p.mean()),
-        "pst_aiq": pst_aiq,
+        "pst_bracketed": bool(above and below),  # served thresholds on both sides: the mix is exact
+        "pst_success": float(pst_success.mean()),
+        "pst_aiq": None if "per-step-threshold" not in aiq else aiq["per-step-threshold"].mean,
         "success_diff": None if diff is None else diff.mean,
         "success_diff_ci": None if diff is None else [diff.low, diff.high],
         "success_diff_se": None if diff is None else diff.se,
+        "aiq_diff": None if ad is None else ad.mean,
+        "aiq_diff_ci": None if ad is None else [ad.low, ad.high],
+        "aiq_diff_se": None if ad is None else ad.se,
+        "aiq_not_below": None if ad is None else bool(ad.mean >= -ad.se),
     }
     say(
         f"{dom}: final champion at budget {cfg.frontier_budget:g}: share {target:.3f}, success "
-        f"{out['final_success']:.3f}, AIQ {_fmt(final_aiq)}; per-step-threshold at share {share:.3f} "
-        f"(t {t:.3f}): success {out['pst_success']:.3f}, AIQ {_fmt(pst_aiq)}"
+        f"{out['final_success']:.3f}, AIQ {_fmt(out['final_aiq'])}; per-step-threshold held to share "
+        f"{share:.3f} (thresholds {b[0]:.3f}/{a[0]:.3f} mixed {w:.2f}): success {out['pst_success']:.3f}, "
+        f"AIQ {_fmt(out['pst_aiq'])}; AIQ difference {_fmt(out['aiq_diff'])} (SE {_fmt(out['aiq_diff_se'])})"
     )
     return out
 

@@ -145,6 +145,10 @@ def _num(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}"
 
 
+def _sgn(v: float | None) -> str:
+    return "n/a" if v is None or v != v else f"{v:+.3f}"
+
+
 def print_loop(report: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -198,13 +202,19 @@ def print_loop(report: dict[str, Any], console: Any = None) -> None:
         a = dom.get("at_share")
         if a:
             ci = a.get("success_diff_ci") or [float("nan")] * 2
+            aci = a.get("aiq_diff_ci") or [float("nan")] * 2
+            held = "" if a.get("pst_matched") else ": NOT held to the share"
+            verdict = {True: "not below", False: "BELOW", None: "n/a"}[a.get("aiq_not_below")]
+            thr = a.get("pst_thresholds") or [a["pst_threshold"]] * 2
             con.print(
                 f"{name}: under the frontier budget {a['budget']:g} the final champion escalated "
                 f"{a['final_share']:.3f} of the evaluation runs: success {a['final_success']:.3f}, AIQ "
-                f"{_num(a['final_aiq'])}; per-step-threshold held to that share (threshold {a['pst_threshold']:.3f} "
-                f"in hindsight, share {a['pst_share']:.3f}{'' if a.get('pst_matched') else ': NOT held to the share: its P is tied'}): "
-                f"success {a['pst_success']:.3f}, AIQ {_num(a['pst_aiq'])}; "
-                f"paired success difference {a['success_diff']:+.3f} [95% CI {ci[0]:+.3f}, {ci[1]:+.3f}]"
+                f"{_num(a['final_aiq'])}; per-step-threshold held to that share (thresholds {thr[0]:.3f} / "
+                f"{thr[1]:.3f} in hindsight, mixed {a.get('pst_mix_weight', 1.0):.2f} per run: share "
+                f"{a['pst_share']:.3f}{held}): success {a['pst_success']:.3f}, AIQ {_num(a['pst_aiq'])}; "
+                f"paired success difference {a['success_diff']:+.3f} [95% CI {ci[0]:+.3f}, {ci[1]:+.3f}]; "
+                f"AIQ difference {_sgn(a.get('aiq_diff'))} (SE {_num(a.get('aiq_diff_se'))}, 95% CI "
+                f"{_sgn(aci[0])}, {_sgn(aci[1])}): {verdict}"
             )
         share = s["oracle_savings_share"]
         ex = s["exploration"]
