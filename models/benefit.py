@@ -67,12 +67,14 @@ class LogitHead:
             else:
                 C = np.asarray(E, dtype=np.float64) - self.e_mean
                 parts.append(np.nan_to_num(C) @ self.components.T)  # a missing row = the mean
-        Z = np.hstack(parts) if parts else np.zeros((len(X), 0))
-        return (Z - self.mean) / self.scale
+        Z: np.ndarray = np.hstack(parts) if parts else np.zeros((len(X), 0))
+        out: np.ndarray = (Z - self.mean) / self.scale
+        return out
 
     def predict(self, X: np.ndarray, E: np.ndarray | None) -> np.ndarray:
-        z = self.design(X, E) @ self.coef + self.intercept
-        return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
+        z: np.ndarray = self.design(X, E) @ self.coef + self.intercept
+        p: np.ndarray = 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
+        return p
 
 
 @dataclass
