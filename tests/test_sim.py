@@ -224,3 +224,32 @@ def test_incremental_prefill_queue_equals_its_definition_at_every_step(monkeypat
     cfg = SimConfig(profile=load_profile(None, "a100"), replicas=2, kv_cache_gb=16.0)
     Simulator(w, build_policy("session-sticky"), cfg, st).run()
     assert len(seen) > 100 and max(seen) > 0
+
+
+def test_gc_threshold_is_raised_while_the_loop_runs_and_restored_after_even_on_error():
+    import gc
+
+    from router.sim.simulator import GC_GEN0
+
+    seen: list[int] = []
+
+    class _Watch(Fixed):
+        def decide(self, snap: Snapshot) -> Decision:
+            seen.append(gc.get_threshold()[0])
+            return super().decide(snap)
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, before[1], before[2])
+        simulate([[(100, 5, 0.0, None, None), (120, 5, 1.0, None, None)]], _Watch("local-0"))
+        assert seen and all(t == GC_GEN0 for t in seen)
+        assert gc.get_threshold() == (700, before[1], before[2])
+        with pytest.raises(SimError, match="does not exist"):
+            simulate([[(100, 5, 0.0, None, None)]], _Ghost())
+        assert gc.get_threshold() == (700, before[1], before[2])
+        gc.set_threshold(GC_GEN0 * 2, before[1], before[2])  # a caller's higher threshold is kept
+        seen.clear()
+        simulate([[(100, 5, 0.0, None, None)]], _Watch("local-0"))
+        assert seen == [GC_GEN0 * 2]
+    finally:
+        gc.set_threshold(*before)
