@@ -117,7 +117,10 @@ def rows_from_logs(logged: LoggedRuns, clip: float = 20.0) -> BenefitRows:
 
 
 def rows_from_pairs(
-    runs: pd.DataFrame, steps: pd.DataFrame, variant: VariantLike = "escalate-anytime", prior_weight: float = 1.0
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
+    variant: VariantLike = "escalate-anytime",
+    prior_weight: float = 1.0,
 ) -> BenefitRows:
     """Prior rows from paired weak runs (``outcome`` and ``strong_outcome`` known)."""
     import pandas as pd
