@@ -107,6 +107,18 @@ class Scoring(_Strict):
     balance_rel: float = Field(
         default=1.5, ge=1, description="prefix-cost placement: load ratio that forces least-loaded"
     )
+    kv_tokens: float = Field(
+        default=0.0,
+        ge=0,
+        description="prefix-cost placement: tokens a replica's KV held by running requests is worth "
+        "at kv_usage 1 (memory pressure; 0 = off)",
+    )
+    min_gain_tokens: float = Field(
+        default=0.0,
+        ge=0,
+        description="prefix-cost placement: a held prefix saving fewer prefill tokens than this over "
+        "the least-loaded replica does not move the step off it (0 = off)",
+    )
 
     def weights(self) -> ScoreWeights:
         return ScoreWeights(
@@ -120,6 +132,8 @@ class Scoring(_Strict):
             self.queue_tokens,
             self.balance_abs,
             self.balance_rel,
+            self.kv_tokens,
+            self.min_gain_tokens,
         )
 
 

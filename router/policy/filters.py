@@ -79,6 +79,8 @@ class ScoreWeights:
     queue_tokens: float = 0.25
     balance_abs: float = 8.0
     balance_rel: float = 1.5
+    kv_tokens: float = 0.0  # prefix-cost mode: tokens a full KV (kv_usage 1) is worth; 0 = off
+    min_gain_tokens: float = 0.0  # prefix-cost mode: smaller prefill savings keep balance; 0 = off
 
 
 DEFAULT_WEIGHTS = ScoreWeights()
@@ -136,24 +138,37 @@ def prefix_cost_pick(
     cands: list[BackendState], key: str, context_tokens: int, w: ScoreWeights
 ) -> BackendState:
     """Prefix-cost mode (module docstring, 3): the cheapest candidate, or the least-loaded one when
-    loads drift beyond the bounded-imbalance thresholds; ties by rendezvous hash."""
+    loads drift beyond the bounded-imbalance thresholds or the cheapest saves less than
+    ``min_gain_tokens`` of prefill over it; ties by rendezvous hash."""
     loads = [b.running + b.waiting for b in cands]
     lo, hi = min(loads), max(loads)
     balance = hi - lo > w.balance_abs and hi > w.balance_rel * lo
-    lt, qw = w.load_tokens, w.queue_tokens
+    lt, qw, kt = w.load_tokens, w.queue_tokens, w.kv_tokens
     best = cands[0]
     best_key: tuple[float, float, int] | None = None
+    cheap = cands[0]
+    cheap_key: tuple[float, int] | None = None
+    cheap_warm = 0
     for b, load in zip(cands, loads, strict=True):
         warm = b.warm_prefix_tokens if b.warm_prefix_tokens < context_tokens else context_tokens
         cost = (context_tokens - warm) + qw * b.prefill_queue_tokens + lt * load
-        k = (
-            (float(load), cost, -stable_hash(f"{key}/{b.name}"))
-            if balance
-            else (cost, 0.0, -stable_hash(f"{key}/{b.name}"))
-        )
+        if kt > 0:
+            kv = b.kv_usage
+            cost += kt * (0.0 if kv < 0.0 else 1.0 if kv > 1.0 else kv)
+        h = -stable_hash(f"{key}/{b.name}")
+        k = (float(load), cost, h)  # the least-loaded, cost breaking ties
         if best_key is None or k < best_key:
             best, best_key = b, k
-    return best
+        ck = (cost, h)
+        if cheap_key is None or ck < cheap_key:
+            cheap, cheap_key, cheap_warm = b, ck, warm
+    if balance or cheap is best:
+        return best
+    if w.min_gain_tokens > 0:
+        lwarm = best.warm_prefix_tokens if best.warm_prefix_tokens < context_tokens else context_tokens
+        if cheap_warm - lwarm < w.min_gain_tokens:
+            return best
+    return cheap
 
 
 def place(
