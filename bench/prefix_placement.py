@@ -3,7 +3,9 @@
 Usage::
 
     .venv/bin/python bench/prefix_placement.py [--data ../shared/data] [--replicas N] [--kv-cache-gb 16]
-        [--gpu a100] [--slo-s 10] [--no-find] [--limit-runs N] [--out runroute-report/prefix_placement]
+        [--gpu a100] [--slo-s 10] [--no-find] [--limit-runs N] [--runs-window 0:20] [--split-min 20]
+        [--policies always-local,prefix-aware] [--scoring '{"kv_tokens": 2000}']
+        [--out runroute-report/prefix_placement]
 
 Algorithm:
 
@@ -22,8 +24,15 @@ Algorithm:
    - **reachable**: a perfect placement that can use every replica's KV as one pooled LRU prefix
      cache of ``replicas x KV blocks`` (:func:`training.dataset.lru_replay`, the simulator's cache
      model, steps in logged arrival order, each admitted alone): what placement could reach at the
-     deployment's total KV size, with no load and no concurrency; per-replica LRU can only lose
-     against it;
+     deployment's total KV size, with no load and no concurrency. **Not a bound**: per-replica LRU
+     can beat one pooled LRU (partitioning keeps a hot set LRU would flush: session-sticky and
+     prefix-aware exceed it); kept as the issue's reference figure;
+   - **KV bound**: Belady's MIN on the same pooled KV (:func:`belady_hits`, same order): the
+     replicas' caches together hold at most that many distinct blocks and MIN is the optimal
+     eviction for one cache, so no placement with per-replica caches of that total size holds
+     more of the requested blocks (it counts any held block of a step's chain, not only its
+     leading run; up to the per-step cap). Caveat for both: logged arrival order, while the
+     closed-loop simulation serves later steps when earlier ones finish;
    - each policy's simulated ``cached / prompt`` and its share of the reachable figure
      (target >= 80%), beside its short-step p95, per-step p95 (all steps, end to end) and TTFT
      p95 (target: no worse than always-local's).
@@ -34,9 +43,13 @@ Algorithm:
    predicting 0. No learned correction is trained or added here.
 4. Unless ``--no-find``: ``find replicas`` for ``--slo-s`` (short-step p95) per policy, before
    (always-local) and after (prefix-aware), as ``runroute whatif --find replicas`` does.
-5. A rich table, ``<out>.json`` and ``<out>.png``.
+5. Unless ``--split-min 0``: the same figures over the steps of the runs starting at or after
+   minute ``--split-min`` of the whole-hour simulation (the part held out of a knob search on the
+   first 20 minutes).
+6. A rich table, ``<out>.json`` and ``<out>.png``.
 
-Nothing is tuned here: the prefix-aware knobs are its config defaults.
+Knobs: the prefix-aware knobs are its config defaults unless ``--scoring`` overrides some (a knob
+search); ``--runs-window START:END`` simulates only the runs whose logged start lies in it (minutes).
 """
 
 from __future__ import annotations

@@ -128,13 +128,15 @@ def test_prefix_cost_pick_min_gain_keeps_balance_for_small_savings() -> None:
     busy, idle = _b("a", 1000, 2), _b("b", 0, 0)
     # off: 1000 held tokens beat 2 requests x 400
     assert prefix_cost_pick([busy, idle], "r", ctx, ScoreWeights(load_tokens=400.0)).name == "a"
-    # on: a saving of 1000 < 1500 keeps the least-loaded replica
+    # on: a saving of 200 (1000 held - 2 x 400 load) < 1500 keeps the load-only pick
     w = ScoreWeights(load_tokens=400.0, min_gain_tokens=1500.0)
     assert prefix_cost_pick([busy, idle], "r", ctx, w).name == "b"
-    # a saving of 4000 >= 1500 still moves the step to the prefix
+    # a saving of 3200 >= 1500 still moves the step to the prefix
     assert prefix_cost_pick([_b("a", 4000, 2), idle], "r", ctx, w).name == "a"
-    # equal loads: the least-loaded is the cheapest, nothing changes
-    assert prefix_cost_pick([_b("a", 1000, 0), idle], "r", ctx, w).name == "a"
+    # equal loads: the load-only pick is the cheapest of them, whatever the hash order
+    for key in ("r", "s", "t", "u"):
+        assert prefix_cost_pick([_b("a", 1000, 0), idle], key, ctx, w).name == "a"
+        assert prefix_cost_pick([idle, _b("a", 1000, 0)], key, ctx, w).name == "a"
 
 
 def test_prefix_aware_config_passes_the_new_knobs() -> None:
