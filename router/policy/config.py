@@ -272,7 +272,11 @@ class PrefixAwareConfig(_Base):
     prefill still to compute on the replica after the prefix the index says it holds + load."""
 
     kind: Literal["prefix-aware"] = "prefix-aware"
-    scoring: Scoring = Field(default_factory=lambda: Scoring(load_tokens=512.0))
+    # kv_tokens, min_gain_tokens: chosen on the runs starting in the first 20 minutes of the Mooncake
+    # conversation hour (bench/prefix_placement.py --runs-window 0:20, docs/prefix-index.md)
+    scoring: Scoring = Field(
+        default_factory=lambda: Scoring(load_tokens=512.0, kv_tokens=2000.0, min_gain_tokens=1024.0)
+    )
 
     def build(self, bundle: ModelBundle | None = None) -> Policy:
         w = self.scoring.weights()
