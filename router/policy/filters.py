@@ -47,8 +47,9 @@ prefill a replica still owes, per token), ``balance_abs`` (requests) and ``balan
 the bounded-imbalance thresholds, ``kv_tokens`` (tokens a replica whose KV is all held by running
 requests is worth; 0 = off) and ``min_gain_tokens`` (0 = off). The ``prefix-aware`` policy's defaults (``load_tokens`` 512,
 ``queue_tokens`` 0.25, ``balance_abs`` 8, ``balance_rel`` 1.5) were chosen on the shipped first 20
-minutes of the Mooncake conversation trace (16 a100 replicas x 50 GB KV; ``bench/prefix_placement.py``
-reports the whole hour).
+minutes of the Mooncake conversation trace (16 a100 replicas x 50 GB KV); its ``kv_tokens`` 2000 and
+``min_gain_tokens`` 1024 on the runs starting in those 20 minutes (4 deployments; the rule and the
+figures, whole hour and minutes 20-60: ``docs/prefix-index.md``, ``bench/prefix_placement.py``).
 """
 
 from __future__ import annotations
