@@ -109,6 +109,44 @@ def test_prefix_cost_pick_weighs_prefill_against_load_and_bounds_imbalance() -> 
     assert prefix_cost_pick([_b("a", 0, 1), _b("b", 8000, 9)], "r", ctx, w2).name == "a"
 
 
+def test_prefix_cost_pick_kv_pressure_moves_the_step_off_a_full_replica() -> None:
+    ctx = 8000
+    full = BackendState("a", "local", "m", warm_prefix_tokens=2000, kv_usage=0.95)
+    free = BackendState("b", "local", "m", warm_prefix_tokens=0, kv_usage=0.1)
+    # off: 2000 held tokens win
+    assert prefix_cost_pick([full, free], "r", ctx, ScoreWeights(load_tokens=512.0)).name == "a"
+    # on: 0.85 x 4000 = 3400 tokens of pressure outweigh the 2000 held
+    w = ScoreWeights(load_tokens=512.0, kv_tokens=4000.0)
+    assert prefix_cost_pick([full, free], "r", ctx, w).name == "b"
+    # a larger held prefix still wins against the pressure
+    full6 = BackendState("a", "local", "m", warm_prefix_tokens=6000, kv_usage=0.95)
+    assert prefix_cost_pick([full6, free], "r", ctx, w).name == "a"
+
+
+def test_prefix_cost_pick_min_gain_keeps_balance_for_small_savings() -> None:
+    ctx = 8000
+    busy, idle = _b("a", 1000, 2), _b("b", 0, 0)
+    # off: 1000 held tokens beat 2 requests x 400
+    assert prefix_cost_pick([busy, idle], "r", ctx, ScoreWeights(load_tokens=400.0)).name == "a"
+    # on: a saving of 200 (1000 held - 2 x 400 load) < 1500 keeps the load-only pick
+    w = ScoreWeights(load_tokens=400.0, min_gain_tokens=1500.0)
+    assert prefix_cost_pick([busy, idle], "r", ctx, w).name == "b"
+    # a saving of 3200 >= 1500 still moves the step to the prefix
+    assert prefix_cost_pick([_b("a", 4000, 2), idle], "r", ctx, w).name == "a"
+    # equal loads: the load-only pick is the cheapest of them, whatever the hash order
+    for key in ("r", "s", "t", "u"):
+        assert prefix_cost_pick([_b("a", 1000, 0), idle], key, ctx, w).name == "a"
+        assert prefix_cost_pick([idle, _b("a", 1000, 0)], key, ctx, w).name == "a"
+
+
+def test_prefix_aware_config_passes_the_new_knobs() -> None:
+    w = build_policy(
+        {"kind": "prefix-aware", "scoring": {"load_tokens": 512, "kv_tokens": 100, "min_gain_tokens": 7}}
+    )
+    assert isinstance(w, PrefixAwarePolicy)
+    assert (w.weights.kv_tokens, w.weights.min_gain_tokens) == (100.0, 7.0)
+
+
 def _snap(backends: list[BackendState], step: int = 0) -> Snapshot:
     return Snapshot(RunState("r1"), step, {}, Predictions(p_frontier=0.0), backends, context_tokens=8000)
 

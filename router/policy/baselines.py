@@ -49,7 +49,8 @@ __all__ = [
 
 _NO_LOAD = ScoreWeights(warm=0.0, queue=0.0, running=0.0, kv=0.0)
 _LOAD_ONLY = ScoreWeights(warm=0.0)
-_PREFIX_COST = ScoreWeights(load_tokens=512.0)
+# = config.PrefixAwareConfig's scoring
+_PREFIX_COST = ScoreWeights(load_tokens=512.0, kv_tokens=2000.0, min_gain_tokens=1024.0)
 
 
 class _Fixed:

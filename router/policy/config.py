@@ -107,6 +107,18 @@ class Scoring(_Strict):
     balance_rel: float = Field(
         default=1.5, ge=1, description="prefix-cost placement: load ratio that forces least-loaded"
     )
+    kv_tokens: float = Field(
+        default=0.0,
+        ge=0,
+        description="prefix-cost placement: tokens a replica's KV held by running requests is worth "
+        "at kv_usage 1 (memory pressure; 0 = off)",
+    )
+    min_gain_tokens: float = Field(
+        default=0.0,
+        ge=0,
+        description="prefix-cost placement: a held prefix saving fewer prefill tokens than this over "
+        "the least-loaded replica does not move the step off it (0 = off)",
+    )
 
     def weights(self) -> ScoreWeights:
         return ScoreWeights(
@@ -120,6 +132,8 @@ class Scoring(_Strict):
             self.queue_tokens,
             self.balance_abs,
             self.balance_rel,
+            self.kv_tokens,
+            self.min_gain_tokens,
         )
 
 
@@ -258,7 +272,11 @@ class PrefixAwareConfig(_Base):
     prefill still to compute on the replica after the prefix the index says it holds + load."""
 
     kind: Literal["prefix-aware"] = "prefix-aware"
-    scoring: Scoring = Field(default_factory=lambda: Scoring(load_tokens=512.0))
+    # kv_tokens, min_gain_tokens: chosen on the runs starting in the first 20 minutes of the Mooncake
+    # conversation hour (bench/prefix_placement.py --runs-window 0:20, docs/prefix-index.md)
+    scoring: Scoring = Field(
+        default_factory=lambda: Scoring(load_tokens=512.0, kv_tokens=2000.0, min_gain_tokens=1024.0)
+    )
 
     def build(self, bundle: ModelBundle | None = None) -> Policy:
         w = self.scoring.weights()

@@ -23,6 +23,13 @@ Algorithm (pure, allocation-light; runs on every step of every run):
    equivalents; the cheapest wins. **Bounded imbalance**: when the candidates' loads drift apart
    (``max - min > balance_abs`` and ``max > balance_rel * min``) the least-loaded one wins
    instead (cost breaks ties), so a popular prefix cannot pile every run onto one replica.
+   **Memory pressure** (``kv_tokens``, Dynamo's KV router weighs active blocks): each candidate also
+   costs ``kv_tokens * kv_usage`` (the share of its KV held by running requests): a replica near
+   capacity evicts the prefixes it holds to admit more, so a held prefix there is worth less.
+   **Minimum gain** (``min_gain_tokens``): the *load-only pick* is the candidate cheapest without the
+   held-prefix credit (owed prefill + load + pressure, the full cost breaking ties); when the
+   cheapest candidate's cost is not at least ``min_gain_tokens`` below the load-only pick's, the
+   load-only pick wins: a small saving does not move a step onto a busier replica.
 4. **Pick** the highest score (the lowest cost); exact ties are broken by a rendezvous hash of (run id [+ salt],
    backend name), so different runs spread over equal replicas, the same run always lands on the
    same one, and removing a replica only moves the runs that were on it.
@@ -37,10 +44,12 @@ Knobs (:class:`ScoreWeights`, built from the policy config's ``scoring`` block):
 saturating load terms reach 0.5); prefix-cost mode: ``load_tokens`` (prefill tokens one running or
 waiting request on a replica is worth; 0 = off, the score above), ``queue_tokens`` (weight of the
 prefill a replica still owes, per token), ``balance_abs`` (requests) and ``balance_rel`` (ratio),
-the bounded-imbalance thresholds. The ``prefix-aware`` policy's defaults (``load_tokens`` 512,
+the bounded-imbalance thresholds, ``kv_tokens`` (tokens a replica whose KV is all held by running
+requests is worth; 0 = off) and ``min_gain_tokens`` (0 = off). The ``prefix-aware`` policy's defaults (``load_tokens`` 512,
 ``queue_tokens`` 0.25, ``balance_abs`` 8, ``balance_rel`` 1.5) were chosen on the shipped first 20
-minutes of the Mooncake conversation trace (16 a100 replicas x 50 GB KV; ``bench/prefix_placement.py``
-reports the whole hour).
+minutes of the Mooncake conversation trace (16 a100 replicas x 50 GB KV); its ``kv_tokens`` 2000 and
+``min_gain_tokens`` 1024 on the runs starting in those 20 minutes (4 deployments; the rule and the
+figures, whole hour and minutes 20-60: ``docs/prefix-index.md``, ``bench/prefix_placement.py``).
 """
 
 from __future__ import annotations
@@ -79,6 +88,8 @@ class ScoreWeights:
     queue_tokens: float = 0.25
     balance_abs: float = 8.0
     balance_rel: float = 1.5
+    kv_tokens: float = 0.0  # prefix-cost mode: tokens a full KV (kv_usage 1) is worth; 0 = off
+    min_gain_tokens: float = 0.0  # prefix-cost mode: smaller savings keep the load-only pick; 0 = off
 
 
 DEFAULT_WEIGHTS = ScoreWeights()
@@ -135,24 +146,33 @@ def pick(cands: list[BackendState], key: str, context_tokens: int, w: ScoreWeigh
 def prefix_cost_pick(
     cands: list[BackendState], key: str, context_tokens: int, w: ScoreWeights
 ) -> BackendState:
-    """Prefix-cost mode (module docstring, 3): the cheapest candidate, or the least-loaded one when
-    loads drift beyond the bounded-imbalance thresholds; ties by rendezvous hash."""
+    """Prefix-cost mode (module docstring, 3): the cheapest candidate; the least-loaded one when
+    loads drift beyond the bounded-imbalance thresholds; the load-only pick when the cheapest saves
+    less than ``min_gain_tokens`` over it; ties by rendezvous hash."""
     loads = [b.running + b.waiting for b in cands]
     lo, hi = min(loads), max(loads)
     balance = hi - lo > w.balance_abs and hi > w.balance_rel * lo
-    lt, qw = w.load_tokens, w.queue_tokens
+    lt, qw, kt, mg = w.load_tokens, w.queue_tokens, w.kv_tokens, w.min_gain_tokens
     best = cands[0]
     best_key: tuple[float, float, int] | None = None
+    plain = cands[0]  # the load-only pick (no held-prefix credit), for min_gain_tokens
+    plain_key: tuple[float, float, int] | None = None
+    plain_cost = 0.0
     for b, load in zip(cands, loads, strict=True):
         warm = b.warm_prefix_tokens if b.warm_prefix_tokens < context_tokens else context_tokens
-        cost = (context_tokens - warm) + qw * b.prefill_queue_tokens + lt * load
-        k = (
-            (float(load), cost, -stable_hash(f"{key}/{b.name}"))
-            if balance
-            else (cost, 0.0, -stable_hash(f"{key}/{b.name}"))
-        )
+        rest = qw * b.prefill_queue_tokens + lt * load
+        if kt > 0:
+            kv = b.kv_usage
+            rest += kt * (0.0 if kv < 0.0 else 1.0 if kv > 1.0 else kv)
+        cost = (context_tokens - warm) + rest
+        h = -stable_hash(f"{key}/{b.name}")
+        k = (float(load), cost, h) if balance else (cost, 0.0, h)
         if best_key is None or k < best_key:
             best, best_key = b, k
+        if mg > 0 and (plain_key is None or (rest, cost, h) < plain_key):
+            plain, plain_key, plain_cost = b, (rest, cost, h), cost
+    if not balance and mg > 0 and best_key is not None and plain_cost - best_key[0] < mg:
+        return plain
     return best
 
 
