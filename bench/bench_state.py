@@ -25,9 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from router.policy.types import RunState  # noqa: E402
-from router.server.state import InProcessStore  # noqa: E402
-from router.server.state_fallback import FallbackStore  # noqa: E402
-from router.server.state_redis import RedisStore, StoreUnavailable, redis_url_from_env  # noqa: E402
+from router.server.state.fallback import FallbackStore  # noqa: E402
+from router.server.state.redis_store import RedisStore, StoreUnavailable, redis_url_from_env  # noqa: E402
+from router.server.state.store import InProcessStore  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -35,7 +35,7 @@ TASKS = [
 
 
 def _handler(call):  # type: ignore[no-untyped-def]
-    from router.server.upstream import FakeReply
+    from router.server.hotpath.upstream import FakeReply
 
     body = orjson.loads(call.body)
     msg = {"role": "assistant", "content": "ok"}
@@ -58,8 +58,8 @@ async def _serve(
 
     from models.predictor import ConstantPredictor
     from router.server.app import create_app
+    from router.server.hotpath.upstream import FakeUpstream
     from router.server.settings import RouterSettings
-    from router.server.upstream import FakeUpstream
 
     s = RouterSettings.load(
         None,

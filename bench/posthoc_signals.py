@@ -19,7 +19,7 @@ features and with each group masked (set to NaN): AUC mean over folds and its SE
 "adds" = AUC(all) - AUC(without the group). Also each group's prevalence: the share of weak-failed
 and of weak-succeeded runs in which the signal fired at any step.
 
-The sidecar's own post-hoc kinds (:func:`router.server.posthoc.scan`, what it records on a local
+The sidecar's own post-hoc kinds (:func:`router.server.hotpath.posthoc.scan`, what it records on a local
 answer) replayed on every logged weak step: the kinds measurable here are ``tool_call_repeated`` (a
 call identical to the previous step's: the logged ``tool_call_keys``) and ``answer_empty`` (no call,
 0 completion tokens); ``answer_truncated`` needs the request's token cap and malformed / unoffered
@@ -100,7 +100,7 @@ def main() -> int:
     for g in GROUPS:
         tab.add_column(f"without {g} (adds)")
     from features.prefix import POSTHOC_KINDS
-    from router.server.posthoc import scan
+    from router.server.hotpath.posthoc import scan
 
     steps = log.steps.set_index(["run_id", "step"]).sort_index()
     kinds_at: dict[tuple[str, int], tuple[str, ...]] = {}

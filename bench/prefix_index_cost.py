@@ -10,7 +10,7 @@ step, are first grown to ``--bodies-kb`` (the warm-up is not timed); a shared 8 
 leads every body. Then ``--steps`` steps, round-robin over the runs, each timed (``perf_counter_ns``)
 for exactly what the step engine does per step with a prefix index: the run's
 :class:`~router.core.prefix_index.TextChainer` extension over the new segments (a lazy segment
-view, as the sidecar's :class:`router.server.chat.MessageSegments`), one
+view, as the sidecar's :class:`router.server.protocols.chat.MessageSegments`), one
 :meth:`~router.core.prefix_index.PrefixIndex.match` per replica and one
 :meth:`~router.core.prefix_index.PrefixIndex.record` on the replica with the longest match.
 Each replica's index holds its share of the live runs (``--kv-tokens`` sets a smaller capacity:

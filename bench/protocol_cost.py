@@ -32,9 +32,9 @@ sys.path.insert(0, str(HERE))
 import proto_backend  # noqa: E402
 import realistic_load  # noqa: E402
 
-from router.server.chat import ChatAdapter  # noqa: E402
-from router.server.messages import MessagesAdapter  # noqa: E402
-from router.server.responses import ResponsesAdapter  # noqa: E402
+from router.server.protocols.chat import ChatAdapter  # noqa: E402
+from router.server.protocols.messages import MessagesAdapter  # noqa: E402
+from router.server.protocols.responses import ResponsesAdapter  # noqa: E402
 
 __all__ = ["main"]
 

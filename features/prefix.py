@@ -46,7 +46,7 @@ SIGNAL_KINDS: tuple[str, ...] = ("verifier_failed", "user_rejected", "tests_fail
 _KIND_INDEX = {k: i for i, k in enumerate(SIGNAL_KINDS)}
 
 #: the signal kinds the sidecar itself records when a local step's answer comes back
-#: (:mod:`router.server.posthoc`); in the feature vector they count as ``other`` (``sig_other``,
+#: (:mod:`router.server.hotpath.posthoc`); in the feature vector they count as ``other`` (``sig_other``,
 #: ``new_sig_other``: the spec's columns are unchanged, so shipped bundles keep loading), and the
 #: snapshot's named features expose each as ``sig_<kind>`` for the trouble term
 POSTHOC_KINDS: tuple[str, ...] = (

@@ -77,7 +77,7 @@ class Run(_Base):
     task_embedding: list[float] | None = None
     # (task_embedding: the features.embed vector, EMBED_DIM floats, of the run's first user message;
     # never the text.) domain: the run's domain (router logs: resolved at its first step, see
-    # router.server.runcontext; importers: the benchmark's); training and replay give both to RunPrefix
+    # router.server.runs.context; importers: the benchmark's); training and replay give both to RunPrefix
     domain: str | None = None
     # every signal posted on the run (POST /v1/runs/{id}/signal), oldest first, incl. those after its
     # last step (a verifier that failed the finished run); the steps' ``signals`` say when they came

@@ -22,8 +22,8 @@ import router
 # the checkout on PYTHONPATH decides (an editable install would otherwise supply router.server)
 if os.path.isdir(os.path.join(os.path.dirname(router.__file__), "server")):  # after the refactor
     from router.server.app import create_app
+    from router.server.hotpath.upstream import FakeReply, FakeUpstream
     from router.server.settings import RouterSettings
-    from router.server.upstream import FakeReply, FakeUpstream
 else:  # before it (commit 1523f92)
     from router.app import create_app  # type: ignore[no-redef]
     from router.settings import RouterSettings  # type: ignore[no-redef]

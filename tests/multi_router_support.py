@@ -27,7 +27,7 @@ import yaml
 from router.policy.filters import DEFAULT_WEIGHTS, pick
 from router.policy.types import BackendState
 from router.server.settings import RouterSettings
-from router.server.state_redis import RedisStore
+from router.server.state.redis_store import RedisStore
 
 pytestmark = pytest.mark.redis
 

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from test_sidecar_errors import USAGE, Harness, err
 
-from router.server.upstream import FakeCall, FakeReply
+from router.server.hotpath.upstream import FakeCall, FakeReply
 
 MSGS = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hello"}]
 A, B, ADMIN, METRICS = "key-a", "key-b", "key-admin", "key-metrics"

@@ -280,7 +280,7 @@ def test_promotion_gate_needs_every_baseline_beaten_by_more_than_its_se():
 
 
 def test_domain_mode_metric_says_which_mode_each_domain_runs(bundle):
-    from router.server.metrics import RouterMetrics
+    from router.server.metrics.registry import RouterMetrics
 
     b, _ = bundle
     m = RouterMetrics(deprecated_names=False)

@@ -16,9 +16,9 @@ from features.runlog import records_to_frame
 from features.schema import Run, Step
 from router.core.runs import CacheReading, RunTrack
 from router.policy.types import Decision, Snapshot
-from router.server.backends import BackendPool
-from router.server.metrics_parse import read_vllm_metrics
-from router.server.scrape import ReplicaStats
+from router.server.hotpath.backends import BackendPool
+from router.server.metrics.parse import read_vllm_metrics
+from router.server.metrics.scrape import ReplicaStats
 from router.sim.arrivals import run_starts
 from router.sim.frontier import FrontierConfig
 from router.sim.profiles import NodeProfile

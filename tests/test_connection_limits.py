@@ -16,7 +16,7 @@ from test_sidecar_errors import MSGS, Harness, ok_handler, settings
 
 from models.predictor import ConstantPredictor
 from router.server.app import create_app, serve_in_thread
-from router.server.upstream import FakeUpstream
+from router.server.hotpath.upstream import FakeUpstream
 
 LIMIT = 20000
 

@@ -16,7 +16,7 @@ from router.policy import defaults
 from router.policy.admission import AdmissionConfig
 from router.policy.deployment import Deployment
 from router.policy.learned import LearnedPolicy
-from router.server.metrics import RouterMetrics
+from router.server.metrics.registry import RouterMetrics
 from router.server.settings import SLOSettings
 from router.server.settings_tiers import FrontierTier
 from router.sim.frontier import FrontierConfig

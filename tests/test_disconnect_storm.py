@@ -14,7 +14,7 @@ from test_sidecar_errors import MSGS, USAGE, settings
 
 from models.predictor import ConstantPredictor
 from router.server.app import create_app, serve_in_thread
-from router.server.upstream import FakeCall, FakeReply, FakeUpstream
+from router.server.hotpath.upstream import FakeCall, FakeReply, FakeUpstream
 
 N_CLIENTS = 100
 FIRST_BYTE_S = 1.5

@@ -39,7 +39,7 @@ from router.policy import build_policy
 from router.policy.admission import AdmissionConfig, AdmissionController
 from router.policy.explore import draw
 from router.server.app import create_app, serve_in_thread
-from router.server.chat import tool_key
+from router.server.protocols.chat import tool_key
 from router.server.settings import RouterSettings
 from router.sim.frontier import FrontierConfig
 from router.sim.profiles import NodeProfile
@@ -94,7 +94,7 @@ def _opening(rid: str) -> list[dict]:
 
 
 def _live_domain(rid: str) -> str | None:
-    from router.server.runcontext import RunContextSettings, resolve_domain
+    from router.server.runs.context import RunContextSettings, resolve_domain
 
     return resolve_domain(RunContextSettings(), {}, {}, None, _opening(rid)[0]["content"])[0]
 

@@ -26,7 +26,7 @@ from router.core.figures import (
 from router.fakes.agent import StepResult
 from router.policy.types import BackendState
 from router.replay import PolicyTally
-from router.server.metrics import RouterMetrics
+from router.server.metrics.registry import RouterMetrics
 from training.eval.live import live_figures
 from training.eval.ope_replay import step_costs
 from training.eval.outcome import FRONTIER, LOCAL, Prices, RunRecord, policy_outcomes, run_costs, run_warm

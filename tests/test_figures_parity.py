@@ -16,7 +16,7 @@ from features.schema import Run, Step
 from models.predictor import ConstantPredictor
 from router.policy.types import BackendState, Decision, Snapshot
 from router.replay import replay
-from router.server.metrics import RouterMetrics
+from router.server.metrics.registry import RouterMetrics
 from router.sim.frontier import FrontierConfig
 from router.sim.profiles import load_profile
 from router.sim.scorecard import scorecard
@@ -142,7 +142,7 @@ def test_simulator_replay_and_ope_agree_on_cost_and_hit_rate(log, sim):
 
 
 def test_sidecar_metrics_over_the_simulators_records_agree(sim):
-    """The sidecar's per-step metrics (router.server.metrics), fed the simulator's run-log records,
+    """The sidecar's per-step metrics (router.server.metrics.registry), fed the simulator's run-log records,
     count the simulator's cross-turn hit rate and frontier spend."""
     m = RouterMetrics()
     fr = FrontierConfig()

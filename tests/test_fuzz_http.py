@@ -23,7 +23,7 @@ from hypothesis.errors import Unsatisfiable
 from test_hardening import ZERO, counters, end_all
 from test_sidecar_errors import Harness, ok_handler
 
-from router.server.upstream import FakeCall, FakeReply, UpstreamError
+from router.server.hotpath.upstream import FakeCall, FakeReply, UpstreamError
 
 N = int(os.environ.get("FUZZ_EXAMPLES", "1"))
 
@@ -164,7 +164,7 @@ def test_schemathesis_no_5xx_and_no_leaked_counter(tmp_path):
 
     from models.predictor import ConstantPredictor
     from router.server.app import create_app, serve_in_thread
-    from router.server.upstream import FakeUpstream
+    from router.server.hotpath.upstream import FakeUpstream
 
     app = create_app(
         make_settings(tmp_path), upstream=FakeUpstream(flaky_handler), bundle=ConstantPredictor()

@@ -20,7 +20,7 @@ from test_sidecar_errors import Harness, err, ok_handler, settings
 from models.predictor import ConstantPredictor
 from router.fakes.protocol import FakeRequestError, parse_request
 from router.server.app import create_app, serve_in_thread
-from router.server.upstream import FakeCall, FakeReply, FakeUpstream
+from router.server.hotpath.upstream import FakeCall, FakeReply, FakeUpstream
 
 MSGS = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hello"}]
 

@@ -21,8 +21,8 @@ from features.runlog import conform, read_records, read_runlog, records_to_frame
 from features.schema import Run, Step
 from models.predictor import ConstantPredictor
 from router.server.app import create_app
+from router.server.hotpath.upstream import FakeCall, FakeReply, FakeUpstream
 from router.server.settings import RouterSettings
-from router.server.upstream import FakeCall, FakeReply, FakeUpstream
 
 
 def _log(d: Path, n: int = 3, name: str = "runlog-1-a-0001.parquet") -> Path:

@@ -15,7 +15,7 @@ import pytest
 from protocol_support import read_steps, running_sidecar, sidecar_settings
 
 from router.fakes.launch import fake_in_thread
-from router.server.identity import idle_end_from_pauses
+from router.server.runs.identity import idle_end_from_pauses
 from router.server.settings import RouterSettings, SettingsError
 
 ADM = {

@@ -18,7 +18,7 @@ import pytest
 
 from router.fakes.launch import fake_in_thread
 from router.server.app import create_app, serve_in_thread
-from router.server.metrics_specs import DEPRECATED, SPECS
+from router.server.metrics.specs import DEPRECATED, SPECS
 from router.server.settings import RouterSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +151,7 @@ def test_openmetrics_is_negotiated(served):
 
 
 def test_deprecated_names_can_be_turned_off():
-    from router.server.metrics import RouterMetrics
+    from router.server.metrics.registry import RouterMetrics
 
     body, _ = RouterMetrics(deprecated_names=False).render()
     text = body.decode()
@@ -164,6 +164,6 @@ def test_deprecated_names_can_be_turned_off():
 
 
 def test_readme_metric_list_is_current():
-    from router.server.metrics_doc import main
+    from router.server.metrics.doc import main
 
     assert main(["--check", str(ROOT / "docs" / "metrics.md")]) == 0

@@ -21,8 +21,8 @@ from multi_router_support import (
     run_ids,
 )
 
-from router.server.state_fallback import FallbackStore
-from router.server.state_redis import RedisStore
+from router.server.state.fallback import FallbackStore
+from router.server.state.redis_store import RedisStore
 
 pytestmark = pytest.mark.redis
 

@@ -8,9 +8,9 @@ import uuid
 import pytest
 
 from router.policy.types import RunState
-from router.server.state import InProcessStore
-from router.server.state_fallback import FallbackStore
-from router.server.state_redis import RedisStore
+from router.server.state.fallback import FallbackStore
+from router.server.state.redis_store import RedisStore
+from router.server.state.store import InProcessStore
 
 pytestmark = pytest.mark.redis
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from router.server.metrics_specs import SPECS
+from router.server.metrics.specs import SPECS
 
 OPS = Path(__file__).resolve().parents[1] / "ops"
 DASH = OPS / "grafana" / "dashboards" / "runroute.json"
@@ -123,7 +123,7 @@ def test_dashboard_has_the_operator_panels():
 
 def test_every_query_parses_and_reads_exposed_metrics(tmp_path):
     """Each dashboard query (Grafana variables substituted) becomes a recording rule for promtool to
-    parse; dashboard and alert queries may read only what router/server/metrics.py exposes."""
+    parse; dashboard and alert queries may read only what router/server/metrics/registry.py exposes."""
     d = dashboard()
     names = exposed_names()
     rules = []

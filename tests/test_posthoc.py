@@ -1,4 +1,4 @@
-"""Post-hoc signals (router.server.posthoc): the sidecar reads a local step's own answer and records
+"""Post-hoc signals (router.server.hotpath.posthoc): the sidecar reads a local step's own answer and records
 what it finds as run signals the next step sees.
 
 The scan's rules directly; then over real HTTP (uvicorn on loopback, a fake vLLM whose tool calls
@@ -19,7 +19,7 @@ from test_signals import FlatPredictor
 from features.extract import FEATURE_NAMES
 from router.fakes.launch import fake_in_thread
 from router.server.app import create_app, serve_in_thread
-from router.server.posthoc import offered_tools, scan, token_cap
+from router.server.hotpath.posthoc import offered_tools, scan, token_cap
 
 _TOOLS = [
     {

@@ -191,7 +191,7 @@ def test_simulator_places_through_the_index_and_keeps_reuse() -> None:
 def test_sidecar_segments_fingerprint_tools_cheaply_and_still_see_an_edit() -> None:
     """The sidecar's view fingerprints the tools without serialising them all; a grown history is
     hashed incrementally (the same chain as hashing it whole) and an edited first tool re-hashes."""
-    from router.server.chat import MessageSegments
+    from router.server.protocols.chat import MessageSegments
 
     tools = [{"type": "function", "function": {"name": f"t{i}", "description": "d" * 300}} for i in range(20)]
     msgs = [{"role": "system", "content": "s" * 900}, {"role": "user", "content": "u" * 500}]

@@ -1,4 +1,4 @@
-"""Two routers sharing Redis share one prefix index (router.server.prefix_share): a run begun on
+"""Two routers sharing Redis share one prefix index (router.server.state.prefix_share): a run begun on
 router A is placed warm by router B, and new runs with the same system prompt sent to B land where
 A put that prefix. Real HTTP, a private redis-server, fake vLLM replicas with a prefix cache."""
 

@@ -297,9 +297,9 @@ def test_write_back_shows_each_run_pin_and_counter_together(redis_proc, outage):
     import redis.asyncio as aioredis
 
     from router.policy.types import RunState
-    from router.server.state import InProcessStore
-    from router.server.state_fallback import FallbackStore
-    from router.server.state_redis import RedisStore, decode_state
+    from router.server.state.fallback import FallbackStore
+    from router.server.state.redis_store import RedisStore, decode_state
+    from router.server.state.store import InProcessStore
 
     async def scenario() -> None:
         prefix = f"wb-{uuid.uuid4().hex[:8]}:"
@@ -374,9 +374,9 @@ def test_changes_made_during_the_write_back_reach_redis(redis_proc):
     through router A exactly while its recovery leases its slot; after the recovery Redis must hold
     its pin and a counter past its index."""
     from router.policy.types import RunState
-    from router.server.state import InProcessStore
-    from router.server.state_fallback import FallbackStore
-    from router.server.state_redis import RedisStore
+    from router.server.state.fallback import FallbackStore
+    from router.server.state.redis_store import RedisStore
+    from router.server.state.store import InProcessStore
 
     async def scenario() -> None:
         prefix = f"late-{uuid.uuid4().hex[:8]}:"

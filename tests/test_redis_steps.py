@@ -12,8 +12,8 @@ import pytest
 from test_state_redis import URL, TcpProxy, _cleanup, _free_port
 
 from router.policy.types import RunState
-from router.server.state_fallback import FallbackStore
-from router.server.state_redis import RedisStore
+from router.server.state.fallback import FallbackStore
+from router.server.state.redis_store import RedisStore
 
 pytestmark = pytest.mark.redis
 

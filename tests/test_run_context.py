@@ -60,7 +60,7 @@ def test_domain_and_task_embedding_reach_the_run_log(tmp_path, fakes):
 
 
 def test_resolve_domain_order():
-    from router.server.runcontext import RunContextSettings, resolve_domain
+    from router.server.runs.context import RunContextSettings, resolve_domain
 
     cfg = RunContextSettings(tenant_domains={"acme": "retail"}, agent_domains={"bot-7": "telecom"})
     hdr = {"x-runroute-domain": "air line!", "x-runroute-agent": "bot-7"}
@@ -238,7 +238,7 @@ def test_task_embedder_bounds_and_failures():
     (never an exception into a step), an empty text starts nothing."""
     import asyncio as aio
 
-    from router.server.runcontext import RunContextSettings, TaskEmbedder
+    from router.server.runs.context import RunContextSettings, TaskEmbedder
 
     def boom(texts):
         raise RuntimeError("model exploded")
@@ -271,7 +271,7 @@ def test_the_embedding_worker_runs_at_a_lower_priority_than_the_event_loop():
     import os
     import threading
 
-    from router.server.runcontext import RunContextSettings, TaskEmbedder
+    from router.server.runs.context import RunContextSettings, TaskEmbedder
 
     def here() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from features.runlog import read_runlog
-from router.server.runlog_writer import RunLogWriter
+from router.server.runs.log_writer import RunLogWriter
 
 
 def step(run_id: str, k: int, **extra) -> dict:
@@ -116,7 +116,7 @@ def test_sigkill_keeps_every_record_older_than_one_second(tmp_path: Path):
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-        from router.server.runlog_writer import RunLogWriter
+        from router.server.runs.log_writer import RunLogWriter
         w = RunLogWriter({str(tmp_path)!r}, flush_s=0.5).start()
         k = 0
         while True:

@@ -157,8 +157,8 @@ def test_two_workers_keep_each_run_on_one_replica(tmp_path, redis_proc, fakes, b
 def test_merged_metrics_sum_counters_and_keep_gauges_per_worker(tmp_path: Path) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from router.server.metrics import RouterMetrics
-    from router.server.metrics_workers import WorkerMetrics
+    from router.server.metrics.registry import RouterMetrics
+    from router.server.metrics.workers import WorkerMetrics
 
     a, b = RouterMetrics(), RouterMetrics()
     a.request_served("/v1/runs", 200)

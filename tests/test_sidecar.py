@@ -149,7 +149,7 @@ def test_two_runs_under_load_spread_and_stay_pinned(tmp_path, fakes, bundle_dir)
     the two replicas by load, then each stays on its replica."""
 
     async def run(client: AsyncOpenAI, tag: str, stream: bool) -> list[str]:
-        from router.server.identity import hash_opening
+        from router.server.runs.identity import hash_opening
 
         msgs = [{"role": "system", "content": system_prompt(tag, 300)}, {"role": "user", "content": "go"}]
         rid = hash_opening(msgs)
@@ -346,7 +346,7 @@ def test_oscillating_predictions_switch_at_most_once(ps, bundle_dir):
     de-escalation one (0.3): the live router switches the run at most once (hysteresis)."""
     import tempfile
 
-    from router.server.upstream import FakeReply, FakeUpstream
+    from router.server.hotpath.upstream import FakeReply, FakeUpstream
 
     def handler(call):
         body = orjson.loads(call.body)
@@ -401,8 +401,8 @@ def test_oscillating_predictions_switch_at_most_once(ps, bundle_dir):
 
 
 def test_scraper_reads_vllm_metrics_and_marks_dead_replicas(fakes):
-    from router.server.scrape import Scraper
-    from router.server.upstream import AiohttpUpstream
+    from router.server.hotpath.upstream import AiohttpUpstream
+    from router.server.metrics.scrape import Scraper
 
     v0, _, _ = fakes
     import socket

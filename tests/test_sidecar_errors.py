@@ -1,6 +1,6 @@
 """Every bad input and upstream failure of the sidecar: exact status and error code.
 
-Uses the in-memory FakeUpstream (router.server.upstream) through httpx's ASGI transport, plus one real
+Uses the in-memory FakeUpstream (router.server.hotpath.upstream) through httpx's ASGI transport, plus one real
 uvicorn (in a thread) for the client-disconnect case.
 """
 
@@ -17,9 +17,9 @@ import pytest
 from models.predictor import ConstantPredictor
 from models.types import Predictions
 from router.server.app import create_app, serve_in_thread
-from router.server.chat import rewrite_body
+from router.server.hotpath.upstream import FakeCall, FakeReply, FakeUpstream, UpstreamError
+from router.server.protocols.chat import rewrite_body
 from router.server.settings import RouterSettings, SettingsError
-from router.server.upstream import FakeCall, FakeReply, FakeUpstream, UpstreamError
 
 USAGE = {"prompt_tokens": 120, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 96}}
 MSGS = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hello"}]

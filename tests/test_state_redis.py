@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from router.policy.types import RunState
-from router.server.state import InProcessStore
-from router.server.state_fallback import FallbackStore
-from router.server.state_redis import RedisStore, StoreUnavailable
+from router.server.state.fallback import FallbackStore
+from router.server.state.redis_store import RedisStore, StoreUnavailable
+from router.server.state.store import InProcessStore
 
 pytestmark = pytest.mark.redis
 

@@ -13,15 +13,15 @@ from openai.types.chat.completion_create_params import CompletionCreateParamsNon
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from router.server.protocol import ClientRequest
-from router.server.sse import parse_event
-from router.server.translate import chat_to_messages, messages_to_chat, responses_to_chat
-from router.server.translate_answers import (
+from router.server.protocols.base import ClientRequest
+from router.server.protocols.sse import parse_event
+from router.server.protocols.translate import chat_to_messages, messages_to_chat, responses_to_chat
+from router.server.protocols.translate_answers import (
     chat_to_messages_json,
     chat_to_responses_json,
     messages_to_chat_json,
 )
-from router.server.translate_stream import translating_capture
+from router.server.protocols.translate_stream import translating_capture
 
 SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
 CHAT_PARAMS = TypeAdapter(CompletionCreateParamsNonStreaming)

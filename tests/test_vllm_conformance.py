@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from router.localnode.launch import LocalNode, LocalNodeConfig, LocalNodeError, find_vllm_python, project_root
-from router.server.metrics_parse import VLLM_METRIC_NAMES, parse_prometheus_text, read_vllm_metrics
+from router.server.metrics.parse import VLLM_METRIC_NAMES, parse_prometheus_text, read_vllm_metrics
 
 pytestmark = pytest.mark.vllm
 
@@ -236,7 +236,7 @@ def test_cached_tokens_block_granularity_matches(servers: dict[str, str]) -> Non
 
 
 def test_metrics_carry_every_name_the_router_reads(servers: dict[str, str]) -> None:
-    # router.server.scrape parses /metrics with read_vllm_metrics: what passes here is what the sidecar reads
+    # router.server.metrics.scrape parses /metrics with read_vllm_metrics: what passes here is what the sidecar reads
     for name, url in servers.items():
         text = httpx.get(url + "/metrics", timeout=10).text
         m = read_vllm_metrics(text, MODEL)

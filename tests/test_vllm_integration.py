@@ -33,7 +33,7 @@ from router.localnode.launch import (
     find_vllm_python,
     project_root,
 )
-from router.server.metrics_parse import MetricsParseError, parse_prometheus_text, read_vllm_metrics
+from router.server.metrics.parse import MetricsParseError, parse_prometheus_text, read_vllm_metrics
 
 MODEL = "local"
 BLOCK = 32

@@ -5,7 +5,7 @@ The what-if scorecard (:mod:`router.sim.scorecard`), policy comparison and the o
 (:class:`router.replay.PolicyTally`), OPE's logged figures
 (:meth:`training.eval.ope_replay.LoggedRuns.figures`), the live segment (:mod:`training.eval.live`
 and the fake agent's short-step flag), the simulator's workload, calibration and SLO floors, and the
-sidecar's metrics (:mod:`router.server.metrics`, per step: the same definitions, summed by
+sidecar's metrics (:mod:`router.server.metrics.registry`, per step: the same definitions, summed by
 Prometheus) read these definitions; a second copy of one of these formulas anywhere in the tree is a bug
 (``tests/test_figures.py`` greps for one). The step price and the warm prefix are
 :mod:`router.core.accounting`'s.

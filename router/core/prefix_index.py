@@ -25,7 +25,7 @@ Algorithm:
   lookups per replica (:meth:`PrefixIndex.match`), two when the caller's hint (the run's match
   on that replica at its previous step, or what it recorded there) is right. A record inserts only the blocks the replica
   lacks and touches the tip: O(new blocks + log n), flat in the body size for a run that grows.
-- **Several routers** (:mod:`router.server.prefix_share`, with Redis): every local record is
+- **Several routers** (:mod:`router.server.state.prefix_share`, with Redis): every local record is
   also published (the ``listener``) and other routers' records are applied
   (:meth:`PrefixIndex.apply`), so each router's index holds what all routers sent where.
 - **Losses.** :meth:`PrefixIndex.clear` drops a replica's blocks (a restart, a scale-to-zero reap,
@@ -46,7 +46,7 @@ both at their positions hashes only the segments after it; any other step (an ed
 history) re-hashes from the start. Not seen: an edit of a middle segment that keeps the segment
 count and the first and last hashed segments (the chain then over-states the match until the run's
 history changes there again); in the sidecar, an edit of a tool offered that keeps the number of
-tools and the first and last tools (:class:`router.server.chat.MessageSegments` fingerprints the
+tools and the first and last tools (:class:`router.server.protocols.chat.MessageSegments` fingerprints the
 tools by those, so a step does not re-serialise every tool schema). Token blocks from the model's tokenizer are not implemented.
 
 Knobs: ``PrefixIndex(block_tokens)``; per replica ``capacity_blocks`` (:meth:`PrefixIndex.add_replica`,
@@ -224,7 +224,7 @@ class PrefixIndex:
         self.replicas: dict[str, ReplicaIndex] = {}
         self._clock = 0
         # told of every local record (replica, chain, n): how an adapter shares the index with
-        # other routers (router.server.prefix_share); None = nobody
+        # other routers (router.server.state.prefix_share); None = nobody
         self.listener: Callable[[str, Sequence[int], int], None] | None = None
         for name, cap in capacities:
             self.add_replica(name, cap)

@@ -67,7 +67,7 @@ class RunState:
     # run started without an exploring policy
     explore_post: float | None = None
     # signals of the run (POST /v1/runs/{id}/signal) its latest step saw, so the next step on any
-    # router knows which are new (router.server.runcontext)
+    # router knows which are new (router.server.runs.context)
     signals_seen: int = 0
 
 

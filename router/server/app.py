@@ -2,8 +2,8 @@
 
 Parts (each injectable for tests; built from settings otherwise):
 
-- ``upstream``: :class:`router.server.upstream.AiohttpUpstream` (one pooled session per tier);
-- ``store``: run-state store (:class:`router.server.state.InProcessStore`, or the Redis store);
+- ``upstream``: :class:`router.server.hotpath.upstream.AiohttpUpstream` (one pooled session per tier);
+- ``store``: run-state store (:class:`router.server.state.store.InProcessStore`, or the Redis store);
 - ``bundle``: a predictor (``ModelBundle`` or any ``predict(prefix) -> Predictions`` object); when
   not given it is loaded from ``settings.bundle`` at start-up (a failure stops the start-up with
   the bundle's one-line error) and hot-reloaded by :mod:`router.server.bundles`;
@@ -16,15 +16,15 @@ watcher; on shutdown it stops them, closes the sessions and rolls the run log in
 
 The step engine (:mod:`router.core.engine`) and its admission gate are built by
 :func:`router.server.wiring.make_engine` (admission on by default when a local tier exists; its
-store-backed side :class:`router.server.admission.LiveAdmission` sweeps idle slots in the
+store-backed side :class:`router.server.hotpath.admission.LiveAdmission` sweeps idle slots in the
 background); ``admission_budget_hook`` (``tenant -> bool``) replaces the per-tenant spill budget
 built from settings. ``clock`` (monotonic) and ``wall`` (epoch) are injected into the engine, the
 traffic model and the run log.
 
 Endpoints: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``
-(:mod:`router.server.proxy`, short-cutting the middleware stack) and the rest
+(:mod:`router.server.hotpath.proxy`, short-cutting the middleware stack) and the rest
 (:mod:`router.server.routes`; the read-only ones: runs list, stored Responses, ``/``, ``/ui`` in
-:mod:`router.server.routes_read`). The idle-run sweep (:mod:`router.server.lifecycle`) runs in the
+:mod:`router.server.routes_read`). The idle-run sweep (:mod:`router.server.runs.lifecycle`) runs in the
 background every ``identity.sweep_s``.
 """
 
@@ -46,25 +46,25 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from models.predictor import ConstantPredictor
 from router.server.bundles import BundleHolder
 from router.server.errors import error_response
+from router.server.hotpath.proxy import Proxy
+from router.server.hotpath.upstream import AiohttpUpstream, Upstream
 from router.server.limits import BodyError, read_body_guarded, replay_receive, timed_receive, uvicorn_options
 from router.server.loopwatch import StallMonitor, tune_gc
-from router.server.messages import anthropic_error
-from router.server.metrics import RouterMetrics
-from router.server.proxy import Proxy
+from router.server.metrics.registry import RouterMetrics
+from router.server.metrics.scrape import Scraper
+from router.server.protocols.messages import anthropic_error
 from router.server.routes import Parts, register_routes
 from router.server.routes_read import register_read_routes
-from router.server.runcontext import RunContext
-from router.server.runlog_writer import RunLogWriter
-from router.server.scrape import Scraper
+from router.server.runs.context import RunContext
+from router.server.runs.log_writer import RunLogWriter
 from router.server.settings import RouterSettings
 from router.server.tracing import make_tracing
-from router.server.upstream import AiohttpUpstream, Upstream
 from router.server.wiring import make_backends, make_engine, make_prefix_share, make_store
 
 if TYPE_CHECKING:
     from models.predictor import Predictor
-    from router.server.runcontext import EmbedFn
-    from router.server.state import RunStateStore
+    from router.server.runs.context import EmbedFn
+    from router.server.state.store import RunStateStore
 
 __all__ = ["create_app", "make_backends", "serve_in_thread"]
 
@@ -91,7 +91,7 @@ class _RouterApp(FastAPI):
 
     hot_paths: dict[str, Any] = {}
     on_request: Any = None  # (handler, status) for every other request (metrics)
-    prefix_share: Any = None  # router.server.prefix_share.PrefixShare when the index is shared
+    prefix_share: Any = None  # router.server.state.prefix_share.PrefixShare when the index is shared
     max_headers: int = 100
     max_header_bytes: int = 64 * 1024
     max_body_bytes: int = 8 * 1024 * 1024  # server.max_body_bytes (router.server.limits)

@@ -7,7 +7,7 @@ only its id ``"k-" + blake2b(key, 8 bytes)`` does, e.g. as a run's ``owner`` in 
   ``api_keys_env``) a request needs ``Authorization: Bearer <client key>`` (or ``x-api-key`` / ``api-key``, as Anthropic and Azure clients send it; else 401
   ``invalid_api_key``); with none configured they are open and runs have no owner.
 - Run ownership: run ids live in the namespace of the key that sends them
-  (:func:`router.server.identity.scoped_id`: the store key is ``<key id>/<run id>``), so another
+  (:func:`router.server.runs.identity.scoped_id`: the store key is ``<key id>/<run id>``), so another
   key's run, live or ended, is simply not there: reading, ending or signalling it answers 404
   ``run_not_found`` and a step with its id starts the caller's own run, exactly as for an unused id
   (no oracle of other keys' run ids, no squatting). :attr:`RunState.owner` is kept as a second

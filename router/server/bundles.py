@@ -45,7 +45,7 @@ from router.server.background import BackgroundTask
 if TYPE_CHECKING:
     from models.predictor import Predictor
     from router.policy.types import Policy
-    from router.server.metrics import RouterMetrics
+    from router.server.metrics.registry import RouterMetrics
 
 __all__ = ["Serving", "BundleHolder", "load_bundle", "resolve_source", "exercise"]
 

@@ -2,10 +2,10 @@
 
 The hot path (``POST /v1/chat/completions``) bypasses FastAPI's routing and validation for speed
 (:class:`router.server.app` short-cuts it), so its route is declared with the request model below
-in ``openapi_extra`` only: the document describes exactly what :mod:`router.server.validate`
+in ``openapi_extra`` only: the document describes exactly what :mod:`router.server.protocols.validate`
 checks, and the handler stays the proxy's own; the same for ``/v1/responses``, ``/v1/messages`` and
 ``/v1/messages/count_tokens`` (:class:`ResponsesRequest`, :class:`MessagesRequest`,
-:class:`CountTokensRequest`: what :mod:`router.server.responses` / :mod:`router.server.messages`
+:class:`CountTokensRequest`: what :mod:`router.server.protocols.responses` / :mod:`router.server.protocols.messages`
 check), so a fuzzer generating from the document reaches them with real bodies. The other
 endpoints parse their bodies themselves (so every error keeps the OpenAI error shape with a code)
 and declare these models the same way. ``GET /metrics`` is declared as Prometheus text (or
@@ -119,7 +119,7 @@ class ResponsesTool(BaseModel):
 
 
 class ResponsesRequest(BaseModel):
-    """What the router reads of an OpenAI Responses body (:mod:`router.server.responses`); every
+    """What the router reads of an OpenAI Responses body (:mod:`router.server.protocols.responses`); every
     other field passes through."""
 
     model_config = ConfigDict(extra="allow")
@@ -185,7 +185,7 @@ class MessagesMetadata(BaseModel):
 
 
 class CountTokensRequest(BaseModel):
-    """What the router reads of an Anthropic Messages body (:mod:`router.server.messages`); every
+    """What the router reads of an Anthropic Messages body (:mod:`router.server.protocols.messages`); every
     other field passes through. ``POST /v1/messages/count_tokens`` takes it as is."""
 
     model_config = ConfigDict(extra="allow")

@@ -9,8 +9,8 @@ minutes, the replica count that holds the SLO at that forecast, expected spill a
 ``domain_mode`` / ``domain_reason`` for that domain and ``domain_modes`` for every domain of the
 serving bundle's benefit model: ``model`` or ``prior`` and why),
 ``POST /v1/runs/{run_id}/signal`` (body ``{"kind": one of features.prefix.SIGNAL_KINDS, "detail":
-{...} optional, never stored}``: :meth:`router.server.lifecycle.RunLifecycle.signal`; bad input
-400/413/422 with a code, an unknown run 404, 409 past ``MAX_SIGNALS``), ``POST /v1/runs/{run_id}/end`` (:meth:`router.server.lifecycle.RunLifecycle.end`:
+{...} optional, never stored}``: :meth:`router.server.runs.lifecycle.RunLifecycle.signal`; bad input
+400/413/422 with a code, an unknown run 404, 409 past ``MAX_SIGNALS``), ``POST /v1/runs/{run_id}/end`` (:meth:`router.server.runs.lifecycle.RunLifecycle.end`:
 logs the outcome, gives back the run's admission slot and leaves an ``ended`` tombstone in the store
 for ``store.ttl_s``; a repeated end updates the outcome), ``POST /v1/messages/count_tokens`` (asked of the backend the next step would go to, else the
 sidecar's estimate; the model resolved as ``/v1/messages`` resolves it; Anthropic's error shape:
@@ -19,9 +19,9 @@ sidecar's estimate; the model resolved as ``/v1/messages`` resolves it; Anthropi
 code (:mod:`router.server.errors`), but on Anthropic's paths (:data:`ANTHROPIC_PATHS`: an unknown
 ``/v1/messages/...`` path or method), which answer in Anthropic's shape. Access (:mod:`router.server.auth`): ``/v1/*`` needs a client
 key when keys are configured and run ids live in the caller key's namespace
-(:func:`router.server.identity.scoped_id`: another key's run is unknown here, 404);
+(:func:`router.server.runs.identity.scoped_id`: another key's run is unknown here, 404);
 ``/admin/*`` needs an admin key; ``/metrics`` a metrics key when configured. A run id in a path is
-cleaned like a request's (:func:`router.server.identity.clean_id`), so the header value and its
+cleaned like a request's (:func:`router.server.runs.identity.clean_id`), so the header value and its
 decoded form both find the run.
 """
 
@@ -41,10 +41,10 @@ from starlette.responses import Response
 
 from features.prefix import SIGNAL_KINDS
 from router.core.engine import StepEngine
-from router.server.backends import Backend
 from router.server.errors import ProxyError, error_response
-from router.server.identity import clean_id, client_id, scoped_id
-from router.server.lifecycle import MAX_SIGNALS
+from router.server.hotpath.backends import Backend
+from router.server.hotpath.proxy import Proxy
+from router.server.hotpath.upstream import Upstream, UpstreamError
 from router.server.openapi import (
     ChatCompletionRequest,
     CountTokensRequest,
@@ -57,8 +57,8 @@ from router.server.openapi import (
     install_openapi,
     request_body,
 )
-from router.server.proxy import Proxy
-from router.server.upstream import Upstream, UpstreamError
+from router.server.runs.identity import clean_id, client_id, scoped_id
+from router.server.runs.lifecycle import MAX_SIGNALS
 
 if TYPE_CHECKING:
     from router.server.bundles import Serving
@@ -482,8 +482,8 @@ async def count_message_tokens(proxy: Proxy, up: Upstream, request: Request) -> 
     the step: on the embedded defaults it equals the step's prompt tokens, ``input_tokens +
     cache_read_input_tokens + cache_creation_input_tokens``); when that backend has no Messages
     endpoint or does not answer 200, the sidecar's estimate (:func:`count_tokens_estimate`)."""
-    from router.server.messages import count_tokens_estimate, validate
-    from router.server.protocol import resolve_model
+    from router.server.protocols.base import resolve_model
+    from router.server.protocols.messages import count_tokens_estimate, validate
 
     proto = proxy.adapters["messages"]
     try:

@@ -1,14 +1,14 @@
 """Read-only endpoints for clients and people: the runs list, stored Responses, ``/`` and ``/ui``.
 
-- ``GET /v1/runs``: the caller's runs, filtered and paged (:mod:`router.server.runs_list`);
+- ``GET /v1/runs``: the caller's runs, filtered and paged (:mod:`router.server.runs.listing`);
 - ``GET /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``: stored Responses of the
-  caller's runs (:mod:`router.server.responses_read`);
+  caller's runs (:mod:`router.server.protocols.responses_read`);
 - ``GET`` / ``HEAD /``: a small JSON index of the endpoints (Claude Code sends ``HEAD /`` on every
   start to check the base URL; it is a route, so it is counted under ``handler="/"``, not
   ``unmatched``);
 - ``GET /ui``, ``/ui/data``, ``/ui/static/*``, ``/ui/plots/*``: the live page (:mod:`router.server.ui`).
 
-Each takes the caller's key id from :meth:`router.server.proxy.Proxy.check_auth` (401 without a
+Each takes the caller's key id from :meth:`router.server.hotpath.proxy.Proxy.check_auth` (401 without a
 valid client key when keys are configured) and passes it explicitly as the tenant to the reader,
 so a run or a response of another key is a 404 exactly like an unknown one. Errors are OpenAI's
 shape with a code (these are OpenAI-style paths).
@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.server.errors import ProxyError, error_response
-from router.server.identity import scoped_id
 from router.server.openapi import error_responses
-from router.server.responses_read import get_response, list_input_items
+from router.server.protocols.responses_read import get_response, list_input_items
 from router.server.routes import Parts, json_response
-from router.server.runs_list import list_runs
+from router.server.runs.identity import scoped_id
+from router.server.runs.listing import list_runs
 from router.server.settings import RouterSettings
 
 __all__ = ["register_read_routes"]

@@ -8,7 +8,7 @@ several deployments.
 
 Knobs (see ``runroute.example.yaml`` for a documented file):
 
-- ``context`` (:mod:`router.server.runcontext`): how a run's domain is known (``domain_header``,
+- ``context`` (:mod:`router.server.runs.context`): how a run's domain is known (``domain_header``,
   ``tenant_domains``, ``agent_header``, ``agent_domains``; else ``metadata.domain``, else a hash of
   the system prompt) and its task embedding (``embed``: auto / on / off, ``embed_executor``,
   ``embed_nice``, ``embed_wait_ms``, ``embed_queue``, ``embed_max_per_s``).
@@ -34,7 +34,7 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   ``api_key_env`` (the *name* of the env var holding the key; the key itself never appears in
   config or logs). A frontier whose key variable is unset or empty is refused at load time
   unless ``allow_no_key: true`` (fakes on loopback only).
-- ``identity``: run identity and lifecycle (:mod:`router.server.identity`): ``idle_end_s`` (a run
+- ``identity``: run identity and lifecycle (:mod:`router.server.runs.identity`): ``idle_end_s`` (a run
   idle this long is ended, its admission slot released; default 900 s = 1.25 x the largest
   tool-pause p99 of the shipped run logs (Mooncake 690 s; tau2-bench 4.6 s), rounded up to a
   minute), ``reopen_gap_s`` (an identical opening after this idle gap starts a new run),
@@ -79,10 +79,10 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
 - ``store``: run-state store: ``kind`` (``memory`` | ``redis``), ``redis_url``, ``ttl_s``,
   ``admit_ttl_s``, ``key_prefix``; Redis only: ``router_slots`` / ``router_slot`` / ``step_gap``
   (router-scoped step numbering while Redis is unreachable,
-  :mod:`router.server.state_fallback`), ``health_check_s`` (pooled connections idle longer are
+  :mod:`router.server.state.fallback`), ``health_check_s`` (pooled connections idle longer are
   PINGed before use), ``epoch_check_s`` / ``reset_settle_s`` (a Redis that lost its data without
   dropping connections: noticed by the epoch watch; a run without a counter waits for the settle).
-- ``admission``: admission control at a run's first step (:mod:`router.server.admission`,
+- ``admission``: admission control at a run's first step (:mod:`router.server.hotpath.admission`,
   :mod:`router.policy.admission`); **on by default** with conservative figures derived from the
   local tier (see :class:`AdmissionSettings`), e.g. ``RUNROUTE_ADMISSION__ENABLED=false``,
   ``RUNROUTE_ADMISSION__SLO_SHORT_STEP_S=1.5``, ``RUNROUTE_ADMISSION__REPLICA_TOKENS_PER_S=4000``.
@@ -107,7 +107,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from router.policy.admission import AdmissionConfig
 from router.policy.deployment import Deployment, NodeSpec, SLOTargets
 from router.server.loopwatch import RuntimeSettings
-from router.server.runcontext import RunContextSettings
+from router.server.runs.context import RunContextSettings
 from router.server.settings_tiers import (
     FrontierTier,
     IdentitySettings,
@@ -203,7 +203,7 @@ class TracingSettings(_Strict):
 
 
 class MetricsSettings(_Strict):
-    """``GET /metrics`` (:mod:`router.server.metrics`): ``deprecated_names`` also exposes the
+    """``GET /metrics`` (:mod:`router.server.metrics.registry`): ``deprecated_names`` also exposes the
     names of runroute 0.1 (renamed to the Prometheus conventions) as deprecated aliases, for one
     release (dashboards and alerts can move at their own pace)."""
 
@@ -320,7 +320,7 @@ class StoreSettings(_Strict):
     router_slot: int | None = Field(default=None, ge=0)  # None = leased in Redis at first contact
     step_gap: int = Field(default=1024, ge=1)
     health_check_s: float = Field(default=5.0, ge=0)
-    # data loss without an outage (FLUSHALL, failover to an empty replica): router.server.state_fallback
+    # data loss without an outage (FLUSHALL, failover to an empty replica): router.server.state.fallback
     epoch_check_s: float = Field(default=0.25, ge=0)  # background epoch watch (0 = off)
     reset_settle_s: float = Field(default=1.5, ge=0)  # new-to-Redis runs wait this long after a loss
 
@@ -346,7 +346,7 @@ class AdmissionSettings(AdmissionConfig):
     body's ``metadata.tenant``); ``tenant_spill_limits`` / ``default_tenant_spill_limit``
     (concurrently spilled runs per tenant; over it a shed run is rejected instead); ``counter_key``
     (the store's admission counter); ``idle_release_s`` (unset: ``store.ttl_s``) and ``sweep_s``
-    (10; 0 = no background sweep) bound slot leaks (see :mod:`router.server.admission`);
+    (10; 0 = no background sweep) bound slot leaks (see :mod:`router.server.hotpath.admission`);
     ``rate_tau_s`` (30) time constant of the live rates, ``min_rate_steps`` (20) local steps before
     the measured per-run rate replaces the default; the arrival forecaster's ``forecast_bucket_s``
     (60), ``forecast_alpha`` (0.2), ``forecast_min_history_s`` (86400, then a daily profile);

@@ -59,7 +59,7 @@ class LocalTier(StrictModel):
     prefix_index: bool = True
     prefix_block_chars: int = Field(default=1024, ge=4)
     prefix_index_tokens: int = Field(default=262144, gt=0)
-    # with store.kind redis: share the index between router replicas (router.server.prefix_share)
+    # with store.kind redis: share the index between router replicas (router.server.state.prefix_share)
     prefix_share: bool = True
 
     @field_validator("urls")

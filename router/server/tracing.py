@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
 
     from features.schema import Step
-    from router.server.backends import Backend
+    from router.server.hotpath.backends import Backend
     from router.server.settings import RouterSettings, TracingSettings
 
 __all__ = ["Tracing", "make_tracing"]

@@ -1,15 +1,15 @@
 """Wiring of the sidecar's parts from its settings: backends, the run-state store, the step engine.
 
-- :func:`make_backends`: one :class:`~router.server.backends.Backend` per local replica and one per
+- :func:`make_backends`: one :class:`~router.server.hotpath.backends.Backend` per local replica and one per
   frontier entry, with the protocols each speaks (URLs), the headers (auth) and the
   :class:`~router.policy.types.BackendState` template the policy prices them with;
-- :func:`make_store`: ``memory`` -> :class:`~router.server.state.InProcessStore`; ``redis`` ->
-  :class:`~router.server.state_redis.RedisStore` behind
-  :class:`~router.server.state_redis.FallbackStore` (keeps serving from local pins while Redis is
+- :func:`make_store`: ``memory`` -> :class:`~router.server.state.store.InProcessStore`; ``redis`` ->
+  :class:`~router.server.state.redis_store.RedisStore` behind
+  :class:`~router.server.state.redis_store.FallbackStore` (keeps serving from local pins while Redis is
   down, resyncs when it returns);
 - :func:`make_engine`: the :class:`~router.core.engine.StepEngine` with its admission gate (the
   traffic model on the injected clocks, the per-tenant spill budget) and the store-backed
-  :class:`~router.server.admission.LiveAdmission` (None without a local tier).
+  :class:`~router.server.hotpath.admission.LiveAdmission` (None without a local tier).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from router.core.engine import StepEngine
 from router.policy.types import BackendState
-from router.server.backends import Backend
-from router.server.scrape import Scraper
+from router.server.hotpath.backends import Backend
+from router.server.metrics.scrape import Scraper
 from router.server.settings import RouterSettings
 
 if TYPE_CHECKING:
-    from router.server.admission import LiveAdmission
-    from router.server.state import RunStateStore
+    from router.server.hotpath.admission import LiveAdmission
+    from router.server.state.store import RunStateStore
 
 __all__ = ["make_backends", "make_store", "make_engine", "make_prefix_share"]
 
@@ -88,12 +88,12 @@ def make_backends(s: RouterSettings) -> list[Backend]:
 def make_store(s: RouterSettings) -> RunStateStore:
     """``memory``: InProcessStore. ``redis``: RedisStore behind FallbackStore (keeps serving from
     local pins while Redis is down, resyncs when it returns)."""
-    from router.server.state import InProcessStore
+    from router.server.state.store import InProcessStore
 
     if s.store.kind == "memory":
         return InProcessStore(ttl_s=s.store.ttl_s)
-    from router.server.state_fallback import FallbackStore
-    from router.server.state_redis import RedisStore
+    from router.server.state.fallback import FallbackStore
+    from router.server.state.redis_store import RedisStore
 
     st = s.store
     return FallbackStore(
@@ -126,7 +126,7 @@ def make_engine(
     from router.core.admission import AdmissionGate, TenantSpillBudget
     from router.core.capacity import ArrivalForecaster
     from router.core.traffic import TrafficModel
-    from router.server.admission import LiveAdmission
+    from router.server.hotpath.admission import LiveAdmission
 
     hist = s.server.run_history_steps
     if s.local is None:
@@ -187,10 +187,10 @@ def prefix_index_kw(s: RouterSettings, local: list[str]) -> dict[str, Any]:
 
 
 def make_prefix_share(s: RouterSettings, engine: StepEngine) -> Any:
-    """The engine's prefix index shared through Redis (:mod:`router.server.prefix_share`) when the
+    """The engine's prefix index shared through Redis (:mod:`router.server.state.prefix_share`) when the
     store is Redis, the index is on and ``local.prefix_share`` is set; else None."""
     if s.store.kind != "redis" or engine.prefix_index is None or s.local is None or not s.local.prefix_share:
         return None
-    from router.server.prefix_share import PrefixShare
+    from router.server.state.prefix_share import PrefixShare
 
     return PrefixShare(engine.prefix_index, s.store.redis_url, key=f"{s.store.key_prefix}prefix-index:events")

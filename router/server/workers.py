@@ -20,7 +20,7 @@ What the workers share, and how:
   a directory.
 - **Metrics**: one view. Each worker writes its series to a folder the supervisor made
   (:data:`ENV_METRICS`) every second; the worker a scrape reaches answers the merge (counters and
-  histograms summed, gauges per worker with a ``pid`` label: :mod:`router.server.metrics_workers`).
+  histograms summed, gauges per worker with a ``pid`` label: :mod:`router.server.metrics.workers`).
 
 Knobs: ``N`` (``--workers``; 1 = one process, no supervisor, as before).
 """
@@ -85,7 +85,7 @@ def app_from_env() -> Any:
     settings = RouterSettings.load(path, **({"server": server} if server else {}))
     app = create_app(settings)
     if os.environ.get(ENV_METRICS):
-        from router.server.metrics_workers import WorkerMetrics
+        from router.server.metrics.workers import WorkerMetrics
 
         share = WorkerMetrics(app.state.metrics, Path(os.environ[ENV_METRICS])).start()
         app.state.metrics.render = share.render  # the /metrics route answers the merged view

@@ -1,0 +1,274 @@
+"""Prometheus metrics of one sidecar app, in a per-app ``CollectorRegistry`` (no global registry,
+so several apps in one process — tests — never collide).
+
+Algorithm: every series is declared once in :data:`router.server.metrics.specs.SPECS` (name, type,
+help, labels, unit); the metric list in docs/metrics.md is generated from it (:mod:`router.server.metrics.doc`).
+The proxy calls a few named hooks and every per-step series is computed here from the step's run-log record
+(:meth:`RouterMetrics.step_finished`), so the hot path holds no metric logic: request counts
+(:meth:`request_rejected` for rejections before routing, :meth:`request_served` for the other
+endpoints, counted by the app), decisions, run starts, escalations and flaps
+(:meth:`decided`, :meth:`fell_back`), admission verdicts, upstream errors. Label children are cached
+(``prometheus_client``'s ``labels()`` costs ~10 us a call).
+
+Exposition (:meth:`render`): the Prometheus text format 0.0.4, or OpenMetrics 1.0 when the scrape's
+``Accept`` header asks for ``application/openmetrics-text`` (``prometheus_client.choose_encoder``).
+The ``_created`` series of counters and histograms are dropped (they doubled the sample count and
+no dashboard reads them). Conventions: counters end in ``_total``, units are base units in the
+name (``_seconds``, ``_tokens``, ``_usd``), shares are ``_ratio`` in [0, 1], gauges name their noun
+(``_requests``, ``_runs``), one label name per dimension (``backend`` for a replica or the frontier,
+``tier``, ``code`` for the HTTP status), no run ids in labels.
+
+Knobs: ``deprecated_names`` (``metrics.deprecated_names``, default on for one release): the names
+of runroute 0.1 are also exposed, computed at scrape time from the new series (:data:`DEPRECATED`,
+their HELP says what replaces them); ``short_step_tokens`` and ``step_slo_s`` (from ``slo``): the
+short/long split of the latency histogram and the SLO counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
+
+from router.core.accounting import backend_step_usd
+from router.core.figures import is_short, upper_bound_tokens
+from router.policy.defaults import SHORT_STEP_TOKENS, SLO_STEP_S
+from router.server.metrics.specs import (
+    CHAT_HANDLER,
+    DEPRECATED,
+    HANDLERS,
+    LATENCY_BUCKETS,
+    SPECS,
+    Alias,
+    MetricSpec,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from features.schema import Step
+    from models.benefit import BenefitModel
+    from router.core.engine import StepPlan
+    from router.policy.types import BackendState, Decision
+    from router.server.hotpath.backends import Backend
+    from router.server.metrics.scrape import ReplicaStats
+
+__all__ = ["RouterMetrics", "MetricSpec", "SPECS", "DEPRECATED", "Alias", "CHAT_HANDLER"]
+
+
+class _Exposed:
+    """The registry as scraped: no ``_created`` samples, plus the deprecated aliases."""
+
+    def __init__(self, registry: CollectorRegistry, aliases: tuple[Alias, ...]):
+        self.registry, self.aliases = registry, aliases
+
+    def collect(self) -> Iterator[Metric]:
+        fams = []
+        for fam in self.registry.collect():
+            out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            out.samples = [s for s in fam.samples if not s.name.endswith("_created")]
+            fams.append(out)
+        yield from fams
+        by_sample: dict[str, list[Sample]] = {}
+        for fam in fams:
+            for s in fam.samples:
+                by_sample.setdefault(s.name, []).append(s)
+        for a in self.aliases:
+            yield _alias_family(a, by_sample.get(a.new, []))
+
+
+def _alias_family(a: Alias, samples: Iterable[Sample]) -> Metric:
+    base = a.old[: -len("_total")] if a.kind == "counter" else a.old
+    fam = Metric(base, f"DEPRECATED (removed in the next release): use {a.new}", a.kind)
+    sums: dict[tuple[str, ...], float] = {}
+    for s in samples:
+        if any(s.labels.get(k) != v for k, v in a.where):
+            continue
+        key = tuple(s.labels.get(new, "") for _, new in a.labels)
+        sums[key] = sums.get(key, 0.0) + s.value
+    for key, v in sums.items():
+        fam.add_sample(a.old, dict(zip((old for old, _ in a.labels), key, strict=True)), v)
+    return fam
+
+
+class RouterMetrics:
+    """The app's series (:data:`SPECS`) and the hooks that set them; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        deprecated_names: bool = True,
+        short_step_tokens: int = SHORT_STEP_TOKENS,
+        step_slo_s: float = SLO_STEP_S,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.short_step_tokens, self.step_slo_s = short_step_tokens, step_slo_s
+        self._exposed = _Exposed(self.registry, DEPRECATED if deprecated_names else ())
+        for spec in SPECS:
+            setattr(self, spec.attr, self._make(spec))
+        self._bundle_labels: tuple[str, str] | None = None
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _make(self, spec: MetricSpec) -> Any:
+        kw: dict[str, Any] = {"registry": self.registry, "unit": spec.unit}
+        if spec.kind == "counter":
+            return Counter(spec.name, spec.help, spec.labels, **kw)
+        if spec.kind == "gauge":
+            return Gauge(spec.name, spec.help, spec.labels, **kw)
+        return Histogram(spec.name, spec.help, spec.labels, buckets=LATENCY_BUCKETS, **kw)
+
+    def __getattr__(self, name: str) -> Any:  # the series of SPECS, set in __init__ (for mypy)
+        raise AttributeError(name)
+
+    def child(self, metric: MetricWrapperBase, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached."""
+        key = (id(metric), labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
+    # ------------------------------------------------------------------ hot-path hooks
+    def request_rejected(self, status: int, handler: str = CHAT_HANDLER) -> None:
+        """A chat request answered before routing (401, 404, 413, 400/422, 429, 431, 499, 503 no
+        bundle) or without a backend (503 no_healthy_backend: its step is recorded, not counted here)."""
+        self.child(self.requests, handler, "none", str(status)).inc()
+
+    def request_served(self, handler: str, status: int) -> None:
+        """Any other endpoint (counted by the app for every request it answers)."""
+        self.child(self.requests, handler, "none", str(status)).inc()
+
+    def admission_verdict(self, verdict: str, priority: str, reason: str) -> None:
+        self.child(self.admission, verdict, priority, reason).inc()
+
+    def decided(self, plan: StepPlan) -> None:
+        """A committed decision (:class:`router.core.engine.StepPlan`): a run starts at its step 0
+        (the store's step index, unique across routers) or at a first-step admission verdict (a run
+        id used again after its end); a move of a pinned run (``flapped``) to the frontier is an
+        escalation (the frontier tier is one backend, so the run was local)."""
+        d = plan.decision
+        self.child(self.decisions, d.tier, d.reason).inc()
+        if plan.step == 0 or plan.admission is not None:
+            self.child(self.runs_started, d.tier).inc()
+        if plan.flapped:
+            self.child(self.flaps, "policy").inc()
+            if d.tier == "frontier":
+                self.child(self.escalations, d.reason).inc()
+        fb = plan.frontier_budget
+        if fb is not None:
+            self.child(self.budget_share, plan.policy_name).set(fb.share)
+            if plan.budget_realised is not None:
+                self.child(self.budget_realised, plan.policy_name, plan.budget_domain).set(
+                    plan.budget_realised
+                )
+
+    def fell_back(self, from_tier: str, decision: Decision) -> None:
+        """A step retried on another backend after an upstream failure."""
+        self.child(self.fallbacks, from_tier, decision.tier).inc()
+        self.child(self.flaps, "fallback").inc()
+        self.child(self.decisions, decision.tier, decision.reason).inc()
+        if from_tier == "local" and decision.tier == "frontier":
+            self.child(self.escalations, decision.reason).inc()
+
+    def upstream_error(self, tier: str, kind: str) -> None:
+        self.child(self.upstream_errors, tier, kind).inc()
+
+    def step_finished(self, rec: Step, prev_tokens: int, state: BackendState | None) -> None:
+        """Every per-step series from the step's run-log record (:class:`features.schema.Step`);
+        ``prev_tokens``: the run's previous served prompt + output tokens as this router saw them
+        (0: unknown), ``state``: the serving backend's ``BackendState`` (prices; None: nothing served).
+
+        Each series is the step's contribution to a scorecard figure as :mod:`router.core.figures`
+        defines it (summed by Prometheus rather than computed over a batch): the short/long split
+        (:func:`~router.core.figures.is_short`), the cross-turn counters (steps after a run's first;
+        the bound is :func:`~router.core.figures.upper_bound_tokens`), the spend
+        (:func:`router.core.accounting.backend_step_usd`). ``runroute_slo_steps`` is not the
+        scorecard's SLO attainment: it judges every step's end-to-end latency against
+        ``slo.step_latency_s``."""
+        tier = rec.tier or "none"
+        c = self.child
+        if rec.error_code != "no_healthy_backend":  # that answer is counted by request_rejected
+            c(self.requests, HANDLERS.get(rec.protocol or "chat", CHAT_HANDLER), tier, str(rec.status)).inc()
+        if rec.ttft_s is not None:
+            c(self.ttft, tier).observe(rec.ttft_s)
+        if rec.status != 200:
+            return
+        latency, prompt, cached = rec.latency_s or 0.0, rec.prompt_tokens, rec.cached_tokens or 0
+        out, model, backend = rec.completion_tokens, rec.model or "", rec.replica or ""
+        short = is_short(out, bool(rec.tool_calls), bool(rec.structured), self.short_step_tokens)
+        c(self.step_latency, tier, "short" if short else "long").observe(latency)
+        c(self.slo_steps, "yes" if latency <= self.step_slo_s else "no").inc()
+        c(self.prompt_tokens, tier, model).inc(prompt)
+        c(self.output_tokens, tier, model).inc(out)
+        if cached:
+            c(self.cached_tokens, tier, backend).inc(cached)
+        if rec.step > 0:
+            c(self.xturn_prompt, tier, backend).inc(prompt)
+            c(self.xturn_cached, tier, backend).inc(cached)
+            c(self.xturn_bound, tier, backend).inc(upper_bound_tokens(prev_tokens, prompt))
+        if state is not None:
+            usd = backend_step_usd(state, prompt, cached, out)
+            if usd > 0:
+                c(self.spend, tier, model).inc(usd)
+
+    # ------------------------------------------------------------------ set elsewhere
+    def set_bundle(self, version: str | None, registry_version: str | None = None) -> None:
+        if self._bundle_labels is not None:
+            self.bundle_info.remove(*self._bundle_labels)
+            self._bundle_labels = None
+        if version is not None:
+            self._bundle_labels = (version, registry_version or "")
+            self.bundle_info.labels(*self._bundle_labels).set(1)
+
+    def set_domains(self, benefit: BenefitModel | None) -> None:
+        """``runroute_domain_mode{domain,mode}`` = 1 per domain of the serving bundle's benefit
+        model (:class:`models.benefit.BenefitModel`; None: no series)."""
+        self.domain_mode.clear()
+        for dom, d in benefit.domains.items() if benefit is not None else ():
+            self.domain_mode.labels(dom, d.mode).set(1)
+
+    def signal_posted(self, kind: str) -> None:
+        self.run_signals.labels(kind).inc()
+
+    def bundle_reloaded(self, ok: bool) -> None:
+        self.bundle_reloads.labels("ok" if ok else "refused").inc()
+
+    def set_backends(self, backends: Iterable[Backend], stats: dict[str, ReplicaStats]) -> None:
+        """This router's in-flight counts and the scraped figures of each backend."""
+        for b in backends:
+            self.inflight.labels(b.name).set(b.inflight)
+            if b.tier == "local":
+                self.gpu_cost.labels(b.name).set(b.state_template.gpu_usd_per_hour)
+        for name, st in stats.items():
+            self.healthy.labels(name).set(1 if st.healthy else 0)
+            self.running.labels(name).set(st.running)
+            self.waiting.labels(name).set(st.waiting)
+            self.kv_usage.labels(name).set(st.kv_usage)
+
+    def set_capacity(self, cap: dict[str, Any]) -> None:
+        """Copy the figures of ``GET /v1/capacity`` (:meth:`router.server.hotpath.admission.LiveAdmission.capacity`)."""
+        loc = cap["local"]
+        self.adm_active.set(loc["active_runs"])
+        self.adm_rate.set(loc["run_token_rate"] or loc["run_token_rate_default"])
+        self.adm_util.set(loc["utilisation"])
+        self.adm_short.set(loc["predicted_short_step_s"])
+        for rep in cap["replicas"]:
+            self.replica_util.labels(rep["name"]).set(rep["utilisation"])
+        for f in cap["forecast"]:
+            h = f"{f['horizon_s']:g}"
+            self.cap_rate.labels(h).set(f["runs_per_s"])
+            self.cap_replicas.labels(h).set(f["recommended_replicas"])
+            self.cap_spill.labels(h).set(f["expected_spill_share"])
+            self.cap_reject.labels(h).set(f["expected_reject_share"])
+
+    def render(self, accept: str | None = None) -> tuple[bytes, str]:
+        """(body, content type) for a scrape with this ``Accept`` header."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self._exposed), content_type  # type: ignore[arg-type]
+
+    @staticmethod
+    def spec(attr: str) -> MetricSpec:
+        return next(s for s in SPECS if s.attr == attr)

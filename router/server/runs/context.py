@@ -1,0 +1,375 @@
+"""A run's context in the sidecar: its domain and its task embedding (contract C2), set once per run.
+
+Domain (:func:`resolve_domain`, at a run's first step on this router), the first that applies:
+
+1. the ``x-runroute-domain`` request header (the client says it; the deployment's most reliable
+   source);
+2. ``context.tenant_domains[tenant]``: the request's tenant (the ``admission`` tenant: header
+   ``x-runroute-tenant``, else the request's user) mapped in settings;
+3. ``metadata.domain`` in the request body (OpenAI ``metadata``; Anthropic ``metadata``);
+4. ``context.agent_domains[agent]``: the ``x-runroute-agent`` header (an agent name) mapped in
+   settings, else the agent name itself;
+5. ``sys-<8 hex>``: a short hash (SHA-256) of the run's system prompt when it has one: runs of one
+   agent share a system prompt, so they share a domain even when nobody configured it;
+6. None (the predictor's global prior serves the run).
+
+A value is cleaned to at most 64 characters of ``[A-Za-z0-9._:/-]`` (others become ``_``), so it
+is safe in logs, metrics labels and the run log.
+
+Task embedding (:class:`TaskEmbedder`): at a run's first step the text of its first user message
+(the protocol adapter's ``opening``: chat, Responses and Messages alike) is embedded with
+``features.embed.embed_texts`` off the event loop: on one background thread (``embed_executor:
+thread``, the default; numpy releases the GIL in the model's matrix products) or in one spawned
+worker process (``process``: the model loaded there once, the text over a pipe, 384 floats back;
+the GIL is never shared). ``bench/embed_sidecar.py`` measured no difference between the two on
+the steps of other runs served meanwhile (steady-run p95 0.7-1.2 ms either way, the same as with
+embedding off), so the default spares the extra process. An injected ``embed_fn`` always runs on
+a thread. The first step waits at most ``context.embed_wait_ms`` (default 15 ms: its added
+latency stays under issue 14's 20 ms per-run budget, measured +17 ms p50; the vector is ready in
+time for some first steps on this shared machine, for most with 40 ms) for the vector, so a fast embedding already informs the first decision; otherwise it goes on without,
+and a later step of the run takes the vector once the thread has it (one ``done()`` check per
+step, nothing else). The text is never stored or logged; the vector goes to
+``RunPrefix.task_embedding`` and to the run log's ``Run.task_embedding`` when the run ends. At most
+``context.embed_queue`` embeddings wait at once, and at most ``context.embed_max_per_s`` (10) start
+per second (a token bucket: ~20 ms of CPU each, so at most ~0.2 core however many runs start; a
+benchmark of one-step runs at 200 new runs/s paid 6 ms of CPU per request without it); a run over
+either bound gets none (``TaskEmbedder.dropped``), and a first step that finds another embedding
+still queued does not wait (its vector could not be ready in time). The model's weights are loaded in the background at
+start-up (``warm``), so the first run does not pay for them. The worker runs at a lower CPU
+priority (``context.embed_nice``, +10 niceness: on Linux the thread's own, the event loop's thread
+keeps its priority): on a saturated core the kernel gives the serving thread the CPU and the
+embedding waits; its queue and rate bounds above stay the backstop.
+
+Knobs (``context.*``): ``embed`` (``auto``: on when ``features.embed.available()``; ``on``; ``off``),
+``embed_executor`` (``process`` | ``thread``), ``embed_nice``, ``embed_wait_ms``, ``embed_queue``, ``embed_max_per_s``, ``tenant_domains``, ``agent_domains``, ``domain_header``,
+``agent_header``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from router.policy.types import RunState
+    from router.server.hotpath.proxy import RunHistory
+    from router.server.protocols.base import Adapter, ClientRequest
+    from router.server.state.store import RunStateStore
+
+__all__ = [
+    "RunContextSettings",
+    "resolve_domain",
+    "clean_domain",
+    "lower_priority",
+    "TaskEmbedder",
+    "RunContext",
+]
+
+log = logging.getLogger("runroute.context")
+
+#: The task-embedding function: texts -> (n, d) vectors (``features.embed.embed_texts``).
+EmbedFn = Callable[[Sequence[str]], np.ndarray]
+_T = TypeVar("_T")
+
+_BAD = re.compile(r"[^A-Za-z0-9._:/-]")
+
+
+class RunContextSettings(BaseModel):
+    """``context``: how the sidecar knows a run's domain and task embedding (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    embed: Literal["auto", "on", "off"] = "auto"
+    embed_executor: Literal["process", "thread"] = "thread"
+    embed_wait_ms: float = Field(default=15.0, ge=0, le=1000)
+    embed_queue: int = Field(default=64, ge=1)
+    embed_max_per_s: float = Field(default=10.0, ge=0)  # new-run embeddings per second (0 = no cap)
+    embed_nice: int = Field(default=10, ge=0, le=19)  # niceness added to the embedding worker
+    domain_header: str = "x-runroute-domain"
+    agent_header: str = "x-runroute-agent"
+    tenant_domains: dict[str, str] = Field(default_factory=dict)
+    agent_domains: dict[str, str] = Field(default_factory=dict)
+
+
+def clean_domain(v: object) -> str | None:
+    """A domain value made safe (module docstring); None for empty / non-string values."""
+    if not isinstance(v, str):
+        return None
+    v = v.strip()
+    if not v:
+        return None
+    return _BAD.sub("_", v[:64])
+
+
+def resolve_domain(
+    cfg: RunContextSettings,
+    headers: Mapping[str, str],
+    body: Mapping[str, object],
+    tenant: str | None,
+    system: str | None,
+) -> tuple[str | None, str]:
+    """``(domain, how)`` of a run's first request; ``how`` names the rule that gave it (module
+    docstring): ``header``, ``tenant``, ``metadata``, ``agent``, ``system-prompt`` or ``none``."""
+    d = clean_domain(headers.get(cfg.domain_header))
+    if d:
+        return d, "header"
+    if tenant is not None and tenant in cfg.tenant_domains:
+        d = clean_domain(cfg.tenant_domains[tenant])
+        if d:
+            return d, "tenant"
+    meta = body.get("metadata")
+    if isinstance(meta, dict):
+        d = clean_domain(meta.get("domain"))
+        if d:
+            return d, "metadata"
+    agent = headers.get(cfg.agent_header)
+    if agent:
+        d = clean_domain(cfg.agent_domains.get(agent, agent))
+        if d:
+            return d, "agent"
+    if system:
+        return "sys-" + hashlib.sha256(system.encode("utf-8", "replace")).hexdigest()[:8], "system-prompt"
+    return None, "none"
+
+
+def lower_priority(nice: int) -> None:
+    """Add ``nice`` to the calling thread's niceness (Linux: niceness is per thread, so the event
+    loop's thread keeps its own); a platform or sandbox that forbids it leaves it as is."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as e:  # pragma: no cover - a sandbox that forbids it: serve on as is
+        log.warning("task embedding: could not lower the worker's priority: %s", e)
+
+
+def _load_model(nice: int = 0) -> None:
+    """Worker-process initialiser: lower its priority, load the model's weights once."""
+    from features.embed import get_embedder
+
+    lower_priority(nice)
+    get_embedder().load()
+
+
+def _embed_text(text: str) -> np.ndarray:
+    """Worker-process task: the vector of one text."""
+    from features.embed import embed_texts
+
+    return embed_texts([text])[0]
+
+
+def _log_failure(fut: Future[_T]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("task embedding: the model could not be loaded: %s", fut.exception())
+
+
+class TaskEmbedder:
+    """The background task embedding of runs (module docstring). ``embed_fn`` is injected (tests;
+    it runs on a thread); the default is ``features.embed.embed_texts``."""
+
+    def __init__(self, cfg: RunContextSettings, embed_fn: EmbedFn | None = None):
+        self.wait_s = cfg.embed_wait_ms / 1000.0
+        self.queue_max = cfg.embed_queue
+        self.nice = cfg.embed_nice
+        self.rate = cfg.embed_max_per_s
+        self._tokens = max(1.0, self.rate)  # the token bucket (burst: one second's worth)
+        self._refilled = time.monotonic()
+        self._fn = embed_fn
+        self.process = embed_fn is None and cfg.embed_executor == "process"
+        self._pool: Executor | None = None
+        self.submitted = 0  # written on the event loop only
+        self.finished = 0  # written on the executor's thread only
+        self.dropped = 0
+        self.done = 0
+        self.failed = 0
+
+    @staticmethod
+    def enabled(cfg: RunContextSettings) -> bool:
+        """Whether the settings turn embedding on (``auto``: when the model is installed)."""
+        if cfg.embed == "off":
+            return False
+        if cfg.embed == "on":
+            return True
+        try:
+            from features.embed import available
+        except ImportError:  # pragma: no cover - an install without features.embed
+            return False
+        return bool(available())
+
+    def _embed(self, text: str) -> np.ndarray:  # thread mode
+        fn = self._fn
+        if fn is None:
+            from features.embed import embed_texts
+
+            fn = self._fn = embed_texts
+        return fn([text])[0]
+
+    def _settled(self, fut: Future[np.ndarray]) -> None:
+        self.finished += 1
+        if fut.cancelled() or fut.exception() is not None:
+            self.failed += 1
+            if not fut.cancelled():
+                log.warning("task embedding failed: %s", fut.exception())
+        else:
+            self.done += 1
+
+    @staticmethod
+    def result(fut: Future[np.ndarray] | None) -> np.ndarray | None:
+        """The vector of a finished embedding; None when it failed, is not done or there is none."""
+        if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
+            return None
+        return fut.result()
+
+    @property
+    def pending(self) -> int:
+        """Embeddings queued or running."""
+        return self.submitted - self.finished
+
+    def _executor(self) -> Executor:
+        if self._pool is None:
+            if self.process:
+                import multiprocessing
+
+                self._pool = ProcessPoolExecutor(
+                    max_workers=1,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_load_model,
+                    initargs=(self.nice,),
+                )
+            else:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=1,
+                    thread_name_prefix="runroute-embed",
+                    initializer=lower_priority,
+                    initargs=(self.nice,),
+                )
+        return self._pool
+
+    def _submit(self, fn: Callable[..., _T], *args: object) -> Future[_T] | None:
+        try:
+            return self._executor().submit(fn, *args)
+        except Exception as e:  # noqa: BLE001 - a broken worker: start a fresh one next time
+            log.warning("task embedding: executor failed (%s); restarting it", e)
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+            return None
+
+    def warm(self) -> None:
+        """Start the worker and load the model's weights in the background (the first run does
+        not pay for it)."""
+        if self._fn is not None:
+            return
+        fut = self._submit(int) if self.process else self._submit(_load_model)
+        if fut is not None:
+            fut.add_done_callback(_log_failure)
+
+    def _take(self) -> bool:
+        """One token of the rate bucket (always, without a cap)."""
+        if self.rate <= 0:
+            return True
+        now = time.monotonic()
+        self._tokens = min(max(1.0, self.rate), self._tokens + (now - self._refilled) * self.rate)
+        self._refilled = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+    def start(self, text: str | None) -> Future[np.ndarray] | None:
+        """Queue one run's embedding; None when there is no text or the queue is full."""
+        if not text:
+            return None
+        if self.pending >= self.queue_max or not self._take():
+            self.dropped += 1
+            return None
+        fut = self._submit(_embed_text, text) if self.process else self._submit(self._embed, text)
+        if fut is None:
+            self.failed += 1
+            return None
+        self.submitted += 1
+        fut.add_done_callback(self._settled)
+        return fut
+
+    async def first(self, fut: Future[np.ndarray] | None) -> np.ndarray | None:
+        """The vector when it is ready within the first step's budget, else None (it stays queued)."""
+        if fut is None:
+            return None
+        if not fut.done() and self.wait_s > 0 and self.pending <= 1:  # queued behind others: no use
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), self.wait_s)
+            except (TimeoutError, asyncio.TimeoutError):
+                return None
+            except Exception:  # noqa: BLE001 - a failed embedding: the run goes on without
+                return None
+        return self.result(fut)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+class RunContext:
+    """The proxy's per-step hook for the run context: at a run's first step on this router its
+    domain and task embedding (module docstring); at every step the signals posted since the
+    run's previous step (from the run-state store)."""
+
+    def __init__(self, cfg: RunContextSettings, embed_fn: EmbedFn | None = None):
+        self.cfg = cfg
+        self.embedder = (
+            TaskEmbedder(cfg, embed_fn) if embed_fn is not None or TaskEmbedder.enabled(cfg) else None
+        )
+
+    def start(self) -> None:
+        if self.embedder is not None:
+            self.embedder.warm()
+
+    def close(self) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
+
+    async def step(
+        self,
+        hist: RunHistory,
+        headers: Mapping[str, str],
+        proto: Adapter,
+        req: ClientRequest,
+        tenant: str | None,
+        store: RunStateStore,
+        run: RunState,
+    ) -> tuple[str, ...]:
+        """Set the run's context on ``hist`` (the proxy's :class:`router.server.hotpath.proxy.RunHistory`) and return the
+        signals new since its previous step. ``run`` (the pin, :class:`router.policy.types.RunState`)
+        says how many signals the run's previous step saw, on whichever router served it; a track
+        that missed those steps takes the older signals from the store, so "so far" and "new" are the
+        same on every router."""
+        sig = await store.signals(hist.run_id)  # first: right after begin_step, which read them
+        seen = min(run.signals_seen, len(sig))
+        if len(hist.signals) != seen:  # another router served the run's previous steps
+            hist.signals = tuple(sig[:seen])
+        run.signals_seen = len(sig)
+        emb = self.embedder
+        if not hist.context_done:
+            hist.context_done = True
+            system, first, _ = proto.opening(req)
+            hist.domain, hist.domain_source = resolve_domain(self.cfg, headers, req.body, tenant, system)
+            if emb is not None:
+                hist.embed_future = emb.start(first)
+                hist.task_embedding = await emb.first(hist.embed_future)
+        elif hist.task_embedding is None and hist.embed_future is not None and hist.embed_future.done():
+            hist.task_embedding = TaskEmbedder.result(hist.embed_future)
+            hist.embed_future = None
+        return tuple(sig[seen:]) if len(sig) > seen else ()
