@@ -342,3 +342,81 @@ def test_chat_tokenizer_renders_the_template_and_chains_share_a_system_prompt(tm
     cg = tc.extend(a, MessageSegments({"messages": grown}))
     assert cg[: len(ca)] == ca and len(cg) > len(ca)
     assert cg == token_block_ids(ct.encode(grown)[:-1], BS)
+
+
+def test_sidecar_precise_mode_ready_metric_and_placement(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The sidecar in precise mode: replica 1 publishes KV events (a real ZMQ PUB here), replica 0
+    has no endpoint (a tie would go to it); /ready and /metrics say which mode each is in, and a step whose prompt blocks
+    replica 1 reported stored is placed there by the prefix-aware policy."""
+    import os
+    import time
+
+    import httpx
+    import zmq
+
+    from router.fakes.launch import fake_in_thread
+    from router.server.app import create_app, serve_in_thread
+    from router.server.chat_tokens import ChatTokenizer
+    from router.server.settings import RouterSettings
+
+    tok_dir = _tokenizer_dir(tmp_path)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    knobs = dict(model="local-model", base_ms=1.0, prefill_ms_per_token=0.001, decode_ms_per_token=0.2)
+    system = "You are a helpful agent. Read the file and fix the bug. " * 40
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "Read the file."}]
+    ids = ChatTokenizer(tok_dir).encode(msgs)
+    try:
+        with (
+            fake_in_thread("vllm", name="v0", **knobs) as v0,
+            fake_in_thread("vllm", name="v1", **knobs) as v1,
+            fake_in_thread("frontier", model="frontier-model", zero_latency=True, api_key="sk-f") as fr,
+        ):
+            os.environ["RR_TEST_PRECISE_KEY"] = "sk-f"
+            s = RouterSettings.load(
+                None,
+                local={
+                    "urls": [v0.url, v1.url],
+                    "model": "local-model",
+                    "prefix_index_mode": "precise",
+                    "prefix_tokenizer": str(tok_dir),
+                    "prefix_block_tokens": BS,
+                    "kv_events_endpoints": [None, f"tcp://127.0.0.1:{port}"],
+                },
+                frontier={
+                    "url": fr.base_url,
+                    "model": "frontier-model",
+                    "api_key_env": "RR_TEST_PRECISE_KEY",
+                },
+                policy={"kind": "prefix-aware"},
+                scrape={"interval_s": 0.2},
+                runlog={"dir": str(tmp_path / "logs")},
+            )
+            with serve_in_thread(create_app(s)) as url, httpx.Client(timeout=30) as c:
+                ready = c.get(url + "/ready").json()["prefix_index"]["replicas"]
+                assert (
+                    ready["local-1"]["mode"] == "approximate"
+                    and ready["local-1"]["reason"] == "no events yet"
+                )
+                assert ready["local-0"]["reason"] == "no kv_events_endpoint"
+                ev, _ = stored(ids[:-1])
+                for _ in range(250):  # the slow joiner: until the subscriber has it
+                    pub.send_multipart([b"", (0).to_bytes(8, "big"), batch(ev)])
+                    time.sleep(0.02)
+                    ready = c.get(url + "/ready").json()["prefix_index"]["replicas"]
+                    if ready["local-1"]["blocks"] > 0:
+                        break
+                assert ready["local-1"]["mode"] == "precise" and ready["local-1"]["reason"] == "kv events"
+                assert ready["local-1"]["blocks"] == (len(ids) - 1) // BS
+                assert ready["local-0"]["mode"] == "approximate"
+                metrics = c.get(url + "/metrics").text
+                assert 'runroute_prefix_index_mode{mode="precise",replica="local-1"} 1.0' in metrics
+                assert 'runroute_prefix_index_mode{mode="approximate",replica="local-0"} 1.0' in metrics
+                body = {"model": "auto", "messages": msgs, "max_tokens": 4}
+                r = c.post(url + "/v1/chat/completions", json=body, headers={"X-Run-Id": "precise-0"})
+                assert r.status_code == 200, r.text
+                assert r.headers["x-runroute-replica"] == "local-1"
+    finally:
+        pub.close(0)
+        ctx.term()
