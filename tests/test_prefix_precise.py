@@ -181,6 +181,11 @@ def test_gap_with_replay_recovers_the_missed_batches() -> None:
     assert feed.replayed == 1 and feed.resyncs == 0
     for toks in (a, b, c):
         assert idx.match("r0", token_block_ids(toks, BS), 2) == len(toks) // BS
+    # the first batch after a start takes the buffer's contiguous tail
+    idx2 = PrefixIndex(BS, [("r0", 100)])
+    late = KvEventFeed(idx2, "r0", replay=lambda start: [(s, p) for s, p in buf.items() if s >= 1])
+    assert late.on_message(3, batch(stored(list(range(30, 34)))[0])) == "replayed"
+    assert idx2.match("r0", token_block_ids(b, BS), 2) == 2 and late.replayed == 2
     # a buffer that no longer reaches back: cleared
     feed.replay = lambda start: [(9, buf[2])]
     assert feed.on_message(8, buf[1]) == "resync"

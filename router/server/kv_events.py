@@ -197,7 +197,12 @@ class KvEventFeed:
         got = self.replay(start) if self.replay is not None else None
         if got is not None:
             want = [(s, p) for s, p in got if start <= s < seq]
-            if len(want) == seq - start and all(s == start + i for i, (s, _) in enumerate(want)):
+            contiguous = all(s == want[0][0] + i for i, (s, _) in enumerate(want)) and (
+                not want or want[-1][0] == seq - 1
+            )
+            # a gap needs all of it; the first batch takes the buffer's contiguous tail (its start
+            # may be gone: those blocks stay unknown, their children unkeyed)
+            if contiguous and want and (want[0][0] == start or not clear):
                 for _, p in want:
                     self._apply(r, p)
                 self.replayed += len(want)
