@@ -52,19 +52,30 @@ def stored(
     return ev, hashes
 
 
-def batch(*events: list, as_map: bool = False) -> bytes:
-    if as_map:
-        evs = [
-            {"type": e[0], "block_hashes": e[1]}
-            | (
-                {}
-                if e[0] != "BlockStored"
-                else {"parent_block_hash": e[2], "token_ids": e[3], "block_size": e[4], "medium": e[6]}
-            )
-            for e in events
-        ]
-        return msgpack.packb({"ts": 1.0, "events": evs, "data_parallel_rank": 0})
-    return msgpack.packb([1.0, list(events), 0])
+_FIELDS = {
+    "BlockStored": (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+    ),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+
+
+def batch(*events: list, array_events: bool = False) -> bytes:
+    """vLLM 0.32's layout: the batch array-like [ts, events, dp_rank], each event a tagged map
+    ({"type": tag, field: value}, defaults omitted); ``array_events``: events as arrays too (the
+    other msgspec encoding, also read)."""
+    if array_events:
+        return msgpack.packb([1.0, list(events), 0])
+    evs = [{"type": e[0], **dict(zip(_FIELDS[e[0]], e[1:], strict=False))} for e in events]
+    return msgpack.packb([1.0, evs, 0])
 
 
 def removed(hashes: list[bytes]) -> list:
@@ -126,10 +137,10 @@ def test_stored_removed_cleared_change_the_match() -> None:
     assert len(idx.replicas["r0"]) == 0
 
 
-def test_records_do_not_fill_a_precise_replica_and_map_encoding_reads() -> None:
+def test_records_do_not_fill_a_precise_replica_and_array_events_read() -> None:
     idx, feed, _ = precise_index()
     toks = list(range(8))
-    feed.on_message(0, batch(stored(toks)[0], as_map=True))
+    feed.on_message(0, batch(stored(toks)[0], array_events=True))
     chain = token_block_ids(toks + [8, 9, 10, 11], BS)
     assert idx.match("r0", chain, 3) == 2
     idx.record("r0", chain)  # sent there: the events, not the router, say what it holds
