@@ -372,6 +372,7 @@ def test_sidecar_precise_mode_ready_metric_and_placement(tmp_path) -> None:  # t
 
     from router.fakes.launch import fake_in_thread
     from router.server.app import create_app, serve_in_thread
+    from router.server.chat import prompt_tokens
     from router.server.chat_tokens import ChatTokenizer
     from router.server.settings import RouterSettings
 
@@ -380,7 +381,9 @@ def test_sidecar_precise_mode_ready_metric_and_placement(tmp_path) -> None:  # t
     pub = ctx.socket(zmq.PUB)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     knobs = dict(model="local-model", base_ms=1.0, prefill_ms_per_token=0.001, decode_ms_per_token=0.2)
-    system = "You are a helpful agent. Read the file and fix the bug. " * 40
+    # words the tokenizer never saw: more tokens than the sidecar's characters / 4 estimate, so a
+    # cap from the estimate would cut the prediction
+    system = "You are a helpful agent. " + " ".join(f"zq{i}x{i * 7 % 13}" for i in range(300))
     msgs = [{"role": "system", "content": system}, {"role": "user", "content": "Read the file."}]
     ids = ChatTokenizer(tok_dir).encode(msgs)
     try:
@@ -433,6 +436,14 @@ def test_sidecar_precise_mode_ready_metric_and_placement(tmp_path) -> None:  # t
                 r = c.post(url + "/v1/chat/completions", json=body, headers={"X-Run-Id": "precise-0"})
                 assert r.status_code == 200, r.text
                 assert r.headers["x-runroute-replica"] == "local-1"
+            blocks = (len(ids) - 1) // BS
+            assert (prompt_tokens(msgs, previous_total=None, tools_chars=0) - 1) // BS < blocks
+            import pandas as pd
+
+            df = pd.concat(pd.read_parquet(f) for f in (tmp_path / "logs").glob("runlog-*.parquet"))
+            rec = df[df["run_id"] == "precise-0"].iloc[0]
+            # the index's reading on the chosen replica: every block the events stored
+            assert dict(rec["predictions"])["cache_index_tokens"] == blocks * BS
     finally:
         pub.close(0)
         ctx.term()

@@ -323,6 +323,10 @@ class TextChainer:
     """Character-block hash chains of text prompts, incremental per run (module docstring)."""
 
     __slots__ = ("block_chars",)
+    # True for a chainer whose chain is whole blocks of the prompt's real tokens less its last one
+    # (router.server.chat_tokens.ChatTokenChainer): the engine then caps no match at the estimated
+    # prompt tokens' ``(prompt - 1) // block``
+    exact = False
 
     def __init__(self, block_chars: int):
         if block_chars < 1:

@@ -112,6 +112,7 @@ class ChatTokenChainer(TextChainer):
     without the chat body (``msgs``, ``tools``) falls back to the character blocks."""
 
     __slots__ = ("tok", "tokens")
+    exact = True  # the chain already stops at vLLM's (prompt - 1) // block: no cap from the estimate
 
     def __init__(self, tokenizer: ChatTokenizer, block_size: int):
         super().__init__(block_size * 4)
