@@ -262,15 +262,15 @@ def test_real_zmq_publisher_store_gap_replay_and_subscriber_state() -> None:
             if send:
                 pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload])
 
-        async def serve_replay() -> None:  # vLLM's ROUTER replay: batches from seq on, then -1
+        async def serve_replay() -> None:  # vLLM 0.32's ROUTER replay: batches from seq on, then -1
             while True:
                 if router.poll(0):
                     ident, _, start = router.recv_multipart()
                     s0 = int.from_bytes(start, "big")
                     for s, p in buf:
                         if s >= s0:
-                            router.send_multipart([ident, b"", s.to_bytes(8, "big"), p])
-                    router.send_multipart([ident, b"", (-1).to_bytes(8, "big", signed=True), b""])
+                            router.send_multipart([ident, b"", b"kv", s.to_bytes(8, "big"), p])
+                    router.send_multipart([ident, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
                 await asyncio.sleep(0.005)
 
         rt = asyncio.get_running_loop().create_task(serve_replay())

@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,78 @@ def test_precise_index_predicts_vllm_cached_tokens(node: Any) -> None:
     print(f"within one block ({BLOCK} tokens): {sum(ok)}/{len(ok)} = {share:.1%}")
     assert any(a > 0 for _, _, a in rows) and any(p > 0 for _, p, _ in rows)
     assert share >= 0.95
+
+
+@pytest.mark.vllm
+def test_sidecar_in_precise_mode_logs_the_cached_tokens_vllm_reports(node: Any, tmp_path: Path) -> None:
+    """The same through the sidecar (settings, subscriber, chat tokenizer, engine): the logged
+    ``cache_index_tokens`` of each step (the index's reading on the chosen replica) against the
+    ``cached_tokens`` vLLM answered. The subscriber starts after the first test's traffic, so its
+    first batch replays vLLM's buffer from seq 0 (the reset included)."""
+    import pandas as pd
+
+    from router.fakes.launch import fake_in_thread
+    from router.server.app import create_app, serve_in_thread
+    from router.server.settings import RouterSettings
+
+    n, model, ev = node
+    with fake_in_thread("frontier", model="frontier-model", zero_latency=True, api_key="sk-f") as fr:
+        os.environ["RR_TEST_KV_KEY"] = "sk-f"
+        s = RouterSettings.load(
+            None,
+            local={
+                "urls": [n.cfg.base_url],
+                "model": MODEL,
+                "prefix_index_mode": "precise",
+                "prefix_tokenizer": str(model),
+                "prefix_block_tokens": BLOCK,
+                "kv_events_endpoints": [ev.endpoint],
+                "kv_events_replay_endpoints": [ev.replay_endpoint],
+                "kv_events_topic": ev.topic,
+            },
+            frontier={"url": fr.base_url, "model": "frontier-model", "api_key_env": "RR_TEST_KV_KEY"},
+            policy={"kind": "always-local"},
+            runlog={"dir": str(tmp_path / "logs")},
+        )
+        answered: dict[tuple[str, int], int] = {}
+        with serve_in_thread(create_app(s)) as url, httpx.Client(timeout=300) as c:
+            time.sleep(1.0)  # the SUB connects
+
+            def step(run: str, messages: list[dict[str, Any]]) -> None:
+                r = c.post(
+                    url + "/v1/chat/completions",
+                    json={"model": "auto", "messages": messages, "max_tokens": 4, "temperature": 0},
+                    headers={"X-Run-Id": run},
+                )
+                assert r.status_code == 200, r.text[:300]
+                assert r.headers["x-runroute-tier"] == "local"
+                cached_tokens = int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
+                answered[(run, int(r.headers["x-runroute-step"]))] = cached_tokens
+                time.sleep(0.5)
+
+            shared = {"role": "system", "content": words("sidecar-shared", 400)}
+            for i in range(3):
+                msgs = [shared, {"role": "user", "content": f"Ticket {i}: " + words(f"t{i}", 20)}]
+                for k in range(3):
+                    step(f"sc-{i}", msgs)
+                    msgs = msgs + [
+                        {"role": "assistant", "content": f"Noted {k}."},
+                        {"role": "user", "content": words(f"t{i}-{k}", 30)},
+                    ]
+            ready = c.get(url + "/ready").json()["prefix_index"]["replicas"]
+            print("ready:", ready)
+            assert ready["local-0"]["mode"] == "precise"
+            assert ready["local-0"]["kv_events"]["replayed"] > 0  # vLLM's buffer before the router started
+    df = pd.concat(pd.read_parquet(f) for f in (tmp_path / "logs").glob("runlog-*.parquet"))
+    rows = []
+    for _, rec in df[df["record"] == "step"].iterrows() if "record" in df else df.iterrows():
+        key = (rec["run_id"], int(rec["step"]))
+        if key in answered:
+            rows.append((key, int(dict(rec["predictions"])["cache_index_tokens"] or 0), answered[key]))
+    assert len(rows) == len(answered), (len(rows), len(answered))
+    ok = [abs(p - a) <= BLOCK for _, p, a in rows]
+    for (key, p, a), good in zip(rows, ok, strict=True):
+        print(f"{key[0]}/{key[1]}  index {p:5d}  vllm {a:5d} {'ok' if good else 'MISS'}")
+    print(f"sidecar: within one block ({BLOCK} tokens): {sum(ok)}/{len(ok)} = {sum(ok) / len(ok):.1%}")
+    assert any(a > 0 for _, _, a in rows)
+    assert sum(ok) / len(ok) >= 0.95

@@ -21,7 +21,8 @@ Sequence handling per replica (:class:`KvEventFeed`):
   the router started); otherwise those blocks stay unknown (the index under-states);
 - ``seq`` = expected: applied; ``seq`` > expected (a **gap**: batches dropped at the high-water
   mark, a reconnect): the missing batches are asked of the replay socket (a DEALER: ``[b"",
-  start seq]``; the answer ``[b"", seq, payload]`` ..., then seq -1) and applied in order; when the
+  start seq]``; the answer ``[b"", topic, seq, payload]`` ..., then seq -1; vLLM before 0.32
+  left the topic out) and applied in order; when the
   replay cannot cover the gap (no replay endpoint, no answer within ``replay_timeout_s``, or its
   buffer no longer reaches back) the replica's index is **cleared** (resync: it then under-states
   until the blocks are stored again) and counted;
@@ -351,12 +352,13 @@ class KvEventSubscriber:
                 if left <= 0 or not await sock.poll(int(left * 1000)):
                     return None
                 frames = await sock.recv_multipart()
-                if len(frames) < 3:
+                if len(frames) not in (3, 4):
                     continue
-                seq = int.from_bytes(frames[1], "big", signed=True)
+                # vLLM 0.32: [b"", topic, seq, payload] (end: seq -1); older: [b"", seq, payload]
+                seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq == END_SEQ:
                     return out
-                out.append((seq, frames[2]))
+                out.append((seq, frames[-1]))
         finally:
             sock.close(linger=0)
 
