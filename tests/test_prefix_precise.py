@@ -447,3 +447,26 @@ def test_sidecar_precise_mode_ready_metric_and_placement(tmp_path) -> None:  # t
     finally:
         pub.close(0)
         ctx.term()
+
+
+def test_incremental_encoding_equals_a_full_encode_as_a_run_grows_or_is_edited(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from router.server.chat_tokens import ChatTokenizer
+
+    ct = ChatTokenizer(_tokenizer_dir(tmp_path))
+    assert ct.split_safe
+    msgs: list[dict[str, object]] = [{"role": "system", "content": "You are a helpful agent. " * 5}]
+    state = None
+    reused = 0
+    for k in range(6):
+        msgs.append({"role": "user", "content": f"Read the file {k} and fix the bug  {k * 37}."})
+        ids, new_state = ct.encode_run(state, msgs)
+        assert ids == ct.encode(msgs), k
+        if state is not None:
+            reused += 1
+            assert new_state is not None and new_state[0] > state[0]  # the cut moved forward
+        state = new_state
+        msgs.append({"role": "assistant", "content": f"Done {k}. "})
+    assert reused == 5
+    edited = [{"role": "system", "content": "Another system prompt."}] + msgs[1:]
+    ids, _ = ct.encode_run(state, edited)  # the text no longer starts with the kept one: full encode
+    assert ids == ct.encode(edited)

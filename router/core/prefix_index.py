@@ -313,6 +313,7 @@ class RunChain:
     first: object = None  # of the first segment
     chars: int = 0  # characters hashed (full blocks + tail)
     data: bytes = b""  # token chains (router.core.prefix_precise.TokenChainer): the hashed tokens
+    tokens: object = None  # the sidecar's tokeniser state (router.server.chat_tokens), opaque here
 
 
 def _fingerprint(seg: str) -> tuple[int, str, str]:
