@@ -67,7 +67,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "replay_endpoint": f"tcp://*:{rep}",
         "topic": "kv-events",
     }
-    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # POST /reset_prefix_cache
+    dev = os.environ.get("VLLM_SERVER_DEV_MODE")
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # POST /reset_prefix_cache (read at start, then restored)
     n = LocalNode(
         LocalNodeConfig(
             model=str(model),
@@ -83,6 +84,10 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     )
     try:
         n.start()
+        if dev is None:
+            os.environ.pop("VLLM_SERVER_DEV_MODE", None)
+        else:
+            os.environ["VLLM_SERVER_DEV_MODE"] = dev
         n.wait_healthy()
         yield n, model, ReplicaEvents(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}", "kv-events")
     finally:
