@@ -73,6 +73,7 @@ MOVES: dict[str, str] = {
     "translate_answers": "protocols.translate_answers",
     "translate_stream": "protocols.translate_stream",
     "sse": "protocols.sse",
+    "chat_tokens": "protocols.chat_tokens",
     "relay": "protocols.relay",
     "validate": "protocols.validate",
     # hotpath/
@@ -95,6 +96,7 @@ MOVES: dict[str, str] = {
     "state_lua": "state.lua",
     "state_fallback": "state.fallback",
     "prefix_share": "state.prefix_share",
+    "kv_events": "state.kv_events",
     # metrics/
     "metrics": "metrics.registry",
     "metrics_specs": "metrics.specs",

@@ -301,9 +301,14 @@ class StepEngine:
             chain = req.chain = tc.extend(rc, req.segments)
             req.chain_lookup = len(chain)
             req.segments = None  # the request's text is not kept past this point
+            exact = tc.exact  # a token chain stops where vLLM's hit must: no cap from the estimate
+        else:
+            exact = False
         if idx is not None and chain is not None:
             bt = idx.block_tokens
-            n = min(req.chain_lookup, len(chain), max_hit_blocks(req.prompt_tokens, bt))
+            n = min(req.chain_lookup, len(chain))
+            if not exact:
+                n = min(n, max_hit_blocks(req.prompt_tokens, bt))
             own = min(track.last_tokens, req.prompt_tokens)
             loads = self.traffic.replicas if self.traffic is not None else None
             hints = track.prefix_hints

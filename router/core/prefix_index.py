@@ -1,4 +1,4 @@
-"""The prefix index: per local replica, which block-hash chains it holds (approximate mode).
+"""The prefix index: per local replica, which block-hash chains it holds (approximate or precise).
 
 One index for the sidecar, the what-if simulator and replay (the step engine owns it:
 :class:`router.core.engine.StepEngine` ``prefix_index``; :func:`router.replay.replay` gives each
@@ -30,6 +30,13 @@ Algorithm:
   (:meth:`PrefixIndex.apply`), so each router's index holds what all routers sent where.
 - **Losses.** :meth:`PrefixIndex.clear` drops a replica's blocks (a restart, a scale-to-zero reap,
   vLLM's ``/reset_prefix_cache``).
+- **Precise mode** (per replica, :meth:`PrefixIndex.set_precise`): the replica's blocks as its vLLM
+  reports them in KV events (:mod:`router.core.prefix_precise`, fed by
+  :mod:`router.server.state.kv_events`); records change nothing there, events do. It needs token chains
+  of the replica's block size (:class:`router.core.prefix_precise.TokenChainer`); a replica without
+  events, or whose events stopped, is switched back (:meth:`PrefixIndex.set_approximate`, empty:
+  approximate blocks are guesses, events are not, and neither is converted into the other).
+  :meth:`PrefixIndex.modes` says which mode each replica is in (``/ready``, a metric).
 
 Text prompts (:class:`TextChainer`, the sidecar): a *stated character-block approximation* of the
 replica's token blocks. The prompt is a sequence of segments (one per message: role, then content);
@@ -47,13 +54,15 @@ history) re-hashes from the start. Not seen: an edit of a middle segment that ke
 count and the first and last hashed segments (the chain then over-states the match until the run's
 history changes there again); in the sidecar, an edit of a tool offered that keeps the number of
 tools and the first and last tools (:class:`router.server.protocols.chat.MessageSegments` fingerprints the
-tools by those, so a step does not re-serialise every tool schema). Token blocks from the model's tokenizer are not implemented.
+tools by those, so a step does not re-serialise every tool schema). Token blocks from the model's
+tokenizer: :class:`router.core.prefix_precise.TokenChainer` (precise mode needs them).
 
-Knobs: ``PrefixIndex(block_tokens)``; per replica ``capacity_blocks`` (:meth:`PrefixIndex.add_replica`,
+Knobs: ``PrefixIndex(block_tokens)`` (in precise mode: the replicas' vLLM block size); per replica ``capacity_blocks`` (:meth:`PrefixIndex.add_replica`,
 the replica's KV capacity in the index's blocks: the node profile's KV size in the simulator, the
 configured KV size in the sidecar); ``TextChainer(block_chars)``.
 
-Pure and synchronous, no I/O.
+Pure and synchronous, no I/O. Not thread-safe: one thread (the sidecar's event loop) records,
+matches and applies events.
 """
 
 from __future__ import annotations
@@ -64,6 +73,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from xxhash import xxh64_intdigest as _xxh64
+
+from router.core.prefix_precise import PreciseReplicaIndex
 
 __all__ = [
     "PrefixIndex",
@@ -221,7 +232,7 @@ class PrefixIndex:
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         self.block_tokens = block_tokens
-        self.replicas: dict[str, ReplicaIndex] = {}
+        self.replicas: dict[str, ReplicaIndex | PreciseReplicaIndex] = {}
         self._clock = 0
         # told of every local record (replica, chain, n): how an adapter shares the index with
         # other routers (router.server.state.prefix_share); None = nobody
@@ -234,6 +245,29 @@ class PrefixIndex:
         cur = self.replicas.get(name)
         if cur is None or cur.capacity != capacity_blocks:
             self.replicas[name] = ReplicaIndex(capacity_blocks)
+
+    def set_precise(self, name: str) -> PreciseReplicaIndex:
+        """Put replica ``name`` in precise mode (an empty index its KV events fill; kept as is when
+        already precise); returns it. The replica's block size must be ``block_tokens``."""
+        cur = self.replicas.get(name)
+        if isinstance(cur, PreciseReplicaIndex):
+            return cur
+        cap = cur.capacity if cur is not None else 1
+        r = self.replicas[name] = PreciseReplicaIndex(self.block_tokens, cap)
+        return r
+
+    def set_approximate(self, name: str) -> None:
+        """Put replica ``name`` back in approximate mode (empty; kept as is when already so)."""
+        cur = self.replicas.get(name)
+        if isinstance(cur, PreciseReplicaIndex):
+            self.replicas[name] = ReplicaIndex(max(1, cur.capacity))
+
+    def modes(self) -> dict[str, str]:
+        """Each replica's mode: ``precise`` (KV events) or ``approximate`` (what was sent where)."""
+        return {
+            n: "precise" if isinstance(r, PreciseReplicaIndex) else "approximate"
+            for n, r in self.replicas.items()
+        }
 
     def match(self, replica: str, chain: Sequence[int], n: int, hint: int = 0) -> int:
         """Leading blocks of ``chain[:n]`` that ``replica`` holds (0 for an unknown replica);
@@ -254,9 +288,10 @@ class PrefixIndex:
             self.listener(replica, chain, n)
 
     def apply(self, replica: str, chain: Sequence[int]) -> None:
-        """Another router sent ``chain`` to ``replica`` (:meth:`record` without the listener)."""
+        """Another router sent ``chain`` to ``replica`` (:meth:`record` without the listener; a
+        precise replica ignores it: its events say what it holds)."""
         r = self.replicas.get(replica)
-        if r is not None:
+        if isinstance(r, ReplicaIndex):
             self._clock += 1
             r.record(chain, len(chain), self._clock)
 
@@ -277,6 +312,8 @@ class RunChain:
     fingerprint: object = None  # of the last hashed segment (None: none yet)
     first: object = None  # of the first segment
     chars: int = 0  # characters hashed (full blocks + tail)
+    data: bytes = b""  # token chains (router.core.prefix_precise.TokenChainer): the hashed tokens
+    tokens: object = None  # the sidecar's tokeniser state (router.server.protocols.chat_tokens), opaque here
 
 
 def _fingerprint(seg: str) -> tuple[int, str, str]:
@@ -287,6 +324,10 @@ class TextChainer:
     """Character-block hash chains of text prompts, incremental per run (module docstring)."""
 
     __slots__ = ("block_chars",)
+    # True for a chainer whose chain is whole blocks of the prompt's real tokens less its last one
+    # (router.server.protocols.chat_tokens.ChatTokenChainer): the engine then caps no match at the estimated
+    # prompt tokens' ``(prompt - 1) // block``
+    exact = False
 
     def __init__(self, block_chars: int):
         if block_chars < 1:

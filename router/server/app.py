@@ -59,7 +59,7 @@ from router.server.runs.context import RunContext
 from router.server.runs.log_writer import RunLogWriter
 from router.server.settings import RouterSettings
 from router.server.tracing import make_tracing
-from router.server.wiring import make_backends, make_engine, make_prefix_share, make_store
+from router.server.wiring import make_backends, make_engine, make_kv_events, make_prefix_share, make_store
 
 if TYPE_CHECKING:
     from models.predictor import Predictor
@@ -92,6 +92,7 @@ class _RouterApp(FastAPI):
     hot_paths: dict[str, Any] = {}
     on_request: Any = None  # (handler, status) for every other request (metrics)
     prefix_share: Any = None  # router.server.state.prefix_share.PrefixShare when the index is shared
+    kv_events: Any = None  # router.server.state.kv_events.KvEventSubscriber in the index's precise mode
     max_headers: int = 100
     max_header_bytes: int = 64 * 1024
     max_body_bytes: int = 8 * 1024 * 1024  # server.max_body_bytes (router.server.limits)
@@ -235,6 +236,7 @@ def create_app(
     )
     engine, admission = make_engine(s, st, scraper, backends, admission_budget_hook, clock, wall)
     prefix_share = make_prefix_share(s, engine)
+    kv_events = make_kv_events(s, engine, on_mode=metrics.set_prefix_mode)
     tracing = make_tracing(s)
     proxy = Proxy(
         engine=engine,
@@ -274,6 +276,8 @@ def create_app(
         proxy.context.start()
         if prefix_share is not None:
             prefix_share.start()
+        if kv_events is not None:
+            kv_events.start()
         # the bundle, settings and imported modules live for the whole process: move them out of the
         # collector's generations so a full collection under load does not walk them (tail latency)
         tune_gc(s.runtime)
@@ -287,6 +291,8 @@ def create_app(
             await proxy.lifecycle.stop()
             if prefix_share is not None:
                 await prefix_share.stop()
+            if kv_events is not None:
+                await kv_events.stop()
             if admission is not None:
                 await admission.stop()
             await scraper.stop()
@@ -309,6 +315,7 @@ def create_app(
         openapi_url="/openapi.json",
     )
     app.prefix_share = prefix_share
+    app.kv_events = kv_events
     app.hot_paths = {
         "/v1/chat/completions": proxy.chat,
         "/v1/responses": proxy.responses,

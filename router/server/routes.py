@@ -87,16 +87,27 @@ def _domain_modes(serving: Serving | None) -> dict[str, dict[str, str]]:
 
 def _prefix_index_state(engine: StepEngine, app: FastAPI) -> dict[str, Any] | None:
     """``/ready``'s view of the prefix index (router.core.prefix_index): its mode per local replica
-    (``approximate``: what the routers sent where; KV events are not read yet), its blocks held and
-    whether it is shared through Redis; None without an index."""
+    (``precise``: its vLLM KV events, router.server.state.kv_events; ``approximate``: what the routers
+    sent where) and why, its blocks held and whether it is shared through Redis; None without an
+    index."""
     idx = engine.prefix_index
     if idx is None:
         return None
     share = getattr(app, "prefix_share", None)
+    kv = getattr(app, "kv_events", None)
+    ev = kv.state() if kv is not None else {}
+    fed = kv.feeds if kv is not None else {}
+    modes = idx.modes()
     return {
         "block_tokens": idx.block_tokens,
         "replicas": {
-            n: {"mode": "approximate", "blocks": len(r), "capacity_blocks": r.capacity}
+            n: {
+                "mode": modes[n],
+                "reason": ev.get(n, {}).get("reason", "precise mode off"),
+                "blocks": len(r),
+                "capacity_blocks": r.capacity,
+            }
+            | ({"kv_events": ev[n]} if n in fed else {})
             for n, r in idx.replicas.items()
         },
         "shared": share is not None,

@@ -61,6 +61,17 @@ class LocalTier(StrictModel):
     prefix_index_tokens: int = Field(default=262144, gt=0)
     # with store.kind redis: share the index between router replicas (router.server.state.prefix_share)
     prefix_share: bool = True
+    # the index's precise mode (router.core.prefix_precise, router.server.state.kv_events): token blocks
+    # of prefix_block_tokens (vLLM's --block-size) from the model's tokenizer folder
+    # (tokenizer.json + tokenizer_config.json), each replica's blocks from its KV events (one ZMQ
+    # endpoint per url, None = that replica stays approximate); "approximate" ignores the rest
+    prefix_index_mode: Literal["approximate", "precise"] = "approximate"
+    prefix_tokenizer: str | None = None
+    prefix_block_tokens: int = Field(default=16, ge=1)
+    kv_events_endpoints: list[str | None] = Field(default_factory=list)
+    kv_events_replay_endpoints: list[str | None] = Field(default_factory=list)
+    kv_events_topic: str = ""
+    kv_events_silence_s: float = Field(default=30.0, gt=0)
 
     @field_validator("urls")
     @classmethod
@@ -78,6 +89,13 @@ class LocalTier(StrictModel):
             self.names = [f"local-{i}" for i in range(len(self.urls))]
         if len(self.names) != len(self.urls) or len(set(self.names)) != len(self.names):
             raise ValueError("local.names must be unique and one per url")
+        if self.prefix_index_mode == "precise" and not self.prefix_tokenizer:
+            raise ValueError(
+                "local.prefix_index_mode precise needs local.prefix_tokenizer (the model's folder)"
+            )
+        for f in ("kv_events_endpoints", "kv_events_replay_endpoints"):
+            if len(getattr(self, f)) > len(self.urls):
+                raise ValueError(f"local.{f}: at most one per url")
         return self
 
 

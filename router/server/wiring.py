@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from router.server.hotpath.admission import LiveAdmission
     from router.server.state.store import RunStateStore
 
-__all__ = ["make_backends", "make_store", "make_engine", "make_prefix_share"]
+__all__ = ["make_backends", "make_store", "make_engine", "make_prefix_share", "make_kv_events"]
 
 
 def make_backends(s: RouterSettings) -> list[Backend]:
@@ -178,12 +178,43 @@ def prefix_index_kw(s: RouterSettings, local: list[str]) -> dict[str, Any]:
     lt = s.local
     if lt is None or not lt.prefix_index or not local:
         return {}
+    if lt.prefix_index_mode == "precise" and lt.prefix_tokenizer:  # token blocks (docs/prefix-index.md)
+        from router.server.protocols.chat_tokens import ChatTokenChainer, ChatTokenizer
+
+        bt = lt.prefix_block_tokens
+        cap = max(1, (lt.kv_cache_tokens or lt.prefix_index_tokens) // bt)
+        return {
+            "prefix_index": PrefixIndex(bt, [(n, cap) for n in local]),
+            "text_chainer": ChatTokenChainer(ChatTokenizer(lt.prefix_tokenizer), bt),
+        }
     bt = max(1, lt.prefix_block_chars // CHARS_PER_TOKEN)
     cap = max(1, (lt.kv_cache_tokens or lt.prefix_index_tokens) // bt)
     return {
         "prefix_index": PrefixIndex(bt, [(n, cap) for n in local]),
         "text_chainer": TextChainer(bt * CHARS_PER_TOKEN),
     }
+
+
+def make_kv_events(
+    s: RouterSettings, engine: StepEngine, on_mode: Callable[[str, str], None] | None = None
+) -> Any:
+    """The KV event subscriber (:mod:`router.server.state.kv_events`) of the replicas with an endpoint
+    when the index is in precise mode; else None (every replica approximate)."""
+    lt = s.local
+    if (
+        lt is None
+        or engine.prefix_index is None
+        or lt.prefix_index_mode != "precise"
+        or not lt.kv_events_endpoints
+    ):
+        return None
+    from router.server.state.kv_events import KvEventsConfig, KvEventSubscriber, parse_replicas
+
+    reps = parse_replicas(
+        lt.names or [], lt.kv_events_endpoints, lt.kv_events_replay_endpoints, lt.kv_events_topic
+    )
+    cfg = KvEventsConfig(reps, silence_s=lt.kv_events_silence_s)
+    return KvEventSubscriber(engine.prefix_index, cfg, on_mode=on_mode)
 
 
 def make_prefix_share(s: RouterSettings, engine: StepEngine) -> Any:

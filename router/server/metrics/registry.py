@@ -215,6 +215,11 @@ class RouterMetrics:
                 c(self.spend, tier, model).inc(usd)
 
     # ------------------------------------------------------------------ set elsewhere
+    def set_prefix_mode(self, replica: str, mode: str) -> None:
+        """The prefix index's mode of ``replica`` (router.server.state.kv_events tells each change)."""
+        for m in ("precise", "approximate"):
+            self.child(self.prefix_index_mode, replica, m).set(1 if m == mode else 0)
+
     def set_bundle(self, version: str | None, registry_version: str | None = None) -> None:
         if self._bundle_labels is not None:
             self.bundle_info.remove(*self._bundle_labels)

@@ -216,6 +216,14 @@ SPECS: tuple[MetricSpec, ...] = (
         "ratio",
     ),
     MetricSpec(
+        "prefix_index_mode",
+        "gauge",
+        "runroute_prefix_index_mode",
+        "The prefix index's mode per local replica: 1 on the mode it is in (precise: its vLLM KV "
+        "events; approximate: what the routers sent where), 0 on the other (docs/prefix-index.md)",
+        ("replica", "mode"),
+    ),
+    MetricSpec(
         "gpu_cost",
         "gauge",
         "runroute_backend_cost_usd_per_hour",
