@@ -2,7 +2,8 @@
 
 A *world* is a population of real weak runs whose every quantity the study needs comes from the
 shipped paired data (:func:`training.eval.outcome.records_from_frames`): each run's step count,
-token counts and prefix reuse (so its per-step cost on either tier, :func:`step_costs`), the weak
+token counts and prefix reuse (so its per-step cost on either tier,
+:func:`training.eval.outcome.step_costs`, the one warm-prefix rule), the weak
 run's own outcome, the strong player's expected success on its task (the one outcome model,
 :mod:`training.eval.trials`) and the step of its first failed tool result. Algorithm of
 :func:`coverage_study`:
@@ -42,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from training.eval.ope import StepTable, estimate
-from training.eval.outcome import FRONTIER, LOCAL, Prices, RunRecord, run_costs, run_success
+from training.eval.outcome import FRONTIER, LOCAL, Prices, RunRecord, run_costs, run_success, step_costs
 
 __all__ = ["CoveragePair", "coverage_study", "step_costs", "CANDIDATES"]
 
@@ -83,24 +84,6 @@ class CoveragePair:
 
     def covered(self, estimator: str = "dr", metric: str = "net") -> bool:
         return bool(self.estimates[estimator][metric].covers(self.truth[metric]))
-
-
-def step_costs(rec: RunRecord, tiers: np.ndarray, prices: Prices) -> np.ndarray:
-    """USD per step of ``rec`` served on ``tiers``; sums to :func:`training.eval.outcome.run_costs`."""
-    t = np.asarray(tiers)
-    same = np.zeros(len(t), dtype=bool)
-    if len(t) > 1:
-        same[1:] = t[1:] == t[:-1]
-    warm = np.where(same, rec.reuse, 0).astype(float)
-    cold = rec.prompt - warm
-    out_tok = rec.completion.astype(float)
-    local = (cold * prices.local_in_per_m + out_tok * prices.local_out_per_m) / 1e6
-    frontier = (
-        cold * prices.frontier_in_per_m
-        + warm * prices.frontier_cached_in_per_m
-        + out_tok * prices.frontier_out_per_m
-    ) / 1e6
-    return np.where(t == FRONTIER, frontier, np.where(t == LOCAL, local, 0.0))
 
 
 def _tiers(k: int | None, n: int) -> np.ndarray:
