@@ -80,7 +80,7 @@ import hashlib
 import zlib
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -90,8 +90,18 @@ from features.runlog import RunLog
 from router.core.prefix_cache import PrefixCache, turnover
 from router.policy.defaults import KV_CACHE_GB
 
-if TYPE_CHECKING:
-    from training.dask_replay import FlatChains
+
+class PackedChains(Protocol):
+    """Block-hash chains of many steps in a compact form (:class:`training.dask_replay.FlatChains`;
+    named structurally here, since that module imports this one): ``chains[i]`` is step i's chain,
+    ``present`` says which steps have one."""
+
+    present: np.ndarray
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int, /) -> np.ndarray: ...
+
 
 __all__ = [
     "Dataset",
@@ -399,7 +409,7 @@ def replay_cache_labels(
     kv_cache_gb: float = KV_CACHE_GB,
     synthetic_sources: tuple[str, ...] = SYNTHETIC_SOURCES,
     synthetic_cache_share: float = 1.0,
-    hash_chains: FlatChains | None = None,
+    hash_chains: PackedChains | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(y_cache, local_cache_pressure)`` per row of ``steps`` (sorted by run, then step): the
     logged ``cached_tokens`` where present, else the per-source, per-replica LRU replay through the
