@@ -201,3 +201,15 @@ def test_translated_responses_step_is_asked_and_answers_without_logprobs(tmp_pat
     log = read_log(tmp_path)
     for u in log.steps["answer_uncertainty"]:
         assert u is not None and u["tokens"] >= 1
+
+
+def test_low_confidence_is_a_kind_trouble_boost_weighs():
+    """Its weight is 0 unless configured; configured, it raises the score by the run's count."""
+    from router.policy.trouble import TroubleTerm
+
+    assert TroubleTerm({}).adjust(0.2, {"sig_low_confidence": 2.0}, 0.0) == 0.2
+    assert TroubleTerm({"low_confidence": 0.1}).adjust(
+        0.2, {"sig_low_confidence": 2.0}, 0.0
+    ) == pytest.approx(0.4)
+    with pytest.raises(ValueError):
+        TroubleTerm({"low_confidense": 0.1})
