@@ -55,6 +55,7 @@ POSTHOC_KINDS: tuple[str, ...] = (
     "answer_empty",
     "answer_truncated",
     "tool_call_repeated",
+    "low_confidence",
 )
 
 

@@ -128,6 +128,9 @@ def records_to_frame(records: Iterable[Any]) -> pd.DataFrame:
     return conform(pd.DataFrame.from_records(rows))
 
 
+_MAP_COLUMNS = tuple(f.name for f in ARROW_SCHEMA if pa.types.is_map(f.type))
+
+
 def _to_table(df: pd.DataFrame) -> pa.Table:
     df = conform(df.copy())
     # nested columns: a missing value may have become float NaN when records of different kinds
@@ -137,8 +140,9 @@ def _to_table(df: pd.DataFrame) -> pa.Table:
             df[f.name] = [
                 None if (v is None or (isinstance(v, float) and np.isnan(v))) else v for v in df[f.name]
             ]
-    # predictions: dict -> list of (k, v) for the Arrow map type
-    df["predictions"] = [None if p is None else list(dict(p).items()) for p in df["predictions"]]
+    # the map columns (predictions, answer_uncertainty): dict -> list of (k, v) for the Arrow map type
+    for col in _MAP_COLUMNS:
+        df[col] = [None if p is None else list(dict(p).items()) for p in df[col]]
     return pa.Table.from_pandas(df, schema=ARROW_SCHEMA, preserve_index=False)
 
 
@@ -253,8 +257,9 @@ def _read_parquet(p: Path) -> pd.DataFrame:
     if missing:
         raise RunLogError(f"{p}: not a run log (missing columns {missing})")
     df = table.to_pandas()
-    if "predictions" in df:
-        df["predictions"] = [None if v is None else dict(v) for v in df["predictions"]]
+    for col in _MAP_COLUMNS:
+        if col in df:
+            df[col] = [None if v is None else dict(v) for v in df[col]]
     return conform(df, exact=False)
 
 

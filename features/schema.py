@@ -134,6 +134,9 @@ class Step(_Base):
     explore: bool | None = None
     # signals (kinds) posted on the run since its previous step: what this step's features saw new
     signals: list[str] | None = None
+    # a local step's token uncertainty, when the router asked vLLM for logprobs
+    # (router.server.hotpath.posthoc.uncertainty): tokens, mean_nll, max_nll (nats per token)
+    answer_uncertainty: dict[str, float] | None = None
     prompt_text: str | None = None
 
     @model_validator(mode="after")
@@ -198,6 +201,7 @@ ARROW_SCHEMA = pa.schema(
         ("task_embedding", pa.list_(pa.float32())),
         ("domain", pa.string()),
         ("signals", pa.list_(pa.string())),
+        ("answer_uncertainty", pa.map_(pa.string(), pa.float64())),
         ("step", pa.int64()),
         ("arrival_s", pa.float64()),
         ("tool_pause_s", pa.float64()),

@@ -28,6 +28,6 @@ export RUNROUTE_VLLM_TEST_MODEL="$PWD/$MODEL_DIR"
 export RUNROUTE_VLLM_REQUIRED=1
 # extra arguments go to pytest (e.g. -x, -k NAME); VLLM_TESTS replaces the test files
 # shellcheck disable=SC2086
-"$PY" -m pytest -m vllm -p no:cacheprovider ${VLLM_TESTS:-tests/test_vllm_integration.py tests/test_vllm_conformance.py tests/test_vllm_kv_events.py} "$@"
+"$PY" -m pytest -m vllm -p no:cacheprovider ${VLLM_TESTS:-tests/test_vllm_integration.py tests/test_vllm_conformance.py tests/test_vllm_kv_events.py tests/test_vllm_logprobs.py} "$@"
 t3=$(date +%s)
 echo "test-vllm: setup $((t1 - t0)) s, model $((t2 - t1)) s, tests $((t3 - t2)) s"

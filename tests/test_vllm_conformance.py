@@ -200,6 +200,32 @@ def test_tool_call_stream_structure_matches(servers: dict[str, str]) -> None:
     same_fields(first_call["real"], first_call["fake"], "first tool-call delta")
 
 
+def test_logprobs_fields_match(servers: dict[str, str]) -> None:
+    """``logprobs: true``: the JSON answer's ``choices[0].logprobs`` and each streamed content
+    chunk's carry the same fields (content[].token/logprob/bytes/top_logprobs[]); the role chunk's is
+    null on both (the sidecar's local.request_logprobs reads and strips these)."""
+    body = {
+        "model": MODEL,
+        "messages": messages(uuid.uuid4().hex),
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    got = both(servers, post, body)
+    lp = {k: r.json()["choices"][0]["logprobs"] for k, r in got.items()}
+    assert all(v["content"] for v in lp.values()), lp
+    same_fields(lp["real"], lp["fake"], "choices[0].logprobs")
+    events = both(servers, stream, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    mids: dict[str, set[str]] = {}
+    for name, evs in events.items():
+        assert evs[0]["choices"][0]["logprobs"] is None, name
+        content = [e for e in evs[1:-2] if e["choices"] and e["choices"][0]["delta"].get("content")]
+        assert content and all(e["choices"][0]["logprobs"]["content"] for e in content), name
+        mids[name] = set().union(*(paths(e["choices"][0]["logprobs"]) for e in content))
+    assert mids["real"] == mids["fake"], mids
+
+
 def test_cached_tokens_block_granularity_matches(servers: dict[str, str]) -> None:
     tag = uuid.uuid4().hex
     for name, url in servers.items():

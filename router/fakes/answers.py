@@ -26,7 +26,7 @@ from router.fakes.apis import (
     responses_usage,
     responses_view,
 )
-from router.fakes.protocol import ParsedRequest, load_body, parse_body, parse_request
+from router.fakes.protocol import ParsedRequest, load_body, parse_body
 from router.fakes.responses import SSE_DONE, chat_response, new_id, sse, stream_chunks, usage_chunk
 from router.fakes.synth import Completion
 
@@ -55,9 +55,9 @@ class Exchange:
 
     def parse(self, raw: bytes) -> ParsedRequest:
         s = self.server
-        if self.protocol == "chat":
-            return parse_request(raw, s._memo)
         self.body = load_body(raw)
+        if self.protocol == "chat":
+            return parse_body(self.body, s._memo)
         if self.protocol == "responses":
             view, self.items = responses_view(self.body, s.responses_store)
         else:
@@ -103,6 +103,13 @@ class Exchange:
         if len(st) > 10000:
             st.pop(next(iter(st)))
 
+    def logprobs(self) -> int | None:
+        """The chat request's ``top_logprobs`` (0 unset) when it asked for ``logprobs``, else None."""
+        if self.body.get("logprobs") is not True:
+            return None
+        top = self.body.get("top_logprobs")
+        return top if isinstance(top, int) and not isinstance(top, bool) else 0
+
     def body_bytes(self, comp: Completion, usage: dict[str, Any]) -> bytes:
         s = self.server
         model = s.knobs.model
@@ -115,6 +122,7 @@ class Exchange:
                 call_id=self.call_id,
                 extra=s.response_extra,
                 vllm=s.vllm_shapes,
+                logprobs=self.logprobs(),
             )
         if self.protocol == "responses":
             r = responses_body(self.body, comp, self.rid, model, self.usage(usage), self.call_id)
@@ -134,6 +142,7 @@ class Exchange:
                 usage_null=s.usage_null_in_chunks and req.include_usage,
                 extra=s.response_extra,
                 vllm=s.vllm_shapes,
+                logprobs=self.logprobs(),
             )
             return [(done, sse(ch)) for done, ch in chunks]
         if self.protocol == "responses":

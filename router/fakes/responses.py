@@ -6,7 +6,13 @@ finish reason) with the output tokens so far, :func:`usage_chunk` the final usag
 switches every builder to vLLM's field shapes (see the comment above the builders).
 :class:`Histogram` renders a cumulative Prometheus histogram in text exposition format.
 
-Knobs: the builders' keyword arguments (``vllm`` shapes, ``usage_null``, ``extra`` top-level fields).
+Knobs: the builders' keyword arguments (``vllm`` shapes, ``usage_null``, ``extra`` top-level fields,
+``logprobs``: the request's ``top_logprobs`` when it asked for ``logprobs``, else None). Asked,
+a choice's ``logprobs`` is vLLM's ``{"content": [{token, logprob, bytes, top_logprobs}]}`` with one
+entry per content/argument piece (a piece stands for a token; a streamed chunk carries its piece's
+entry, the role and finish-only chunks ``null``; a streamed tool call starts, as vLLM's hermes
+parser does, with a chunk of empty delta that carries the held-back ``<tool_call>`` token's
+entry); not asked, ``null``.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import bisect
 import time
 import uuid
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -63,6 +70,23 @@ def _tool_call_obj(comp: Completion, call_id: str) -> dict[str, Any]:
     }
 
 
+def _token_logprob(piece: str, i: int, top: int) -> dict[str, Any]:
+    """One ``logprobs.content[]`` entry (vLLM's shape: token, logprob, bytes, top_logprobs) for a
+    streamed piece taken as one token; the logprob is a stable function of the piece and its place."""
+    lp = -(zlib.crc32(f"{i}:{piece}".encode()) % 4000) / 1000.0
+    alt = {"token": piece, "logprob": lp, "bytes": list(piece.encode())}
+    return {**alt, "top_logprobs": [alt] if top > 0 else []}
+
+
+def _logprobs(comp: Completion, top: int | None, start: int = 0, stop: int | None = None) -> object:
+    """A choice's ``logprobs``: None when not asked (``top`` None), else ``{"content": [...]}``
+    over the pieces ``start:stop``."""
+    if top is None:
+        return None
+    pieces = comp.pieces[start:stop]
+    return {"content": [_token_logprob(p, start + j, top) for j, p in enumerate(pieces)]}
+
+
 def chat_response(
     comp: Completion,
     *,
@@ -72,6 +96,7 @@ def chat_response(
     call_id: str,
     extra: Mapping[str, object] | None = None,
     vllm: bool = False,
+    logprobs: int | None = None,
 ) -> bytes:
     """A non-streaming ``chat.completion`` body."""
     message: dict[str, Any] = {"role": "assistant", "content": comp.content, "refusal": None}
@@ -87,7 +112,14 @@ def chat_response(
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": comp.finish_reason}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": _logprobs(comp, logprobs),
+                "finish_reason": comp.finish_reason,
+            }
+        ],
     }
     if vllm:
         body["choices"][0].update(stop_reason=None, token_ids=None, routed_experts=None)
@@ -112,6 +144,7 @@ def stream_chunks(
     usage_null: bool,
     extra: Mapping[str, object] | None = None,
     vllm: bool = False,
+    logprobs: int | None = None,
 ) -> Iterable[tuple[int, dict[str, Any]]]:
     """Yield (output tokens so far, chunk) for each ``chat.completion.chunk`` before the usage chunk.
 
@@ -126,9 +159,12 @@ def stream_chunks(
     if usage_null:
         base["usage"] = None
 
-    def chunk(delta: dict[str, object], finish: str | None = None, first: bool = False) -> dict[str, Any]:
+    def chunk(
+        delta: dict[str, object], finish: str | None = None, first: bool = False, piece: int | None = None
+    ) -> dict[str, Any]:
         c = dict(base)
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        lp = None if piece is None else _logprobs(comp, logprobs, piece, piece + 1)
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         if vllm and first:
             c.update(prompt_token_ids=None, prompt_text=None)
         elif vllm:
@@ -147,6 +183,10 @@ def stream_chunks(
             "type": "function",
             "function": {"name": comp.tool_name},
         }
+        if vllm and logprobs is not None:  # vLLM: the tokens its tool parser holds back, logprobs only
+            c = chunk({})
+            c["choices"][0]["logprobs"] = {"content": [_token_logprob("<tool_call>", -1, logprobs)]}
+            yield 1, c
         if vllm:
             yield 1, chunk({"content": None, "tool_calls": [header]})
         else:
@@ -157,14 +197,14 @@ def stream_chunks(
             done = total if i == k - 1 else max(1, total * (i + 1) // (k + 1))
             delta: dict[str, Any] = {"content": None} if vllm else {}
             delta["tool_calls"] = [{"index": 0, "function": {"arguments": p}}]
-            yield done, chunk(delta)
+            yield done, chunk(delta, piece=i)
         yield total, chunk({}, comp.finish_reason)
         return
     yield 0, chunk({"role": "assistant", "content": ""}, first=True)
     k = len(comp.pieces)
     for i, p in enumerate(comp.pieces):
         done = total if i == k - 1 else max(1, total * (i + 1) // k)
-        yield done, chunk({"content": p}, comp.finish_reason if i == k - 1 else None)
+        yield done, chunk({"content": p}, comp.finish_reason if i == k - 1 else None, piece=i)
 
 
 def usage_chunk(

@@ -72,6 +72,12 @@ class LocalTier(StrictModel):
     kv_events_replay_endpoints: list[str | None] = Field(default_factory=list)
     kv_events_topic: str = ""
     kv_events_silence_s: float = Field(default=30.0, gt=0)
+    # post-hoc token uncertainty (router.server.hotpath.posthoc): ask a local replica for
+    # ``logprobs`` on chat steps whose client did not (stripped from the client's answer again);
+    # ``low_confidence_nll``: a step whose mean negative logprob per token exceeds it posts the
+    # ``low_confidence`` signal (None = logged only; weigh it through policy.trouble_boost)
+    request_logprobs: bool = False
+    low_confidence_nll: float | None = Field(default=None, gt=0)
 
     @field_validator("urls")
     @classmethod

@@ -17,7 +17,23 @@ alike, translated or not: the capture parses the same events it relays), and ret
   ``finish_reason``, which the captures do not parse on the streaming fast path, so a cap hit
   exactly by a complete answer counts too, and an upstream default cap is not seen;
 - ``tool_call_repeated``: a tool call whose ``(name, arguments)`` key equals one of the run's
-  previous step's calls.
+  previous step's calls;
+- ``low_confidence``: the answer's mean negative logprob per token is above
+  ``local.low_confidence_nll`` (only with that knob and logprobs in the answer).
+
+Token uncertainty: with ``local.request_logprobs`` the sidecar asks the local replica for
+``logprobs`` on every chat request it sends there (a Responses or Messages client's request
+translated to chat too; a replica spoken to natively in Responses or Messages is not asked) whose
+client did not ask itself, and strips them from the answer again: each ``"logprobs":`` member's
+value becomes ``null``, a byte splice, so the client gets the bytes a replica not asked would have
+sent (JSON and every SSE chunk; :func:`router.server.protocols.chat.null_logprobs`). The chat
+capture keeps each generated token's ``logprob`` (``choices[0].logprobs.content[]``); on a
+tool-call answer those are the tool call's tokens (and its markup; on a streamed answer, the
+tokens of the chunks vLLM sent). :func:`uncertainty` condenses them into the step record's
+``answer_uncertainty``: ``tokens``, ``mean_nll`` (mean negative logprob, nats per token) and
+``max_nll`` (the least likely token's). Logprobs cannot be measured on logged traces, so
+``low_confidence`` has no default threshold and no default weight: a deployment sets
+``low_confidence_nll`` and ``trouble_boost.low_confidence`` from its own traffic.
 
 The proxy (:meth:`router.server.hotpath.stepio.StepIO._finish`, the one caller) appends them to the run's
 signal list in the run-state store before the answer completes, exactly like ``POST
@@ -25,7 +41,8 @@ signal list in the run-state store before the answer completes, exactly like ``P
 ``sig_*`` features (in the vector as ``sig_other``; by name for the trouble term, which weighs them
 through ``policy.trouble_boost``), and ``runroute_run_signals_total{kind}``.
 
-No knobs: a frontier step or a non-200 answer is not scanned; weights live in ``trouble_boost``.
+Knobs: ``local.request_logprobs`` (off) and ``local.low_confidence_nll`` (None); a frontier step
+or a non-200 answer is not scanned; weights live in ``trouble_boost``.
 """
 
 from __future__ import annotations
@@ -34,7 +51,7 @@ from collections.abc import Mapping, Sequence
 
 import orjson
 
-__all__ = ["scan", "offered_tools", "token_cap"]
+__all__ = ["scan", "offered_tools", "token_cap", "uncertainty"]
 
 
 def offered_tools(body: Mapping[str, object]) -> frozenset[str] | None:
@@ -73,6 +90,14 @@ def _malformed(args: str) -> bool:
     return not isinstance(obj, dict)
 
 
+def uncertainty(logprobs: Sequence[float]) -> dict[str, float] | None:
+    """``{tokens, mean_nll, max_nll}`` of an answer's token logprobs (None without any)."""
+    if not logprobs:
+        return None
+    n = len(logprobs)
+    return {"tokens": float(n), "mean_nll": -sum(logprobs) / n, "max_nll": -min(logprobs)}
+
+
 def scan(
     *,
     names: Sequence[str],
@@ -83,6 +108,8 @@ def scan(
     offered: frozenset[str] | None,
     cap: int | None,
     previous_keys: Sequence[str],
+    mean_nll: float | None = None,
+    low_confidence_nll: float | None = None,
 ) -> tuple[str, ...]:
     """The post-hoc kinds of one local answer (module docstring), in
     :data:`features.prefix.POSTHOC_KINDS` order."""
@@ -97,4 +124,6 @@ def scan(
         out.append("answer_truncated")
     if previous_keys and any(k in previous_keys for k in keys):
         out.append("tool_call_repeated")
+    if low_confidence_nll is not None and mean_nll is not None and mean_nll > low_confidence_nll:
+        out.append("low_confidence")
     return tuple(out)

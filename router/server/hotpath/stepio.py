@@ -12,7 +12,9 @@ writer, metrics, store and settings); split out so the hot path stays readable a
   the client's own when the backend serves it, else chat), the capture that reads (and, when the
   protocols differ, translates) its answer, and the bytes: the client's body with only ``model``
   rewritten on the fast path, else the translation; ``anthropic-beta`` / ``openai-beta`` client
-  headers go along to a backend of that protocol.
+  headers go along to a backend of that protocol; with ``local.request_logprobs`` a local
+  replica spoken to in chat is asked for ``logprobs`` (``_logprobs_mode``; the capture strips them
+  again when the client did not ask, :mod:`router.server.hotpath.posthoc`).
 - ``_answer_body``: a 200 answer through the capture (translated when needed); a backend's error
   answer in the client's protocol when translating (the backend's message kept, code
   ``upstream_<status>``).
@@ -36,7 +38,9 @@ from router.server.hotpath.answers import step_headers
 from router.server.hotpath.backends import Backend, state_of
 from router.server.hotpath.posthoc import offered_tools, token_cap
 from router.server.hotpath.posthoc import scan as posthoc_scan
+from router.server.hotpath.posthoc import uncertainty as posthoc_uncertainty
 from router.server.protocols.base import Adapter, ClientRequest, pick_protocol
+from router.server.protocols.chat import add_logprobs
 from router.server.runs.lifecycle import MAX_SIGNALS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,13 +96,29 @@ class StepIO:
         b, req = ctx.backend, ctx.req
         bp = pick_protocol(req.protocol, b.urls)
         model = req.model_alias if b.pass_model and req.model_alias else b.model
+        req.extra["logprobs"] = lp = self._logprobs_mode(req, b, bp)
         ctx.capture = ctx.proto.capture(req, bp)
         body = ctx.proto.outbound(req, bp, model, b.name)
+        if lp == "router":
+            body = add_logprobs(body, req.body if req.protocol == "chat" else {})
         headers = b.headers
         fwd = _FORWARD_HEADERS.get(bp, ())
         if fwd and req.extra.get("headers"):
             headers = {**headers, **{k: v for k, v in req.extra["headers"].items() if k in fwd}}
         return b.urls[bp], body, headers
+
+    def _logprobs_mode(self, req: ClientRequest, b: Backend, bp: str) -> str | None:
+        """Who asked a step's backend for logprobs (:mod:`router.server.protocols.chat`):
+        ``"client"`` (a chat client did), ``"router"`` (``local.request_logprobs``: a local
+        replica spoken to in chat), else None."""
+        if bp != "chat":
+            return None
+        if req.protocol == "chat" and req.body.get("logprobs") is True:
+            return "client"
+        local = self.s.local
+        if b.tier == "local" and local is not None and local.request_logprobs:
+            return "router"
+        return None
 
     def _answer_body(self, ctx: StepContext, resp: UpstreamResponse, data: bytes) -> tuple[bytes, str]:
         status = resp.status
@@ -163,7 +183,8 @@ class StepIO:
         prompt, cached, completion = ctx.capture.counts()
         names, keys = ctx.capture.tools()
         b = ctx.backend
-        posthoc = self._posthoc(ctx, status, names, keys, prompt, completion)
+        u = posthoc_uncertainty(ctx.capture.token_logprobs()) if b.tier == "local" and status == 200 else None
+        posthoc = self._posthoc(ctx, status, names, keys, prompt, completion, u)
         prev_tokens = ctx.hist.last_tokens if ctx.hist.base.steps else 0
         res = StepResult(
             status=status,
@@ -192,6 +213,8 @@ class StepIO:
         durable = None
         if self.writer is not None:
             out = dict(rec.__dict__)
+            if u is not None:
+                out["answer_uncertainty"] = u
             if self.s.runlog.log_prompts:
                 body = ctx.req.body
                 out["prompt_text"] = orjson.dumps(
@@ -218,6 +241,7 @@ class StepIO:
         keys: tuple[str, ...],
         prompt: int | None,
         completion: int,
+        u: dict[str, float] | None = None,
     ) -> tuple[str, ...]:
         """The post-hoc signals of a local step's 200 answer (:mod:`router.server.hotpath.posthoc`)."""
         if status != 200 or ctx.backend.tier != "local":
@@ -233,6 +257,8 @@ class StepIO:
             offered=offered_tools(body),
             cap=token_cap(body),
             previous_keys=steps[-1].tool_call_keys if steps else (),
+            mean_nll=u["mean_nll"] if u is not None else None,
+            low_confidence_nll=self.s.local.low_confidence_nll if self.s.local is not None else None,
         )
 
     async def _post_signals(self, run_id: str, kinds: tuple[str, ...], give: Awaitable[None] | None) -> None:

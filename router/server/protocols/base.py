@@ -127,6 +127,7 @@ class Capture(Protocol):
     def counts(self) -> tuple[int | None, int | None, int]: ...
     def tools(self) -> tuple[tuple[str, ...], tuple[str, ...]]: ...
     def call_args(self) -> tuple[str, ...]: ...  # each call's raw arguments text, as tools() orders
+    def token_logprobs(self) -> list[float]: ...  # the answer's token logprobs, when asked for
     def response_id(self) -> str | None: ...
     def output_items(self) -> list[JSONObject]: ...  # a Responses answer's output items ([] else)
 
@@ -154,6 +155,7 @@ class AnswerReader(ABC):
     def __init__(self) -> None:
         self.tool_names: dict[int, str] = {}  # tool calls by index: name
         self.tool_args: dict[int, str] = {}  # and raw arguments text
+        self.logprobs: list[float] = []  # each generated token's logprob (chat, when asked for)
 
     @abstractmethod
     def read(self, obj: JSONObject) -> None:
@@ -204,6 +206,10 @@ class AnswerReader(ABC):
     def call_args(self) -> tuple[str, ...]:
         """Each captured call's raw arguments text, in :meth:`tools`' order."""
         return tuple(a for _, a in self.calls())
+
+    def token_logprobs(self) -> list[float]:
+        """Each generated token's logprob, when the backend was asked for them (chat); else []."""
+        return self.logprobs
 
 
 def since_assistant(items: object, is_assistant: Callable[[JSONObject], bool]) -> list[JSONObject]:

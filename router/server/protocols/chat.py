@@ -18,6 +18,17 @@ Capture (:class:`ChatReader`): usage (prompt, cached = ``prompt_tokens_details.c
 completion) and tool calls (names, argument strings -> a key per call: a repeated key is a loop
 signal) from a JSON answer or from the SSE events that mention ``usage`` or ``tool_calls``.
 
+Logprobs (``ClientRequest.extra["logprobs"]``, set by the hot path for a local replica with
+``local.request_logprobs``, :mod:`router.server.hotpath.posthoc`): ``"router"`` = the sidecar asked
+and the client did not: :func:`add_logprobs` sets ``logprobs: true`` on the outgoing body (a
+splice after the opening brace; one re-serialisation when the client's body has the key, e.g.
+``false``), the reader keeps each token's logprob and :func:`null_logprobs` turns every
+``"logprobs":`` value back into ``null`` (what vLLM sends when not asked) in the JSON answer and in
+each SSE event (events with ``"logprobs":{`` are handed to the reader too); a chunk that exists
+only for its logprobs (empty delta, no finish reason: vLLM sends one per token its tool parser
+holds back, and none when not asked) is dropped; ``"client"`` = the client asked: read, relayed
+as they came.
+
 :class:`ChatAdapter` is this module as a :class:`router.server.protocols.base.Adapter` (the hot path's
 interface and what the protocols share); a backend that does not speak Chat Completions (an Anthropic frontier) gets the request
 translated by :mod:`router.server.protocols.translate`.
@@ -25,6 +36,7 @@ translated by :mod:`router.server.protocols.translate`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import orjson
@@ -58,6 +70,8 @@ __all__ = [
     "ChatAdapter",
     "MessageSegments",
     "chat_opening",
+    "add_logprobs",
+    "null_logprobs",
     "rewrite_body",
     "tool_key",
     "AUTO_MODELS",
@@ -108,15 +122,100 @@ def _index(v: object) -> int:
     return v if isinstance(v, int) else 0
 
 
+_LOGPROBS_KEY = b'"logprobs":'
+_LOGPROBS_MARK = b'"logprobs":{'
+# a JSON string (with its escapes) or one bracket: what skipping a value has to see
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]')
+
+
+def add_logprobs(out: bytes, body: Mapping[str, object]) -> bytes:
+    """The outgoing chat body ``out`` with ``logprobs: true`` (``body``: the client's, parsed)."""
+    if "logprobs" in body:  # the client's own value (false/null): replaced, not duplicated
+        obj = orjson.loads(out)
+        obj["logprobs"] = True
+        return orjson.dumps(obj)
+    j = out.find(b"{")
+    return out[: j + 1] + b'"logprobs":true,' + out[j + 1 :]
+
+
+def null_logprobs(data: bytes) -> bytes:
+    """``data`` (a chat answer or SSE event, compact JSON as vLLM writes it) with every
+    ``"logprobs":`` member whose value is an object or a list set to ``null``; the other bytes
+    unchanged. Inside a JSON string every quote is escaped, so ``"logprobs":`` (unescaped quotes,
+    no blank) is always a key; ``top_logprobs``/``prompt_logprobs`` do not match."""
+    i = data.find(_LOGPROBS_MARK)
+    if i < 0 and data.find(b'"logprobs":[') < 0:
+        return data
+    out: list[bytes] = []
+    pos = 0
+    i = data.find(_LOGPROBS_KEY)
+    while i >= 0:
+        v = i + len(_LOGPROBS_KEY)
+        if data[v : v + 1] in (b"{", b"["):
+            depth = 0
+            for m in _JSON_TOKEN.finditer(data, v):
+                t = m.group()
+                if t in (b"{", b"["):
+                    depth += 1
+                elif t in (b"}", b"]"):
+                    depth -= 1
+                    if depth == 0:
+                        out.append(data[pos:v])
+                        out.append(b"null")
+                        pos = m.end()
+                        break
+            else:  # unbalanced (a truncated body): left as it is
+                break
+        i = data.find(_LOGPROBS_KEY, max(v, pos))
+    out.append(data[pos:])
+    return b"".join(out)
+
+
+def _logprobs_only(obj: JSONObject) -> bool:
+    """A chunk vLLM sends only because logprobs were asked for: every choice has an empty delta, no
+    finish reason, no token ids and a logprobs object (the tokens a tool parser held back; vLLM
+    skips such a chunk when not asked, so the strip drops it)."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices or obj.get("usage") is not None:
+        return False
+    return all(
+        isinstance(ch, dict)
+        and ch.get("delta") == {}
+        and ch.get("finish_reason") is None
+        and ch.get("token_ids") is None
+        and isinstance(ch.get("logprobs"), dict)
+        for ch in choices
+    )
+
+
+def _token_logprobs(choice: object) -> list[float]:
+    """The ``logprob`` of each token in a choice's ``logprobs.content`` (chat JSON and chunks)."""
+    lp = choice.get("logprobs") if isinstance(choice, dict) else None
+    content = lp.get("content") if isinstance(lp, dict) else None
+    out: list[float] = []
+    for t in content if isinstance(content, list) else ():
+        v = t.get("logprob") if isinstance(t, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append(float(v))
+    return out
+
+
 class ChatReader(AnswerReader):
     """Usage and tool calls seen in a Chat Completions answer (JSON or SSE)."""
 
-    markers = (b'"usage"', b'"tool_calls"')
+    markers: tuple[bytes, ...] = (b'"usage"', b'"tool_calls"')
 
-    def __init__(self, strip_usage: bool = False):
+    def __init__(self, strip_usage: bool = False, logprobs: str | None = None):
         super().__init__()
         self.strip_usage = strip_usage
         self.usage: JSONObject | None = None
+        self.strip_logprobs = logprobs == "router"
+        if logprobs is not None:
+            self.markers = (*ChatReader.markers, _LOGPROBS_MARK)
+
+    def json(self, data: bytes) -> bytes:
+        data = super().json(data)
+        return null_logprobs(data) if self.strip_logprobs else data
 
     def read(self, obj: JSONObject) -> None:
         """Usage and tool calls of a ``chat.completion`` object."""
@@ -125,6 +224,7 @@ class ChatReader(AnswerReader):
             self.usage = u
         ch = obj.get("choices")
         if isinstance(ch, list) and ch and isinstance(ch[0], dict):
+            self.logprobs.extend(_token_logprobs(ch[0]))
             msg = ch[0].get("message") or {}
             calls = msg.get("tool_calls") if isinstance(msg, dict) else None
             for i, tc in enumerate(calls if isinstance(calls, list) else ()):
@@ -148,17 +248,21 @@ class ChatReader(AnswerReader):
         if not isinstance(obj, dict):
             return ev
         self.read_event(obj)
+        if self.strip_logprobs and _logprobs_only(obj):
+            return None
         if self.strip_usage and isinstance(obj.get("usage"), dict):
             if not obj.get("choices"):
                 return None
             del obj["usage"]
-            return ev[:i] + b"data: " + orjson.dumps(obj)
-        return ev
+            ev = ev[:i] + b"data: " + orjson.dumps(obj)
+        return null_logprobs(ev) if self.strip_logprobs else ev
 
     def read_event(self, obj: JSONObject) -> None:
         """Usage and tool-call deltas of one ``chat.completion.chunk``."""
         choices = obj.get("choices")
         for ch in choices if isinstance(choices, list) else ():
+            if isinstance(ch, dict) and ch.get("index", 0) == 0:
+                self.logprobs.extend(_token_logprobs(ch))
             delta = ch.get("delta") if isinstance(ch, dict) else None
             calls = delta.get("tool_calls") if isinstance(delta, dict) else None
             for tc in calls if isinstance(calls, list) else ():
@@ -251,7 +355,7 @@ class ChatAdapter(Adapter):
         return chat_to_messages(body, model)
 
     def reader(self, req: ClientRequest) -> ChatReader:
-        return ChatReader(strip_usage=req.strip_usage)
+        return ChatReader(strip_usage=req.strip_usage, logprobs=req.extra.get("logprobs"))
 
 
 def chat_opening(messages: Sequence[object]) -> tuple[str | None, str | None, bool]:

@@ -421,7 +421,9 @@ class TranslatingCapture:
         self.client = req.protocol
         self.backend = backend_protocol
         self.req = req
-        self.reader: AnswerReader = ChatReader() if backend_protocol == "chat" else MessagesReader()
+        self.reader: AnswerReader = (
+            ChatReader(logprobs=req.extra.get("logprobs")) if backend_protocol == "chat" else MessagesReader()
+        )
         self.chain: list[Translator] = []
         self.response: Obj | None = None  # the Responses object produced (Responses clients)
         body = req.body
@@ -498,6 +500,10 @@ class TranslatingCapture:
 
     def call_args(self) -> tuple[str, ...]:
         return self.reader.call_args()
+
+    def token_logprobs(self) -> list[float]:
+        """The backend's token logprobs (a chat backend asked for them; the translation drops them)."""
+        return self.reader.token_logprobs()
 
     def response_id(self) -> str | None:
         rid = self.response.get("id") if self.response else None
