@@ -311,19 +311,13 @@ class StepEngine:
                 n = min(n, max_hit_blocks(req.prompt_tokens, bt))
             own = min(track.last_tokens, req.prompt_tokens)
             loads = self.traffic.replicas if self.traffic is not None else None
-            hints = track.prefix_hints
+            # every replica's match in one pass (PrefixIndex.lookup: one dictionary lookup for a
+            # replica without the chain's first block, two more when the run's hint there is right)
+            hints = idx.lookup(chain, n, track.prefix_hints)
             reps = idx.replicas
-            first = chain[0] if n > 0 else None
             for b in backends:
                 if b.tier == "local":
-                    # PrefixIndex.match inlined with its first test (most replicas of a large pool
-                    # hold none of the chain: one dictionary lookup each, not two calls)
-                    r = reps.get(b.name)
-                    if r is None or first is None or first not in r.stamp:
-                        m = hints[b.name] = 0
-                    else:
-                        m = hints[b.name] = r.match(chain, n, hints.get(b.name, 0))
-                    b.warm_prefix_tokens = m * bt
+                    b.warm_prefix_tokens = hints[b.name] * bt if b.name in reps else 0
                     if loads is not None and not b.prefill_queue_tokens and b.name in loads:
                         b.prefill_queue_tokens = int(loads[b.name].prefill_tokens)
                 else:
