@@ -30,8 +30,9 @@ stage methods of this class (``_plan`` ... ``_unserved_start``) are the turn's o
    ``warm_prefix_tokens`` is instead the prefix of the chain the index says that replica holds
    (from this run and every other run; whole blocks, at most ``(prompt - 1) // block`` as vLLM
    reports), and the decision's replica is recorded in the index at commit (6); a local backend
-   whose adapter gave no ``prefill_queue_tokens`` gets the traffic model's in-flight prefill
-   estimate for it (the sidecar's view of the prefill a replica still owes).
+   whose adapter gave no ``prefill_queue_tokens`` (``inflight_context_tokens``) gets the traffic
+   model's in-flight prefill (context) estimate for it (the sidecar's view of the prefill a replica
+   still owes and of the context its decode attends over).
 4. **decide**: a spilled run goes to the frontier (``admission-spilled``); otherwise
    ``policy.decide(snapshot)``. An exploring policy (:class:`router.policy.explore.ExplorePolicy`)
    is told at a run's first step whether its exploration budget has room
@@ -318,8 +319,12 @@ class StepEngine:
             for b in backends:
                 if b.tier == "local":
                     b.warm_prefix_tokens = hints[b.name] * bt if b.name in reps else 0
-                    if loads is not None and not b.prefill_queue_tokens and b.name in loads:
-                        b.prefill_queue_tokens = int(loads[b.name].prefill_tokens)
+                    if loads is not None and b.name in loads:
+                        ld = loads[b.name]
+                        if not b.prefill_queue_tokens:
+                            b.prefill_queue_tokens = int(ld.prefill_tokens)
+                        if not b.inflight_context_tokens:
+                            b.inflight_context_tokens = int(ld.context_tokens)
                 else:
                     b.warm_prefix_tokens = own if b.name == pinned else 0
         elif pinned is not None:
