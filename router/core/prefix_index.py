@@ -23,7 +23,10 @@ Algorithm:
   a leaf with the newest stamp of its evicted subtree). So a block present implies its whole prefix
   present, and the matched prefix of a chain is found by binary search: O(log n) dictionary
   lookups per replica (:meth:`PrefixIndex.match`), two when the caller's hint (the run's match
-  on that replica at its previous step, or what it recorded there) is right. A record inserts only the blocks the replica
+  on that replica at its previous step, or what it recorded there) is right;
+  :meth:`PrefixIndex.lookup` gives every replica's match in one pass (the step engine's per-step
+  lookup: one dictionary lookup for a replica without the chain's first block, two more, inline,
+  when the hint is right). A record inserts only the blocks the replica
   lacks and touches the tip: O(new blocks + log n), flat in the body size for a run that grows.
 - **Several routers** (:mod:`router.server.state.prefix_share`, with Redis): every local record is
   also published (the ``listener``) and other routers' records are applied
