@@ -208,26 +208,34 @@ def test_sidecar_segments_fingerprint_tools_cheaply_and_still_see_an_edit() -> N
     assert list(tc.extend(rc, MessageSegments(body3))) == fresh
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(1, 8)), min_size=1, max_size=30),
-    st.lists(st.integers(-1, 9), min_size=4, max_size=4),
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 8)), min_size=1, max_size=30),
+    st.lists(st.integers(-1, 9), min_size=5, max_size=5),
     st.integers(0, 2),
     st.integers(0, 10),
 )
 def test_lookup_gives_every_replica_its_match(
-    recs: list[tuple[int, int, int]], hints0: list[int], fam: int, n: int
+    ops: list[tuple[int, int, int]], hints0: list[int], fam: int, n: int
 ) -> None:
     """PrefixIndex.lookup == one match per replica, whatever the hints (right, wrong, absent),
-    with an unknown-hint replica, a precise replica and replicas holding none of the chain."""
-    names = ["a", "b", "c"]
+    through records, evictions (capacity 6), clears and mode switches."""
+    names = ["a", "b", "c", "d"]
     idx = PrefixIndex(16, [(name, 6) for name in names])
     idx.set_precise("p")
-    for rep, f, k in recs:  # families share their leading blocks (a shared system prompt)
-        idx.record(names[rep], [f * 100 + i for i in range(k)])
+    for rep, f, k in ops:  # families share their leading blocks (a shared system prompt)
+        name = names[rep]
+        if k == 0:
+            idx.clear(name)
+        elif k == 8 and rep == 3:  # d goes precise and back (empty)
+            idx.set_precise(name)
+            idx.set_approximate(name)
+        else:
+            idx.record(name, [f * 100 + i for i in range(k)])
     chain = [fam * 100 + i for i in range(8)]
-    hints = {name: h for name, h in zip([*names, "p"], hints0, strict=True) if h >= 0}
-    want = {name: idx.match(name, chain, n, hints.get(name, 0)) for name in [*names, "p"]}
+    every = [*names, "p"]
+    hints = {name: h for name, h in zip(every, hints0, strict=True) if h >= 0}
+    want = {name: idx.match(name, chain, n, hints.get(name, 0)) for name in every}
     assert idx.lookup(chain, n, hints) is hints
     assert hints == want
     assert idx.lookup(chain, n, dict(want)) == want  # right hints: the same answers
