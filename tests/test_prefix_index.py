@@ -307,3 +307,26 @@ def test_simulator_reports_in_flight_context_to_the_policy() -> None:
     # all runs start at 0: the k-th first step sees the k earlier ones in flight (none has ended)
     assert [s for s, _ in seen[:5]] == [sum(first[:k]) for k in range(5)]
     assert all(v == 0 for v in sim._inflight_ctx.values())
+
+
+def test_engine_fills_owed_prefill_and_in_flight_context_from_the_traffic_model() -> None:
+    """The sidecar's path: a local backend state without them gets the traffic model's in-flight
+    prefill and context for its replica (what the decode term weighs)."""
+    from models.predictor import ConstantPredictor
+    from router.core.engine import StepEngine
+    from router.core.record import StepRequest
+    from router.core.runs import RunTrack
+    from router.core.traffic import TrafficModel
+
+    tm = TrafficModel(["local-0", "local-1"], clock=lambda: 0.0, wall=lambda: 0.0)
+    tm.step_started("local-1", "other", 3000, 1000.0, None)
+    eng = StepEngine(prefix_index=PrefixIndex(16, [("local-0", 100), ("local-1", 100)]), traffic=tm)
+    backends = [BackendState("local-0", "local", "m"), BackendState("local-1", "local", "m")]
+    turn = eng.begin(RunState("r1"), RunTrack.new("r1", 0.0))
+    req = StepRequest(prompt_tokens=100, chain=[1, 2, 3], chain_lookup=3)
+    turn.plan(
+        req, backends, now=0.0, policy=build_policy({"kind": "prefix-aware"}), predictor=ConstantPredictor()
+    )
+    assert (backends[0].prefill_queue_tokens, backends[0].inflight_context_tokens) == (0, 0)
+    assert backends[1].prefill_queue_tokens == 2000
+    assert backends[1].inflight_context_tokens == 3000 + tm.default_decode_tokens
