@@ -10,8 +10,8 @@ step, are first grown to ``--bodies-kb`` (the warm-up is not timed); a shared 8 
 leads every body. Then ``--steps`` steps, round-robin over the runs, each timed (``perf_counter_ns``)
 for exactly what the step engine does per step with a prefix index: the run's
 :class:`~router.core.prefix_index.TextChainer` extension over the new segments (a lazy segment
-view, as the sidecar's :class:`router.server.protocols.chat.MessageSegments`), one
-:meth:`~router.core.prefix_index.PrefixIndex.match` per replica and one
+view, as the sidecar's :class:`router.server.protocols.chat.MessageSegments`), every replica's match
+(:meth:`~router.core.prefix_index.PrefixIndex.lookup`, one pass, as the engine) and one
 :meth:`~router.core.prefix_index.PrefixIndex.record` on the replica with the longest match.
 Each replica's index holds its share of the live runs (``--kv-tokens`` sets a smaller capacity:
 then a run whose chain was evicted re-inserts it, O(its length), as the replica recomputes it).
@@ -105,9 +105,10 @@ def main() -> None:
             t0, c0 = pc(), tt()
             chain = tc.extend(rc, view)
             n = len(chain)
+            idx.lookup(chain, n, hints)  # every replica's match, as the engine does
             best, best_m = names[0], -1
             for name in names:
-                m = hints[name] = idx.match(name, chain, n, hints.get(name, 0))
+                m = hints[name]
                 if m > best_m:
                     best, best_m = name, m
             idx.record(best, chain, None, best_m)

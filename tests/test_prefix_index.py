@@ -206,3 +206,127 @@ def test_sidecar_segments_fingerprint_tools_cheaply_and_still_see_an_edit() -> N
     body3 = {"messages": msgs2, "tools": edited}
     fresh = list(TextChainer(64).extend(RunChain(), [MessageSegments(body3)[i] for i in range(4)]))
     assert list(tc.extend(rc, MessageSegments(body3))) == fresh
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 8)), min_size=1, max_size=30),
+    st.lists(st.integers(-1, 9), min_size=5, max_size=5),
+    st.integers(0, 2),
+    st.integers(0, 10),
+)
+def test_lookup_gives_every_replica_its_match(
+    ops: list[tuple[int, int, int]], hints0: list[int], fam: int, n: int
+) -> None:
+    """PrefixIndex.lookup == one match per replica, whatever the hints (right, wrong, absent),
+    through records, evictions (capacity 6), clears and mode switches."""
+    names = ["a", "b", "c", "d"]
+    idx = PrefixIndex(16, [(name, 6) for name in names])
+    idx.set_precise("p")
+    for rep, f, k in ops:  # families share their leading blocks (a shared system prompt)
+        name = names[rep]
+        if k == 0:
+            idx.clear(name)
+        elif k == 8 and rep == 3:  # d goes precise and back (empty)
+            idx.set_precise(name)
+            idx.set_approximate(name)
+        else:
+            idx.record(name, [f * 100 + i for i in range(k)])
+    chain = [fam * 100 + i for i in range(8)]
+    every = [*names, "p"]
+    hints = {name: h for name, h in zip(every, hints0, strict=True) if h >= 0}
+    want = {name: idx.match(name, chain, n, hints.get(name, 0)) for name in every}
+    assert idx.lookup(chain, n, hints) is hints
+    assert hints == want
+    assert idx.lookup(chain, n, dict(want)) == want  # right hints: the same answers
+
+
+def test_text_chainer_one_segment_at_a_time_is_the_whole_chain() -> None:
+    msgs = [f"tool: result {i} " + "é" * (i % 3) + "x" * (7 * i) for i in range(12)]
+    rc = RunChain()
+    tc = TextChainer(16)
+    for k in range(1, len(msgs) + 1):
+        assert list(tc.extend(rc, msgs[:k])) == list(TextChainer(16).extend(RunChain(), msgs[:k]))
+    assert rc.chars == sum(len(m) + 1 for m in msgs)
+
+
+def test_prefix_cost_pick_decode_term_moves_the_step_off_a_replica_with_more_context_in_flight() -> None:
+    ctx = 8000
+    busy = BackendState("a", "local", "m", warm_prefix_tokens=2000, inflight_context_tokens=100_000)
+    free = BackendState("b", "local", "m", warm_prefix_tokens=0, inflight_context_tokens=10_000)
+    assert prefix_cost_pick([busy, free], "r", ctx, ScoreWeights(load_tokens=512.0)).name == "a"  # off
+    # on: 0.05 x 90,000 = 4,500 tokens of decode load outweigh the 2,000 held
+    w = ScoreWeights(load_tokens=512.0, decode_tokens=0.05)
+    assert prefix_cost_pick([busy, free], "r", ctx, w).name == "b"
+    big = BackendState("a", "local", "m", warm_prefix_tokens=7000, inflight_context_tokens=100_000)
+    assert prefix_cost_pick([big, free], "r", ctx, w).name == "a"
+    pol = build_policy({"kind": "prefix-aware", "scoring": {"load_tokens": 512, "decode_tokens": 0.5}})
+    assert isinstance(pol, PrefixAwarePolicy) and pol.weights.decode_tokens == 0.5
+
+
+def test_traffic_model_charges_in_flight_context_and_credits_it_once() -> None:
+    from router.core.traffic import TrafficModel
+
+    tm = TrafficModel(["a", "b"], clock=lambda: 0.0, wall=lambda: 0.0)
+    t1 = tm.step_started("a", "r1", 1000, 0.0, None)
+    t2 = tm.step_started("a", "r2", 500, 200.0, None)
+    d = tm.default_decode_tokens
+    assert tm.replicas["a"].context_tokens == 1500 + 2 * d and tm.replicas["b"].context_tokens == 0
+    tm.step_finished(t1, "a", 1000, 0, 10, True)
+    tm.step_finished(t1, "a", 1000, 0, 10, True)  # twice: credited once
+    assert tm.replicas["a"].context_tokens == 500 + d
+    tm.step_finished(t2, "a", 500, 200, 10, True)
+    assert tm.replicas["a"].context_tokens == 0
+
+
+def test_simulator_reports_in_flight_context_to_the_policy() -> None:
+    """The simulator's backend states carry each replica's in-flight context (prompt + the run's
+    mean output so far, 64 before any), back to 0 when every step has ended."""
+    import numpy as np
+
+    from features.runlog import read_runlog
+    from features.samples import sample_path
+    from router.sim.profiles import load_profile
+    from router.sim.simulator import DEFAULT_DECODE_TOKENS
+    from router.sim.whatif import SimConfig, Simulator, Workload
+
+    work = Workload.from_runlog(read_runlog([str(sample_path("mooncake_20min.parquet"))]), limit_runs=40)
+    seen: list[tuple[int, int]] = []
+
+    class Spy(AlwaysLocalPolicy):
+        def decide(self, snap: Snapshot):  # type: ignore[no-untyped-def]
+            seen.append((sum(b.inflight_context_tokens for b in snap.backends), len(seen)))
+            return super().decide(snap)
+
+    cfg = SimConfig(profile=load_profile(None, "a100"), kv_cache_gb=50.0, replicas=2)
+    starts = np.zeros(len(work.runs))  # all at once: steps overlap
+    sim = Simulator(work, Spy(), cfg, starts)
+    sim.run()
+    assert seen[0][0] == 0
+    first = [r.steps[0].prompt + DEFAULT_DECODE_TOKENS for r in work.runs]
+    # all runs start at 0: the k-th first step sees the k earlier ones in flight (none has ended)
+    assert [s for s, _ in seen[:5]] == [sum(first[:k]) for k in range(5)]
+    assert all(v == 0 for v in sim._inflight_ctx.values())
+
+
+def test_engine_fills_owed_prefill_and_in_flight_context_from_the_traffic_model() -> None:
+    """The sidecar's path: a local backend state without them gets the traffic model's in-flight
+    prefill and context for its replica (what the decode term weighs)."""
+    from models.predictor import ConstantPredictor
+    from router.core.engine import StepEngine
+    from router.core.record import StepRequest
+    from router.core.runs import RunTrack
+    from router.core.traffic import TrafficModel
+
+    tm = TrafficModel(["local-0", "local-1"], clock=lambda: 0.0, wall=lambda: 0.0)
+    tm.step_started("local-1", "other", 3000, 1000.0, None)
+    eng = StepEngine(prefix_index=PrefixIndex(16, [("local-0", 100), ("local-1", 100)]), traffic=tm)
+    backends = [BackendState("local-0", "local", "m"), BackendState("local-1", "local", "m")]
+    turn = eng.begin(RunState("r1"), RunTrack.new("r1", 0.0))
+    req = StepRequest(prompt_tokens=100, chain=[1, 2, 3], chain_lookup=3)
+    turn.plan(
+        req, backends, now=0.0, policy=build_policy({"kind": "prefix-aware"}), predictor=ConstantPredictor()
+    )
+    assert (backends[0].prefill_queue_tokens, backends[0].inflight_context_tokens) == (0, 0)
+    assert backends[1].prefill_queue_tokens == 2000
+    assert backends[1].inflight_context_tokens == 3000 + tm.default_decode_tokens

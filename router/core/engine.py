@@ -30,8 +30,9 @@ stage methods of this class (``_plan`` ... ``_unserved_start``) are the turn's o
    ``warm_prefix_tokens`` is instead the prefix of the chain the index says that replica holds
    (from this run and every other run; whole blocks, at most ``(prompt - 1) // block`` as vLLM
    reports), and the decision's replica is recorded in the index at commit (6); a local backend
-   whose adapter gave no ``prefill_queue_tokens`` gets the traffic model's in-flight prefill
-   estimate for it (the sidecar's view of the prefill a replica still owes).
+   whose adapter gave no ``prefill_queue_tokens`` (``inflight_context_tokens``) gets the traffic
+   model's in-flight prefill (context) estimate for it (the sidecar's view of the prefill a replica
+   still owes and of the context its decode attends over).
 4. **decide**: a spilled run goes to the frontier (``admission-spilled``); otherwise
    ``policy.decide(snapshot)``. An exploring policy (:class:`router.policy.explore.ExplorePolicy`)
    is told at a run's first step whether its exploration budget has room
@@ -311,21 +312,19 @@ class StepEngine:
                 n = min(n, max_hit_blocks(req.prompt_tokens, bt))
             own = min(track.last_tokens, req.prompt_tokens)
             loads = self.traffic.replicas if self.traffic is not None else None
-            hints = track.prefix_hints
+            # every replica's match in one pass (PrefixIndex.lookup: one dictionary lookup for a
+            # replica without the chain's first block, two more when the run's hint there is right)
+            hints = idx.lookup(chain, n, track.prefix_hints)
             reps = idx.replicas
-            first = chain[0] if n > 0 else None
             for b in backends:
                 if b.tier == "local":
-                    # PrefixIndex.match inlined with its first test (most replicas of a large pool
-                    # hold none of the chain: one dictionary lookup each, not two calls)
-                    r = reps.get(b.name)
-                    if r is None or first is None or first not in r.stamp:
-                        m = hints[b.name] = 0
-                    else:
-                        m = hints[b.name] = r.match(chain, n, hints.get(b.name, 0))
-                    b.warm_prefix_tokens = m * bt
-                    if loads is not None and not b.prefill_queue_tokens and b.name in loads:
-                        b.prefill_queue_tokens = int(loads[b.name].prefill_tokens)
+                    b.warm_prefix_tokens = hints[b.name] * bt if b.name in reps else 0
+                    if loads is not None and b.name in loads:
+                        ld = loads[b.name]
+                        if not b.prefill_queue_tokens:
+                            b.prefill_queue_tokens = int(ld.prefill_tokens)
+                        if not b.inflight_context_tokens:
+                            b.inflight_context_tokens = int(ld.context_tokens)
                 else:
                     b.warm_prefix_tokens = own if b.name == pinned else 0
         elif pinned is not None:

@@ -23,7 +23,10 @@ Algorithm:
   a leaf with the newest stamp of its evicted subtree). So a block present implies its whole prefix
   present, and the matched prefix of a chain is found by binary search: O(log n) dictionary
   lookups per replica (:meth:`PrefixIndex.match`), two when the caller's hint (the run's match
-  on that replica at its previous step, or what it recorded there) is right. A record inserts only the blocks the replica
+  on that replica at its previous step, or what it recorded there) is right;
+  :meth:`PrefixIndex.lookup` gives every replica's match in one pass (the step engine's per-step
+  lookup: one dictionary lookup for a replica without the chain's first block, two more, inline,
+  when the hint is right). A record inserts only the blocks the replica
   lacks and touches the tip: O(new blocks + log n), flat in the body size for a run that grows.
 - **Several routers** (:mod:`router.server.state.prefix_share`, with Redis): every local record is
   also published (the ``listener``) and other routers' records are applied
@@ -275,6 +278,32 @@ class PrefixIndex:
         r = self.replicas.get(replica)
         return r.match(chain, min(n, len(chain)), hint) if r is not None else 0
 
+    def lookup(self, chain: Sequence[int], n: int, hints: dict[str, int]) -> dict[str, int]:
+        """Every replica's :meth:`match` of ``chain[:n]`` in one pass, written into ``hints``
+        (replica -> blocks; each entry is read first as that replica's hint) and returned.
+
+        The same answers as one :meth:`match` per replica, cheaper: one dictionary lookup for a
+        replica without the chain's first block, two more (inline, no call) when the hint is
+        right, :meth:`ReplicaIndex.match` otherwise (and for a precise replica)."""
+        if n > len(chain):
+            n = len(chain)
+        if n <= 0:
+            for name in self.replicas:
+                hints[name] = 0
+            return hints
+        first = chain[0]
+        get = hints.get
+        for name, r in self.replicas.items():
+            held = r.stamp
+            if first not in held:
+                hints[name] = 0
+                continue
+            h = get(name, 0)
+            if type(r) is ReplicaIndex and 0 < h < n and chain[h - 1] in held and chain[h] not in held:
+                continue  # the hint is right: hints[name] already says h
+            hints[name] = r.match(chain, n, h)
+        return hints
+
     def record(self, replica: str, chain: Sequence[int], n: int | None = None, hint: int = 0) -> None:
         """A step with this chain was sent to ``replica``: it holds ``chain[:n]`` (all by default);
         ``hint``: the chain's match there, if known (:meth:`ReplicaIndex.match`)."""
@@ -351,9 +380,15 @@ class TextChainer:
             k = 0
         if k == n:
             return rc.chain
-        new = [segments[i] for i in range(k, n)]  # each segment built once
-        new.append("")  # the trailing separator
-        text = rc.tail + SEGMENT_SEP.join(new)
+        if n == k + 1:  # the usual step: one new segment (no list, no join)
+            last = segments[k]
+            text = rc.tail + last + SEGMENT_SEP
+            first_new = last
+        else:
+            new = [segments[i] for i in range(k, n)]  # each segment built once
+            new.append("")  # the trailing separator
+            text = rc.tail + SEGMENT_SEP.join(new)
+            last, first_new = new[-2], new[0]
         bc = self.block_chars
         chain = rc.chain
         full = len(text) - len(text) % bc
@@ -361,7 +396,7 @@ class TextChainer:
             u = (chain[-1] & _MASK64) if chain else 0  # the previous id, unsigned (the seed)
             append = chain.append
             if text.isascii():  # one encode; byte blocks = character blocks
-                data = text.encode("ascii")
+                data = memoryview(text.encode("ascii"))  # blocks hashed in place, not copied
                 for i in range(0, full, bc):
                     u = _xxh64(data[i : i + bc], u)
                     append(u - _TWO64 if u >= _TWO63 else u)
@@ -371,8 +406,8 @@ class TextChainer:
                     append(u - _TWO64 if u >= _TWO63 else u)
         rc.tail = text[full:]
         rc.segments = n
-        rc.fingerprint = fp(n - 1) if fp else _fingerprint(new[-2])
+        rc.fingerprint = fp(n - 1) if fp else _fingerprint(last)
         if rc.first is None:
-            rc.first = fp(0) if fp else _fingerprint(new[0])
+            rc.first = fp(0) if fp else _fingerprint(first_new)
         rc.chars = len(chain) * bc + len(rc.tail)
         return chain

@@ -110,6 +110,7 @@ class ReplicaLoad:
     inflight_steps: int = 0
     prefill_tokens: float = 0.0  # queued/running prefill work of in-flight steps (estimate)
     decode_tokens: float = 0.0  # queued/running decode work of in-flight steps (estimate)
+    context_tokens: float = 0.0  # prompt + expected output of in-flight steps (what decode attends over)
 
 
 @dataclass(slots=True)
@@ -121,6 +122,7 @@ class StepToken:
     prefill: float
     decode: float
     done: bool = False
+    context: float = 0.0
 
 
 class TrafficModel:
@@ -221,7 +223,9 @@ class TrafficModel:
         rep.inflight_steps += 1
         rep.prefill_tokens += prefill
         rep.decode_tokens += decode
-        return StepToken(replica, run_id, prefill, decode)
+        context = prompt_tokens + decode
+        rep.context_tokens += context
+        return StepToken(replica, run_id, prefill, decode, context=context)
 
     def _cycle(self, dt: float) -> None:
         if dt > 0:
@@ -246,6 +250,7 @@ class TrafficModel:
             rep.inflight_steps -= 1
             rep.prefill_tokens = max(rep.prefill_tokens - token.prefill, 0.0)
             rep.decode_tokens = max(rep.decode_tokens - token.decode, 0.0)
+            rep.context_tokens = max(rep.context_tokens - token.context, 0.0)
         r = self.runs.get(token.run_id)
         if r is not None:
             r.last_s = now

@@ -119,6 +119,12 @@ class Scoring(_Strict):
         description="prefix-cost placement: a held prefix saving fewer prefill tokens than this over "
         "the least-loaded replica does not move the step off it (0 = off)",
     )
+    decode_tokens: float = Field(
+        default=0.0,
+        ge=0,
+        description="prefix-cost placement: weight per context token (prompt + expected output) of "
+        "the requests in flight on a replica (decode load; 0 = off)",
+    )
 
     def weights(self) -> ScoreWeights:
         return ScoreWeights(
@@ -134,6 +140,7 @@ class Scoring(_Strict):
             self.balance_rel,
             self.kv_tokens,
             self.min_gain_tokens,
+            self.decode_tokens,
         )
 
 
@@ -273,7 +280,8 @@ class PrefixAwareConfig(_Base):
 
     kind: Literal["prefix-aware"] = "prefix-aware"
     # kv_tokens, min_gain_tokens: chosen on the runs starting in the first 20 minutes of the Mooncake
-    # conversation hour (bench/prefix_placement.py --runs-window 0:20, docs/prefix-index.md)
+    # conversation hour (bench/prefix_placement.py --runs-window 0:20, docs/prefix-index.md);
+    # decode_tokens off: the value those runs picked (0.05) did worse on the rest of the hour
     scoring: Scoring = Field(
         default_factory=lambda: Scoring(load_tokens=512.0, kv_tokens=2000.0, min_gain_tokens=1024.0)
     )

@@ -30,6 +30,11 @@ Algorithm (pure, allocation-light; runs on every step of every run):
    held-prefix credit (owed prefill + load + pressure, the full cost breaking ties); when the
    cheapest candidate's cost is not at least ``min_gain_tokens`` below the load-only pick's, the
    load-only pick wins: a small saving does not move a step onto a busier replica.
+   **Decode load** (``decode_tokens``): each candidate also costs ``decode_tokens *
+   inflight_context_tokens`` (prompt + expected output of the requests in flight on it: the context
+   every decode iteration there attends over, Dynamo's active blocks in tokens), so grouping runs
+   on a replica for their shared prefix is weighed against the slower decode there; part of the
+   load-only pick's cost too.
 4. **Pick** the highest score (the lowest cost); exact ties are broken by a rendezvous hash of (run id [+ salt],
    backend name), so different runs spread over equal replicas, the same run always lands on the
    same one, and removing a replica only moves the runs that were on it.
@@ -45,10 +50,12 @@ saturating load terms reach 0.5); prefix-cost mode: ``load_tokens`` (prefill tok
 waiting request on a replica is worth; 0 = off, the score above), ``queue_tokens`` (weight of the
 prefill a replica still owes, per token), ``balance_abs`` (requests) and ``balance_rel`` (ratio),
 the bounded-imbalance thresholds, ``kv_tokens`` (tokens a replica whose KV is all held by running
-requests is worth; 0 = off) and ``min_gain_tokens`` (0 = off). The ``prefix-aware`` policy's defaults (``load_tokens`` 512,
+requests is worth; 0 = off), ``min_gain_tokens`` (0 = off) and ``decode_tokens`` (prefill tokens one
+in-flight context token is worth; 0 = off). The ``prefix-aware`` policy's defaults (``load_tokens`` 512,
 ``queue_tokens`` 0.25, ``balance_abs`` 8, ``balance_rel`` 1.5) were chosen on the shipped first 20
 minutes of the Mooncake conversation trace (16 a100 replicas x 50 GB KV); its ``kv_tokens`` 2000 and
-``min_gain_tokens`` 1024 on the runs starting in those 20 minutes (4 deployments; the rule and the
+``min_gain_tokens`` 1024 on the runs starting in those 20 minutes (4 deployments; ``decode_tokens``
+is off: the value those runs picked did worse on the rest of the hour; the rule and the
 figures, whole hour and minutes 20-60: ``docs/prefix-index.md``, ``bench/prefix_placement.py``).
 """
 
@@ -90,6 +97,7 @@ class ScoreWeights:
     balance_rel: float = 1.5
     kv_tokens: float = 0.0  # prefix-cost mode: tokens a full KV (kv_usage 1) is worth; 0 = off
     min_gain_tokens: float = 0.0  # prefix-cost mode: smaller savings keep the load-only pick; 0 = off
+    decode_tokens: float = 0.0  # prefix-cost mode: weight per in-flight context token (decode load); 0 = off
 
 
 DEFAULT_WEIGHTS = ScoreWeights()
@@ -152,7 +160,7 @@ def prefix_cost_pick(
     loads = [b.running + b.waiting for b in cands]
     lo, hi = min(loads), max(loads)
     balance = hi - lo > w.balance_abs and hi > w.balance_rel * lo
-    lt, qw, kt, mg = w.load_tokens, w.queue_tokens, w.kv_tokens, w.min_gain_tokens
+    lt, qw, kt, mg, dw = w.load_tokens, w.queue_tokens, w.kv_tokens, w.min_gain_tokens, w.decode_tokens
     best = cands[0]
     best_key: tuple[float, float, int] | None = None
     plain = cands[0]  # the load-only pick (no held-prefix credit), for min_gain_tokens
@@ -161,6 +169,8 @@ def prefix_cost_pick(
     for b, load in zip(cands, loads, strict=True):
         warm = b.warm_prefix_tokens if b.warm_prefix_tokens < context_tokens else context_tokens
         rest = qw * b.prefill_queue_tokens + lt * load
+        if dw > 0:
+            rest += dw * b.inflight_context_tokens
         if kt > 0:
             kv = b.kv_usage
             rest += kt * (0.0 if kv < 0.0 else 1.0 if kv > 1.0 else kv)

@@ -46,6 +46,10 @@ class BackendState:
     # prompt tokens the replica still has to prefill for requests already sent to it (the router's
     # in-flight knowledge; 0 = unknown): the prefix-cost placement's queue term
     prefill_queue_tokens: int = 0
+    # context (prompt + expected output) tokens of the requests in flight on the replica, which its
+    # decode iterations attend over (Dynamo's active blocks, in tokens; 0 = unknown): the
+    # prefix-cost placement's decode term
+    inflight_context_tokens: int = 0
 
 
 @dataclass(slots=True)

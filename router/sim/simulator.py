@@ -69,6 +69,7 @@ from router.sim.workload import RunSpec, SimError, StepSpec, Workload
 
 __all__ = ["Simulator"]
 
+DEFAULT_DECODE_TOKENS = 64  # a step's expected output before its run has history (TrafficModel's)
 GC_GEN0 = 20_000  # the collector's gen-0 threshold while the event loop runs (Simulator.run)
 
 
@@ -87,7 +88,21 @@ def prefill_owed(rep: Replica) -> int:
 
 
 class _Run:
-    __slots__ = ("idx", "spec", "state", "track", "k", "start_t", "g0", "status", "frontier_steps", "turn")
+    __slots__ = (
+        "idx",
+        "spec",
+        "state",
+        "track",
+        "k",
+        "start_t",
+        "g0",
+        "status",
+        "frontier_steps",
+        "turn",
+        "out_sum",
+        "out_n",
+        "context_charged",
+    )
 
     def __init__(self, idx: int, spec: RunSpec, g0: int):
         self.idx = idx
@@ -101,6 +116,9 @@ class _Run:
         self.status = 0
         self.frontier_steps = 0
         self.turn: StepTurn | None = None
+        self.out_sum = 0  # output tokens of the run's steps served so far (the router saw them)
+        self.out_n = 0
+        self.context_charged = 0  # the context charged to its replica for the step in flight
 
 
 class Simulator:
@@ -163,6 +181,10 @@ class Simulator:
         # backend states of the router's replicas, rebuilt per step only for replicas that changed
         self._changed: list[Replica] = []
         self._local_pos = {r.name: i for i, r in enumerate(self.replicas)}
+        # per replica, the context of the steps in flight there (each charged its prompt + its run's
+        # mean output so far, DEFAULT_DECODE_TOKENS before any; credited when it ends):
+        # BackendState.inflight_context_tokens, as the sidecar's traffic model (ReplicaLoad)
+        self._inflight_ctx = {r.name: 0 for r in self.replicas}
         self._local_cache = [self._local_state(r, 0.0) for r in self.replicas]
         for r in self.all_replicas:
             r.watch = self._changed
@@ -231,6 +253,7 @@ class Simulator:
             ttft_base_s=prof.a if rep.state == "on" else prof.a + rep.wake_remaining(t),
             gpu_usd_per_hour=self._gpu_price,
             prefill_queue_tokens=rep.owed,
+            inflight_context_tokens=self._inflight_ctx.get(rep.name, 0),
         )
 
     def _backends(self, run: _Run, t: float) -> list[BackendState]:
@@ -338,6 +361,9 @@ class Simulator:
                 self.unfit += 1
                 self._reject_rest(run)
                 return
+            out = run.out_sum // run.out_n if run.out_n else DEFAULT_DECODE_TOKENS
+            ctx = run.context_charged = s.prompt + out
+            self._inflight_ctx[rep.name] = self._inflight_ctx.get(rep.name, 0) + ctx  # submit marked rep
         else:
             ttft, lat, cached, _cost = self.frontier.serve(
                 run.idx, s.prompt, s.completion, s.chain, s.n_lookup, s.n_cacheable, t
@@ -366,6 +392,12 @@ class Simulator:
         run: _Run = req.key
         if req.tier_t is not None and self.tier_cached is not None:
             self.tier_cached[:, run.g0 + run.k] = req.tier_t
+        turn = run.turn
+        if turn is not None:
+            name = turn.planned.decision.backend
+            if name in self._inflight_ctx:  # its replica is on the change list: the request ended
+                self._inflight_ctx[name] -= run.context_charged
+        run.context_charged = 0
         self._step_done(
             run, req.first_token_t - req.arrival, req.end_t - req.arrival, req.cached, SERVED_LOCAL, "local"
         )
@@ -406,6 +438,8 @@ class Simulator:
         )
         if self.records is not None and rec is not None:
             self.records.append(rec)
+        run.out_sum += s.completion
+        run.out_n += 1
         run.k += 1
         t = self.loop.now
         if run.k < len(run.spec.steps):
