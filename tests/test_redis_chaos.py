@@ -60,6 +60,19 @@ DOWN_S = 1.0  # Redis dead (SIGKILL) before it starts again, empty
 AFTER_S = 4.0  # load after the restart
 
 
+def _router_errors(c: object) -> str:
+    """The routers' logged errors with their tracebacks (what a failed assertion needs to be read)."""
+    out: list[str] = []
+    for name in ("a", "b"):
+        log = getattr(getattr(c, name, None), "log", None)
+        if log is None or not log.exists():
+            continue
+        lines = log.read_text(errors="replace").splitlines()
+        for k in [k for k, line in enumerate(lines) if "Traceback" in line or "unhandled" in line][:3]:
+            out.append(f"router {name}:\n" + "\n".join(lines[k : k + 30]))
+    return "\n".join(out)
+
+
 @pytest.fixture(scope="module")
 def chaos(tmp_path_factory, redis_proc, fakes, bundle_dir):
     tmp = tmp_path_factory.mktemp("chaos")
@@ -195,7 +208,7 @@ def test_redis_freeze_and_restart_under_load(chaos):
         for r in recs
         if r["status"] != 200
     ]
-    assert not bad, f"{len(bad)} of {len(recs)} requests not 200: {bad[:10]}"
+    assert not bad, f"{len(bad)} of {len(recs)} requests not 200: {bad[:10]}\n{_router_errors(c)}"
     # clients: step indices unique per run; one replica per run
     seen = Counter((r["run"], int(r["step"])) for r in recs)
     dup_client = {k: n for k, n in seen.items() if n > 1}
