@@ -330,3 +330,61 @@ def test_engine_fills_owed_prefill_and_in_flight_context_from_the_traffic_model(
     assert (backends[0].prefill_queue_tokens, backends[0].inflight_context_tokens) == (0, 0)
     assert backends[1].prefill_queue_tokens == 2000
     assert backends[1].inflight_context_tokens == 3000 + tm.default_decode_tokens
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([3, 6, 40]),
+    st.lists(
+        st.tuples(st.integers(0, 39), st.integers(0, 3), st.integers(0, 3), st.integers(0, 24)),
+        min_size=1,
+        max_size=60,
+    ),
+    st.lists(st.integers(-1, 30), min_size=40, max_size=40),
+    st.integers(0, 3),
+    st.integers(0, 3),
+    st.integers(0, 30),
+)
+def test_lookup_over_many_replicas_equals_each_match_and_owners_follow_the_blocks(
+    n_rep: int,
+    ops: list[tuple[int, int, int, int]],
+    hints0: list[int],
+    fam: int,
+    sub: int,
+    n: int,
+) -> None:
+    """Both lookup paths (one replica at a time up to a handful, the owners map beyond) give each
+    replica's match whatever the hints, through records, leaf-LRU evictions (capacity 12), clears and
+    mode switches; ``owners`` names exactly the approximate replicas holding each block."""
+    names = [f"r{i}" for i in range(n_rep)]
+    idx = PrefixIndex(16, [(name, 12) for name in names])
+
+    def chain_of(f: int, s: int, k: int) -> list[int]:
+        # a hash chain: 4 blocks shared by family f (a system prompt), then the branch s's own
+        return [f * 1000 + i if i < 4 else f * 1000 + s * 100 + i for i in range(k)]
+
+    for rep, f, s, k in ops:
+        name = names[rep % n_rep]
+        if k == 0:
+            idx.clear(name)
+        elif k == 24:  # precise and back (empty)
+            idx.set_precise(name)
+            idx.set_approximate(name)
+        else:
+            idx.record(name, chain_of(f, s, k))
+    owners: dict[int, set[str]] = {}
+    for name, r in idx.replicas.items():
+        for b in r.stamp:
+            owners.setdefault(b, set()).add(name)
+    bit = {}
+    for name in names:
+        r = idx.replicas[name]
+        assert isinstance(r, ReplicaIndex)
+        bit[name] = r.bit
+    assert {b: {x for x in names if m & bit[x]} for b, m in idx.owners.items()} == owners
+    chain = chain_of(fam, sub, 30)
+    hints = {name: h for name, h in zip(names, hints0, strict=False) if h >= 0}
+    want = {name: idx.match(name, chain, n, hints.get(name, 0)) for name in names}
+    assert idx.lookup(chain, n, hints) == want
+    assert idx.lookup(chain, n, dict(want)) == want
+    assert idx.lookup(chain, n, {}) == want

@@ -25,8 +25,13 @@ Algorithm:
   lookups per replica (:meth:`PrefixIndex.match`), two when the caller's hint (the run's match
   on that replica at its previous step, or what it recorded there) is right;
   :meth:`PrefixIndex.lookup` gives every replica's match in one pass (the step engine's per-step
-  lookup: one dictionary lookup for a replica without the chain's first block, two more, inline,
-  when the hint is right). A record inserts only the blocks the replica
+  lookup). Beside the per-replica trees, one map block -> bit mask of the replicas holding it
+  (``PrefixIndex.owners``, kept by each insert and eviction) answers for all replicas at once: along
+  a chain the set of holders only shrinks, a replica's match is where it leaves the set, and those
+  places are found by probing the run's previous matches (its hints) and binary search between
+  probes whose masks differ: O(places x log n) lookups whatever the number of replicas (up to
+  four replicas, one replica at a time is cheaper: one lookup each, two more when the hint is
+  right). A record inserts only the blocks the replica
   lacks and touches the tip: O(new blocks + log n), flat in the body size for a run that grows.
 - **Several routers** (:mod:`router.server.state.prefix_share`, with Redis): every local record is
   also published (the ``listener``) and other routers' records are applied
@@ -92,12 +97,18 @@ __all__ = [
 SEGMENT_SEP = "\x1e"  # joins the segments (messages) of a text prompt into one character stream
 CHARS_PER_TOKEN = 4  # the character-block approximation's characters per token
 _MASK64, _TWO63, _TWO64 = (1 << 64) - 1, 1 << 63, 1 << 64
+# PrefixIndex.lookup: up to this many tracked replicas, one replica at a time (each a dictionary
+# lookup or two when the run's hint there is right; measured cheaper than the owners map at 4,
+# dearer from about 5 with a cold hint: bench/prefix_index_cost.py); beyond, the owners map
+_PER_REPLICA_MAX = 4
 
 
 class Segments(Protocol):
     """A prompt's text segments by index (a list, or a lazy view of a request body). A view may
     also offer ``fingerprint(i)`` (any comparable value that changes when segment ``i`` does,
-    cheaper than building it); :class:`TextChainer` then uses it for its history checks."""
+    cheaper than building it); :class:`TextChainer` then uses it for segment 0's history checks
+    (the tools offered, in the sidecar: costly to serialise) and its own length-and-ends
+    fingerprint of the segment text for the others (it has that text in hand after hashing it)."""
 
     def __len__(self) -> int: ...
 
@@ -110,20 +121,27 @@ class ReplicaIndex:
     ``stamp`` maps each held block to its LRU stamp (a block is held iff it is a key), ``parent``
     a non-root block to the block before it, ``children`` a block to its number of held children
     (absent: 0); read them, do not write them. Plain int dictionaries (no per-block objects), so
-    the garbage collector never walks the index.
+    the garbage collector never walks the index. ``owners`` (shared by every approximate replica
+    of one :class:`PrefixIndex`, its own otherwise) maps a block to the bit mask of the replicas
+    holding it; this replica keeps its ``bit`` there in step with ``stamp`` (set on insert,
+    cleared on eviction and :meth:`clear`).
     """
 
-    __slots__ = ("capacity", "stamp", "parent", "children", "_heap", "evictions")
+    __slots__ = ("capacity", "stamp", "parent", "children", "_heap", "evictions", "owners", "bit")
 
-    def __init__(self, capacity_blocks: int):
+    def __init__(self, capacity_blocks: int, owners: dict[int, int] | None = None, bit: int = 1):
         if capacity_blocks < 1:
             raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+        if bit < 1 or bit & (bit - 1):
+            raise ValueError(f"bit must be a power of two, got {bit}")
         self.capacity = capacity_blocks
         self.stamp: dict[int, int] = {}
         self.parent: dict[int, int] = {}
         self.children: dict[int, int] = {}
         self._heap: list[tuple[int, int]] = []  # (stamp, block) of leaves; stale entries skipped
         self.evictions = 0
+        self.owners: dict[int, int] = {} if owners is None else owners
+        self.bit = bit
 
     def __len__(self) -> int:
         return len(self.stamp)
@@ -167,6 +185,7 @@ class ReplicaIndex:
         if n <= 0:
             return
         held, parent, children = self.stamp, self.parent, self.children
+        owners, bit = self.owners, self.bit
         k = self.match(chain, n, hint)
         prev = chain[k - 1] if k > 0 else None
         for i in range(k, n):
@@ -175,6 +194,7 @@ class ReplicaIndex:
                 prev = b
                 continue
             held[b] = stamp
+            owners[b] = owners.get(b, 0) | bit
             if prev is not None:
                 parent[b] = prev
                 children[prev] = children.get(prev, 0) + 1
@@ -196,13 +216,18 @@ class ReplicaIndex:
 
     def _evict(self, count: int) -> None:
         held, parent, children = self.stamp, self.parent, self.children
-        heap = self._heap
+        heap, owners, keep = self._heap, self.owners, ~self.bit
         pop, push = heapq.heappop, heapq.heappush
         while count > 0 and heap:
             t, b = pop(heap)
             if held.get(b) != t or b in children:
                 continue  # stale: evicted, no longer a leaf, or touched since
             del held[b]
+            m = owners[b] & keep
+            if m:
+                owners[b] = m
+            else:
+                del owners[b]
             count -= 1
             self.evictions += 1
             p = parent.pop(b, None)
@@ -220,6 +245,13 @@ class ReplicaIndex:
             raise RuntimeError("prefix index: no leaf left to evict")
 
     def clear(self) -> None:
+        owners, keep = self.owners, ~self.bit
+        for b in self.stamp:
+            m = owners[b] & keep
+            if m:
+                owners[b] = m
+            else:
+                del owners[b]
         self.stamp.clear()
         self.parent.clear()
         self.children.clear()
@@ -227,9 +259,24 @@ class ReplicaIndex:
 
 
 class PrefixIndex:
-    """Per local replica, the block chains it holds (module docstring); ``block_tokens`` per block."""
+    """Per local replica, the block chains it holds (module docstring); ``block_tokens`` per block.
 
-    __slots__ = ("block_tokens", "replicas", "_clock", "listener")
+    Besides each replica's own index, one map ``owners`` (block -> bit mask of the approximate
+    replicas holding it; each tracked replica's bit is fixed for the index's life) answers for
+    every approximate replica at once: :meth:`lookup` reads it instead of each replica's blocks."""
+
+    __slots__ = (
+        "block_tokens",
+        "replicas",
+        "_clock",
+        "listener",
+        "owners",
+        "_bits",
+        "_names",
+        "_zeros",
+        "_precise",
+        "_by_mask",
+    )
 
     def __init__(self, block_tokens: int, capacities: Iterable[tuple[str, int]] = ()):
         if block_tokens < 1:
@@ -240,14 +287,35 @@ class PrefixIndex:
         # told of every local record (replica, chain, n): how an adapter shares the index with
         # other routers (router.server.state.prefix_share); None = nobody
         self.listener: Callable[[str, Sequence[int], int], None] | None = None
+        self.owners: dict[int, int] = {}  # block -> bit mask of the approximate replicas holding it
+        self._bits: dict[str, int] = {}  # replica -> its bit (never reused)
+        self._names: list[str] = []  # bit position -> replica
+        self._zeros: dict[str, int] = {}  # every replica -> 0 (lookup's starting answer)
+        self._precise: list[tuple[str, PreciseReplicaIndex]] = []
+        self._by_mask: dict[int, tuple[str, ...]] = {}  # mask -> its replicas (a cache)
         for name, cap in capacities:
             self.add_replica(name, cap)
+
+    def _approximate(self, name: str, capacity_blocks: int) -> ReplicaIndex:
+        bit = self._bits.get(name)
+        if bit is None:
+            bit = self._bits[name] = 1 << len(self._names)
+            self._names.append(name)
+            self._zeros[name] = 0
+        return ReplicaIndex(capacity_blocks, self.owners, bit)
+
+    def _replace(self, name: str, r: ReplicaIndex | PreciseReplicaIndex) -> None:
+        cur = self.replicas.get(name)
+        if isinstance(cur, ReplicaIndex):
+            cur.clear()  # its bits leave the owners map
+        self.replicas[name] = r
+        self._precise = [(n, p) for n, p in self.replicas.items() if isinstance(p, PreciseReplicaIndex)]
 
     def add_replica(self, name: str, capacity_blocks: int) -> None:
         """Track replica ``name`` (kept as is when already tracked with that capacity)."""
         cur = self.replicas.get(name)
         if cur is None or cur.capacity != capacity_blocks:
-            self.replicas[name] = ReplicaIndex(capacity_blocks)
+            self._replace(name, self._approximate(name, capacity_blocks))
 
     def set_precise(self, name: str) -> PreciseReplicaIndex:
         """Put replica ``name`` in precise mode (an empty index its KV events fill; kept as is when
@@ -256,14 +324,16 @@ class PrefixIndex:
         if isinstance(cur, PreciseReplicaIndex):
             return cur
         cap = cur.capacity if cur is not None else 1
-        r = self.replicas[name] = PreciseReplicaIndex(self.block_tokens, cap)
+        self._approximate(name, cap)  # its bit and its zero, for a later switch back
+        r = PreciseReplicaIndex(self.block_tokens, cap)
+        self._replace(name, r)
         return r
 
     def set_approximate(self, name: str) -> None:
         """Put replica ``name`` back in approximate mode (empty; kept as is when already so)."""
         cur = self.replicas.get(name)
         if isinstance(cur, PreciseReplicaIndex):
-            self.replicas[name] = ReplicaIndex(max(1, cur.capacity))
+            self._replace(name, self._approximate(name, max(1, cur.capacity)))
 
     def modes(self) -> dict[str, str]:
         """Each replica's mode: ``precise`` (KV events) or ``approximate`` (what was sent where)."""
@@ -278,18 +348,93 @@ class PrefixIndex:
         r = self.replicas.get(replica)
         return r.match(chain, min(n, len(chain)), hint) if r is not None else 0
 
+    def _holders(self, mask: int) -> tuple[str, ...]:
+        t = self._by_mask.get(mask)
+        if t is None:
+            names = self._names
+            out = []
+            m = mask
+            while m:
+                low = m & -m
+                out.append(names[low.bit_length() - 1])
+                m ^= low
+            t = tuple(out)
+            if len(self._by_mask) >= 4096:
+                self._by_mask.clear()
+            self._by_mask[mask] = t
+        return t
+
     def lookup(self, chain: Sequence[int], n: int, hints: dict[str, int]) -> dict[str, int]:
         """Every replica's :meth:`match` of ``chain[:n]`` in one pass, written into ``hints``
-        (replica -> blocks; each entry is read first as that replica's hint) and returned.
+        (replica -> blocks; the values found there are read first as places to probe) and returned.
 
-        The same answers as one :meth:`match` per replica, cheaper: one dictionary lookup for a
-        replica without the chain's first block, two more (inline, no call) when the hint is
-        right, :meth:`ReplicaIndex.match` otherwise (and for a precise replica)."""
+        The same answers as one :meth:`match` per replica (a hash chain: each replica's presence
+        along it is prefix-closed, so the set of replicas holding ``chain[i]`` only shrinks with
+        ``i``), from the ``owners`` map instead of each replica's blocks: a replica's match is
+        where it leaves that set. The masks at block 0, the last block and either side of every
+        hint value are read (a step's hints are the run's previous matches: they usually sit
+        exactly on the places where the set shrinks); between two read blocks whose masks differ,
+        a binary search finds each place where it shrinks. Cost: O(distinct hint values + places
+        where the set shrinks x log n) dictionary lookups, whatever the number of replicas,
+        plus writing the answers (C-level dictionary updates). A precise replica answers by its
+        own :meth:`~router.core.prefix_precise.PreciseReplicaIndex.match`."""
         if n > len(chain):
             n = len(chain)
+        if len(self._names) <= _PER_REPLICA_MAX:
+            return self._lookup_each(chain, n, hints)
+        probes = set(hints.values()) if hints else None
+        hints.update(self._zeros)
+        for name, pr in self._precise:
+            hints[name] = pr.match(chain, n, 0) if n > 0 else 0
         if n <= 0:
-            for name in self.replicas:
-                hints[name] = 0
+            return hints
+        get = self.owners.get
+        m0 = get(chain[0], 0)
+        if not m0:
+            return hints
+        last = n - 1
+        mt = get(chain[last], 0) & m0 if last else m0
+        if mt != m0:
+            seen = {0: m0, last: mt}
+            if probes:
+                for v in probes:
+                    if 0 < v < n:
+                        if v not in seen:
+                            seen[v] = get(chain[v], 0) & m0
+                        if v - 1 not in seen:
+                            seen[v - 1] = get(chain[v - 1], 0) & m0
+            pts = sorted(seen) if len(seen) > 2 else (0, last)
+            holders = self._holders
+            lo, mlo = 0, m0
+            for hi in pts[1:]:
+                mhi = seen[hi]
+                if mhi != mlo:
+                    if hi == lo + 1:
+                        hints.update(dict.fromkeys(holders(mlo & ~mhi), hi))
+                    else:  # a binary search for every place the set shrinks within (lo, hi)
+                        stack = [(lo, mlo, hi, mhi)]
+                        while stack:
+                            a, ma, b, mb = stack.pop()
+                            if b == a + 1:
+                                hints.update(dict.fromkeys(holders(ma & ~mb), b))
+                                continue
+                            mid = (a + b) // 2
+                            mm = get(chain[mid], 0) & m0
+                            if mm != ma:
+                                stack.append((a, ma, mid, mm))
+                            if mm != mb:
+                                stack.append((mid, mm, b, mb))
+                lo, mlo = hi, mhi
+        if mt:
+            hints.update(dict.fromkeys(self._holders(mt), n))
+        return hints
+
+    def _lookup_each(self, chain: Sequence[int], n: int, hints: dict[str, int]) -> dict[str, int]:
+        """:meth:`lookup` for a few replicas: one replica at a time (one dictionary lookup for a
+        replica without the chain's first block, two more, inline, when its hint is right, its
+        :meth:`ReplicaIndex.match` otherwise): cheaper than the owners map below a handful."""
+        if n <= 0:
+            hints.update(self._zeros)
             return hints
         first = chain[0]
         get = hints.get
@@ -373,7 +518,7 @@ class TextChainer:
         fp = getattr(segments, "fingerprint", None)  # the view's own cheap fingerprint, if any
         if k and (
             n < k
-            or (fp(k - 1) if fp else _fingerprint(segments[k - 1])) != rc.fingerprint
+            or (fp(0) if fp and k == 1 else _fingerprint(segments[k - 1])) != rc.fingerprint
             or (fp(0) if fp else _fingerprint(segments[0])) != rc.first
         ):
             rc.chain, rc.segments, rc.tail, rc.fingerprint, rc.first, rc.chars = [], 0, "", None, None, 0
@@ -406,7 +551,7 @@ class TextChainer:
                     append(u - _TWO64 if u >= _TWO63 else u)
         rc.tail = text[full:]
         rc.segments = n
-        rc.fingerprint = fp(n - 1) if fp else _fingerprint(last)
+        rc.fingerprint = fp(0) if fp and n == 1 else _fingerprint(last)  # `last` not built again
         if rc.first is None:
             rc.first = fp(0) if fp else _fingerprint(first_new)
         rc.chars = len(chain) * bc + len(rc.tail)
