@@ -264,6 +264,26 @@ def test_prefix_cost_pick_decode_term_moves_the_step_off_a_replica_with_more_con
     assert isinstance(pol, PrefixAwarePolicy) and pol.weights.decode_tokens == 0.5
 
 
+def test_prefix_cost_pick_context_bound_drops_replicas_far_above_the_least_decode_load() -> None:
+    ctx = 8000
+    warm = BackendState("a", "local", "m", warm_prefix_tokens=7000, inflight_context_tokens=150_000)
+    mid = BackendState("b", "local", "m", warm_prefix_tokens=3000, inflight_context_tokens=60_000)
+    cold = BackendState("c", "local", "m", warm_prefix_tokens=0, inflight_context_tokens=20_000)
+    three = [warm, mid, cold]
+    assert prefix_cost_pick(three, "r", ctx, ScoreWeights(load_tokens=512.0)).name == "a"  # off
+    # a is 130,000 context tokens above the least (c): out; b (40,000 above) stays and wins on prefix
+    w = ScoreWeights(load_tokens=512.0, balance_context_tokens=50_000)
+    assert prefix_cost_pick(three, "r", ctx, w).name == "b"
+    tight = ScoreWeights(load_tokens=512.0, balance_context_tokens=10_000)
+    assert prefix_cost_pick(three, "r", ctx, tight).name == "c"  # the least is always a candidate
+    wide = ScoreWeights(load_tokens=512.0, balance_context_tokens=200_000)
+    assert prefix_cost_pick(three, "r", ctx, wide).name == "a"
+    pol = build_policy(
+        {"kind": "prefix-aware", "scoring": {"load_tokens": 512, "balance_context_tokens": 5e4}}
+    )
+    assert isinstance(pol, PrefixAwarePolicy) and pol.weights.balance_context_tokens == 50_000
+
+
 def test_traffic_model_charges_in_flight_context_and_credits_it_once() -> None:
     from router.core.traffic import TrafficModel
 

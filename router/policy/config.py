@@ -125,6 +125,12 @@ class Scoring(_Strict):
         description="prefix-cost placement: weight per context token (prompt + expected output) of "
         "the requests in flight on a replica (decode load; 0 = off)",
     )
+    balance_context_tokens: float = Field(
+        default=0.0,
+        ge=0,
+        description="prefix-cost placement: a replica whose in-flight context tokens exceed the least "
+        "one's by more than this is not a candidate (bounded decode-load imbalance; 0 = off)",
+    )
 
     def weights(self) -> ScoreWeights:
         return ScoreWeights(
@@ -141,6 +147,7 @@ class Scoring(_Strict):
             self.kv_tokens,
             self.min_gain_tokens,
             self.decode_tokens,
+            self.balance_context_tokens,
         )
 
 

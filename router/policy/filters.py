@@ -35,6 +35,10 @@ Algorithm (pure, allocation-light; runs on every step of every run):
    every decode iteration there attends over, Dynamo's active blocks in tokens), so grouping runs
    on a replica for their shared prefix is weighed against the slower decode there; part of the
    load-only pick's cost too.
+   **Bounded decode-load imbalance** (``balance_context_tokens``, in tokens rather than requests):
+   before costing, a candidate whose ``inflight_context_tokens`` exceed the least one's by more
+   than this is dropped (the least one always stays), so a prefix cannot pull a step onto a
+   replica already attending over far more context than another.
 4. **Pick** the highest score (the lowest cost); exact ties are broken by a rendezvous hash of (run id [+ salt],
    backend name), so different runs spread over equal replicas, the same run always lands on the
    same one, and removing a replica only moves the runs that were on it.
@@ -50,8 +54,9 @@ saturating load terms reach 0.5); prefix-cost mode: ``load_tokens`` (prefill tok
 waiting request on a replica is worth; 0 = off, the score above), ``queue_tokens`` (weight of the
 prefill a replica still owes, per token), ``balance_abs`` (requests) and ``balance_rel`` (ratio),
 the bounded-imbalance thresholds, ``kv_tokens`` (tokens a replica whose KV is all held by running
-requests is worth; 0 = off), ``min_gain_tokens`` (0 = off) and ``decode_tokens`` (prefill tokens one
-in-flight context token is worth; 0 = off). The ``prefix-aware`` policy's defaults (``load_tokens`` 512,
+requests is worth; 0 = off), ``min_gain_tokens`` (0 = off), ``decode_tokens`` (prefill tokens one
+in-flight context token is worth; 0 = off) and ``balance_context_tokens`` (0 = off; off in
+``prefix-aware``: the runs of minutes 0-20 did not pick it, ``docs/prefix-index.md``). The ``prefix-aware`` policy's defaults (``load_tokens`` 512,
 ``queue_tokens`` 0.25, ``balance_abs`` 8, ``balance_rel`` 1.5) were chosen on the shipped first 20
 minutes of the Mooncake conversation trace (16 a100 replicas x 50 GB KV); its ``kv_tokens`` 2000 and
 ``min_gain_tokens`` 1024 on the runs starting in those 20 minutes (4 deployments; ``decode_tokens``
@@ -98,6 +103,7 @@ class ScoreWeights:
     kv_tokens: float = 0.0  # prefix-cost mode: tokens a full KV (kv_usage 1) is worth; 0 = off
     min_gain_tokens: float = 0.0  # prefix-cost mode: smaller savings keep the load-only pick; 0 = off
     decode_tokens: float = 0.0  # prefix-cost mode: weight per in-flight context token (decode load); 0 = off
+    balance_context_tokens: float = 0.0  # prefix-cost mode: in-flight context over the least; 0 = off
 
 
 DEFAULT_WEIGHTS = ScoreWeights()
@@ -157,6 +163,12 @@ def prefix_cost_pick(
     """Prefix-cost mode (module docstring, 3): the cheapest candidate; the least-loaded one when
     loads drift beyond the bounded-imbalance thresholds; the load-only pick when the cheapest saves
     less than ``min_gain_tokens`` over it; ties by rendezvous hash."""
+    bct = w.balance_context_tokens
+    if bct > 0:  # bounded imbalance in decode load: drop candidates too far above the least
+        limit = min(b.inflight_context_tokens for b in cands) + bct
+        cands = [b for b in cands if b.inflight_context_tokens <= limit]
+        if len(cands) == 1:
+            return cands[0]
     loads = [b.running + b.waiting for b in cands]
     lo, hi = min(loads), max(loads)
     balance = hi - lo > w.balance_abs and hi > w.balance_rel * lo
