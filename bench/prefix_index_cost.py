@@ -22,8 +22,10 @@ Printed per body size: the CPU time of one step (``thread_time_ns`` around it; t
 cost, measured on an empty region, is subtracted from nothing and printed beside) as p50 / p99 /
 p99.9 over all repeats, the worst repeat's p99, and the mean CPU per step over the timed loop
 (``process_time`` of the loop / steps: the least sensitive to other work on the machine; it
-includes the timers). Target: p99 <= 30 us at 200 KB bodies and 1,000 live runs, flat in body
-size. ``--gc``: the collector as is (``on``), disabled over the timed loop (``off``) or the
+includes the timers), and beside it the machine's own spread in the same minutes: one constant
+piece of Python work sized to the steps' p50, timed as many times (its p99 / p50 is what the
+machine adds to any step's tail). Target: p99 <= 30 us at 200 KB bodies and 1,000 live runs, flat
+in body size. ``--gc``: the collector as is (``on``), disabled over the timed loop (``off``) or the
 warm-up's objects frozen (``freeze``, what the sidecar's ``runtime.gc_freeze`` does at start).
 The machine is shared with other engineers' work: the tail carries that noise (a step preempted
 or sharing a core's caches costs more CPU too).
@@ -52,6 +54,26 @@ def _timer_cost_ns(f: Callable[[], int]) -> float:
         c0 = f()
         xs[i] = f() - c0
     return float(np.median(xs))
+
+
+def _constant_work(steps: int, us: float, tt: Callable[[], int]) -> tuple[float, float, float]:
+    """p50 / p99 / p99.9 CPU (us) of one fixed piece of work (the same Python loop every time, sized
+    to about ``us``) timed ``steps`` times as the steps are: the machine's own spread, no index."""
+    n = 100
+    while True:  # size the loop
+        c0 = tt()
+        for _ in range(20):
+            sum(range(n))
+        if (tt() - c0) / 20 >= us * 1000 or n > 10**7:
+            break
+        n *= 2
+    xs = np.empty(steps, dtype=np.int64)
+    for i in range(steps):
+        c0 = tt()
+        sum(range(n))
+        xs[i] = tt() - c0
+    p50, p99, p999 = np.percentile(xs / 1000.0, [50, 99, 99.9])
+    return float(p50), float(p99), float(p999)
 
 
 def main() -> None:
@@ -134,6 +156,7 @@ def main() -> None:
             gc.collect()
         allc = np.concatenate(cpu_all)
         p50, p99, p999 = np.percentile(allc, [50, 99, 99.9])
+        k50, k99, k999 = _constant_work(a.steps, float(p50), tt)
         worst99 = max(float(np.percentile(c, 99)) for c in cpu_all)
         print(
             f"{kb:>4} KB bodies, {a.runs} live runs, {a.replicas} replicas x {cap:,} blocks of "
@@ -141,6 +164,11 @@ def main() -> None:
             f"step p50 {p50:.1f} / p99 {p99:.1f} / p99.9 {p999:.1f} us (worst repeat's p99 "
             f"{worst99:.1f}); mean CPU per step over the loop {np.mean(mean_us):.1f} us "
             f"(repeats {', '.join(f'{m:.1f}' for m in mean_us)})",
+            flush=True,
+        )
+        print(
+            f"      the machine's spread, same minutes: one constant piece of work timed {a.steps} times "
+            f"p50 {k50:.1f} / p99 {k99:.1f} / p99.9 {k999:.1f} us",
             flush=True,
         )
 
