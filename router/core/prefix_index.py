@@ -408,23 +408,19 @@ class PrefixIndex:
             lo, mlo = 0, m0
             for hi in pts[1:]:
                 mhi = seen[hi]
-                if mhi != mlo:
-                    if hi == lo + 1:
-                        hints.update(dict.fromkeys(holders(mlo & ~mhi), hi))
-                    else:  # a binary search for every place the set shrinks within (lo, hi)
-                        stack = [(lo, mlo, hi, mhi)]
-                        while stack:
-                            a, ma, b, mb = stack.pop()
-                            if b == a + 1:
-                                hints.update(dict.fromkeys(holders(ma & ~mb), b))
-                                continue
-                            mid = (a + b) // 2
-                            mm = get(chain[mid], 0) & m0
-                            if mm != ma:
-                                stack.append((a, ma, mid, mm))
-                            if mm != mb:
-                                stack.append((mid, mm, b, mb))
-                lo, mlo = hi, mhi
+                while mhi != mlo:  # the set shrinks somewhere in (lo, hi]: find the first place
+                    a, b = lo, hi  # mask(a) == mlo, mask(b) != mlo
+                    mb = mhi
+                    while b > a + 1:
+                        mid = (a + b) // 2
+                        mm = get(chain[mid], 0) & m0
+                        if mm == mlo:
+                            a = mid
+                        else:
+                            b, mb = mid, mm
+                    hints.update(dict.fromkeys(holders(mlo & ~mb), b))
+                    lo, mlo = b, mb
+                lo = hi
         if mt:
             hints.update(dict.fromkeys(self._holders(mt), n))
         return hints
