@@ -276,6 +276,7 @@ class PrefixIndex:
         "_zeros",
         "_precise",
         "_by_mask",
+        "_cold",
     )
 
     def __init__(self, block_tokens: int, capacities: Iterable[tuple[str, int]] = ()):
@@ -293,6 +294,9 @@ class PrefixIndex:
         self._zeros: dict[str, int] = {}  # every replica -> 0 (lookup's starting answer)
         self._precise: list[tuple[str, PreciseReplicaIndex]] = []
         self._by_mask: dict[int, tuple[str, ...]] = {}  # mask -> its replicas (a cache)
+        # the answers of the latest lookup made with no hints (a run's first step): the hints of
+        # the next one (runs that share leading blocks tend to leave each replica at one place)
+        self._cold: dict[str, int] = {}
         for name, cap in capacities:
             self.add_replica(name, cap)
 
@@ -377,12 +381,26 @@ class PrefixIndex:
         a binary search finds each place where it shrinks. Cost: O(distinct hint values + places
         where the set shrinks x log n) dictionary lookups, whatever the number of replicas,
         plus writing the answers (C-level dictionary updates). A precise replica answers by its
-        own :meth:`~router.core.prefix_precise.PreciseReplicaIndex.match`."""
+        own :meth:`~router.core.prefix_precise.PreciseReplicaIndex.match`. With no hints at all
+        (a run's first step) the answers of the latest such lookup are the probes instead: runs
+        that share leading blocks (a system prompt, tool schemas) tend to leave each replica at the
+        same place, and a wrong guess only costs its two lookups (any guess, the same answers)."""
         if n > len(chain):
             n = len(chain)
+        cold = not hints
         if len(self._names) <= _PER_REPLICA_MAX:
-            return self._lookup_each(chain, n, hints)
-        probes = set(hints.values()) if hints else None
+            self._lookup_each(chain, n, hints, self._cold if cold else hints)
+        else:
+            self._lookup_masks(chain, n, hints, self._cold if cold else hints)
+        if cold:
+            self._cold = hints.copy()
+        return hints
+
+    def _lookup_masks(
+        self, chain: Sequence[int], n: int, hints: dict[str, int], guess: dict[str, int]
+    ) -> dict[str, int]:
+        """:meth:`lookup` from the owners map; ``guess``: the hints to probe."""
+        probes = set(guess.values()) if guess else None
         hints.update(self._zeros)
         for name, pr in self._precise:
             hints[name] = pr.match(chain, n, 0) if n > 0 else 0
@@ -425,7 +443,9 @@ class PrefixIndex:
             hints.update(dict.fromkeys(self._holders(mt), n))
         return hints
 
-    def _lookup_each(self, chain: Sequence[int], n: int, hints: dict[str, int]) -> dict[str, int]:
+    def _lookup_each(
+        self, chain: Sequence[int], n: int, hints: dict[str, int], guess: dict[str, int]
+    ) -> dict[str, int]:
         """:meth:`lookup` for a few replicas: one replica at a time (one dictionary lookup for a
         replica without the chain's first block, two more, inline, when its hint is right, its
         :meth:`ReplicaIndex.match` otherwise): cheaper than the owners map below a handful."""
@@ -433,7 +453,7 @@ class PrefixIndex:
             hints.update(self._zeros)
             return hints
         first = chain[0]
-        get = hints.get
+        get = guess.get
         for name, r in self.replicas.items():
             held = r.stamp
             if first not in held:
@@ -441,7 +461,9 @@ class PrefixIndex:
                 continue
             h = get(name, 0)
             if type(r) is ReplicaIndex and 0 < h < n and chain[h - 1] in held and chain[h] not in held:
-                continue  # the hint is right: hints[name] already says h
+                if guess is not hints:
+                    hints[name] = h
+                continue  # the hint is right
             hints[name] = r.match(chain, n, h)
         return hints
 
