@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
+import pytest
+
 from models.types import Predictions
 
 
@@ -15,3 +17,55 @@ def test_with_cache_index_equals_replace_for_every_field() -> None:
     p = Predictions(**vals)
     assert p.with_cache_index(123.0) == replace(p, cache_index_tokens=123.0)
     assert p.with_cache_index(123.0).cache_index_tokens == 123.0
+
+
+def _reference_decoding(rep) -> tuple[int, int, list]:
+    """The decode bookkeeping by its definition: (n decoding, sum of prompt + decoded, them)."""
+    dec = [r for r in rep.running if r.prefilled >= r.prompt]
+    return len(dec), sum(r.prompt + (rep.tick - r.base) for r in dec), dec
+
+
+@pytest.mark.parametrize("elements", [False, True])
+def test_decode_tick_bookkeeping_equals_its_definition_at_every_iteration(monkeypatch, elements) -> None:
+    """Replica's incremental decode state (n decoding, summed context, the finish heap) equals the
+    batch walked request by request at every iteration start, and every request ends having emitted
+    exactly its iteration target, on an overloaded generated workload (plain, and with a CPU tier,
+    fp8 and prompt-lookup speculative decoding)."""
+    from dataclasses import replace
+
+    from features.generate import generate
+    from features.runlog import RunLog
+    from router.policy.config import build_policy
+    from router.sim import node as nodemod
+    from router.sim.arrivals import run_starts
+    from router.sim.profiles import load_profile
+    from router.sim.specdec import prompt_lookup
+    from router.sim.whatif import SimConfig, Simulator, Workload
+
+    starts, ends = [], []
+    orig_start, orig_finish = nodemod.Replica._start, nodemod.Replica._finish
+
+    def start(self, t):
+        n, ctx, dec = _reference_decoding(self)
+        assert (self._n_dec, self._dec_s + self._n_dec * self.tick) == (n, ctx)
+        assert sorted(id(e[2]) for e in self._fin) == sorted(id(r) for r in dec)
+        assert [r for r in self.running if r.prefilled < r.prompt] == self.prefilling
+        starts.append(n)
+        return orig_start(self, t)
+
+    def finish(self, done, t):
+        for r in done:
+            assert r.decoded == r.it_target
+        assert [r.seq for r in done] == sorted(r.seq for r in done)  # the running (admission) order
+        ends.extend(done)
+        return orig_finish(self, done, t)
+
+    monkeypatch.setattr(nodemod.Replica, "_start", start)
+    monkeypatch.setattr(nodemod.Replica, "_finish", finish)
+    w = Workload.from_runlog(RunLog.from_frame(generate(150, seed=3)))
+    st = run_starts("trace", len(w.runs), logged_starts=w.logged_starts())
+    cfg = SimConfig(profile=load_profile(None, "a100"), replicas=2, kv_cache_gb=16.0)
+    if elements:
+        cfg = replace(cfg, cpu_kv_x=2.0, kv_dtype="fp8", spec=prompt_lookup())
+    Simulator(w, build_policy("session-sticky"), cfg, st).run()
+    assert len(starts) > 100 and max(starts) > 10 and len(ends) > 100
