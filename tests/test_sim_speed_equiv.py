@@ -69,3 +69,27 @@ def test_decode_tick_bookkeeping_equals_its_definition_at_every_iteration(monkey
         cfg = replace(cfg, cpu_kv_x=2.0, kv_dtype="fp8", spec=prompt_lookup())
     Simulator(w, build_policy("session-sticky"), cfg, st).run()
     assert len(starts) > 100 and max(starts) > 10 and len(ends) > 100
+
+
+def test_grid_table_prints_hit_rates_with_intervals_and_the_global_pool_by_tier() -> None:
+    from rich.console import Console
+
+    from router.sim.report import render_table, tier_lines
+    from router.sim.scorecard import SCORECARD_KEYS
+
+    card: dict = dict.fromkeys(SCORECARD_KEYS)
+    card.update(policy="always-local", replicas=8, kv_cache_gb=8.0, cache_hit_rate=0.177)
+    iv = {"value": 0.177, "lo": 0.145, "hi": 0.209, "n": 10, "per_seed": [0.177]}
+    det = {
+        "kv_tiers": [{"tier": "cpu"}],
+        "cache_hit_rate_gpu": 0.052,
+        "cache_hit_rate_cpu": 0.126,
+        "intervals": {"cache_hit_rate": iv, "cache_hit_rate_cpu": {**iv, "lo": 0.093, "hi": 0.155}},
+    }
+    result = {"scorecards": [card], "details": [det], "inputs": {"cpu_kv_global": True}}
+    con = Console(width=300, record=True)
+    render_table(result, con)
+    out = con.export_text()
+    assert "17.7% [14.5, 20.9]" in out
+    (line,) = tier_lines(result)
+    assert line == "always-local x8 @ 8 GB: hit by tier: gpu 5.2%, cpu (global pool) 12.6% [9.3, 15.5]"
