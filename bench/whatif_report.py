@@ -347,6 +347,14 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
 
 
+def _pct_iv(r: dict[str, Any], key: str) -> str:
+    """A row's hit rate with its seed + run-bootstrap interval when the point measured one."""
+    iv = (r.get("intervals") or {}).get(key) or {}
+    if r.get(key) is None or iv.get("lo") is None:
+        return _pct(r.get(key))
+    return f"{_pct(r[key])} [{100 * iv['lo']:.1f}, {100 * iv['hi']:.1f}]"
+
+
 def print_report(rep: dict[str, Any], con: Any, precheck_lines: Any, render_search: Any) -> None:
     from rich.table import Table
 
@@ -373,8 +381,8 @@ def print_report(rep: dict[str, Any], con: Any, precheck_lines: Any, render_sear
         t.add_column(c, justify="left" if c in ("policy", "variant") else "right")
     for r in kv["rows"]:
         t.add_row(
-            str(r["replicas"]), r["policy"], r["variant"], str(r["kv_blocks_per_replica"]), _pct(r["cache_hit_rate"]),
-            _pct(r["cache_hit_rate_gpu"]), _pct(r["cache_hit_rate_cpu"]), _pct(r["cache_hit_upper_bound"]),
+            str(r["replicas"]), r["policy"], r["variant"], str(r["kv_blocks_per_replica"]), _pct_iv(r, "cache_hit_rate"),
+            _pct_iv(r, "cache_hit_rate_gpu" if r["cache_hit_rate_cpu"] is not None else "cache_hit_rate"), _pct_iv(r, "cache_hit_rate_cpu"), _pct(r["cache_hit_upper_bound"]),
             f"{r['short_step_latency_s_p95']:.2f}", f"{r['ttft_s_p95']:.2f}", f"{r['step_latency_s_p95']:.2f}",
         )  # fmt: skip
     con.print(t)
@@ -505,6 +513,27 @@ def plot_report(rep: dict[str, Any], path: Path) -> None:
     a2.bar(x, gpu, label="GPU hit %")
     a2.bar(x, cpu, bottom=gpu, label="CPU-tier hit %")
     a2.plot(x, [100 * (r["cache_hit_upper_bound"] or 0) for r in rows], "k--", label="upper bound %")
+    # the total hit rate's seed + run-bootstrap interval on top of each stacked bar
+    hit_iv = [(r.get("intervals") or {}).get("cache_hit_rate") or {} for r in rows]
+    tops = [g + c for g, c in zip(gpu, cpu, strict=True)]
+    a2.errorbar(
+        list(x),
+        tops,
+        yerr=[
+            [
+                max(t - 100 * (iv.get("lo") if iv.get("lo") is not None else t / 100), 0)
+                for t, iv in zip(tops, hit_iv, strict=True)
+            ],
+            [
+                max(100 * (iv.get("hi") if iv.get("hi") is not None else t / 100) - t, 0)
+                for t, iv in zip(tops, hit_iv, strict=True)
+            ],
+        ],
+        fmt="none",
+        ecolor="k",
+        capsize=4,
+        label=f"hit {100 * lvl:.0f}% interval",
+    )
     a2.set_xticks(list(x), [r["variant"] for r in rows], rotation=20, fontsize=8)
     n_op = rows[0]["replicas"] if rows else 0
     a2.set(

@@ -44,6 +44,24 @@ class Predictions:
     domain_reason: str | None = None
     cache_index_tokens: float | None = None
 
+    def with_cache_index(self, tokens: float) -> Predictions:
+        """A copy with ``cache_index_tokens`` set (``dataclasses.replace`` without its per-call field
+        introspection: the step engine calls this at every local commit)."""
+        return Predictions(
+            self.p_frontier,
+            self.cache_reuse_tokens,
+            self.remaining_steps_p50,
+            self.remaining_steps_p90,
+            self.remaining_tokens_p50,
+            self.remaining_tokens_p90,
+            self.p_success_local,
+            self.p_success_frontier,
+            self.benefit,
+            self.domain_mode,
+            self.domain_reason,
+            tokens,
+        )
+
     def as_dict(self) -> dict[str, float]:
         """The numeric predictions (the run log's ``predictions`` map: floats only; the benefit
         fields appear once set)."""

@@ -246,3 +246,54 @@ def test_find_with_disaggregation_searches_the_total_above_the_prefill_pool_and_
     assert e["replicas"] == brute and e["interval_at_answer"]["itl_p95"]["hi"] <= target
     with pytest.raises(SimError, match="prefill"):
         find(w, pols, base, st, parse_slo("itl_p95=1s"), max_replicas=1)
+
+
+def test_disaggregated_and_co_located_are_variants_of_one_search() -> None:
+    """--disagg-prefill 0,1: each variant searched in the same call gives the answer its own search
+    gives, names its variant, and a pair whose ranges overlap (or that answer alike) is reported."""
+    from dataclasses import replace
+
+    from router.sim.search import indistinguishable
+
+    w, st = many_runs()
+    base = SimConfig(profile=PROF, frontier=FRONT, kv_cache_gb=1.0, replicas=2)
+    pols = {"always-local": lambda: build_policy("always-local")}
+    slo = parse_slo("ttft_p95=0.6s")
+    both = find(w, pols, base, st, slo, max_replicas=8, start=1, n_boot=20, disagg_variants=(0, 1))
+    co, dis = both["results"]
+    assert (co["variant"], dis["variant"]) == ("co-located", "disaggregated P=1")
+    assert both["disagg_variants"] == [0, 1]
+    for e, p in ((co, 0), (dis, 1)):
+        alone = find(w, pols, replace(base, disagg_prefill=p), st, slo, max_replicas=8, start=1, n_boot=20)
+        (a,) = alone["results"]
+        assert (a["replicas"], a["optimistic"], a["disagg_prefill"]) == (e["replicas"], e["optimistic"], p)
+
+    # the pairs: across variants, an equal answer is a pair; within one variant it is not
+    def r(n, opt, p):
+        return {"policy": "a", "kv_cache_gb": 1.0, "replicas": n, "optimistic": opt, "found": "replicas",
+                "disagg_prefill": p}  # fmt: skip
+
+    (pair,) = indistinguishable([r(8, 7, 0), r(8, 8, 2)])
+    assert pair["same_answer"] and (pair["a"]["disagg_prefill"], pair["b"]["disagg_prefill"]) == (0, 2)
+    assert indistinguishable([r(8, 7, 0), r(8, 8, 0)]) == []
+    assert indistinguishable([r(6, 6, 0), r(8, 8, 2)]) == []
+    assert not indistinguishable([r(7, 6, 0), r(8, 7, 2)])[0]["same_answer"]
+
+
+def test_cli_disagg_variants_need_find_and_are_named_in_the_answer(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from runroute.cli import _typer_app
+
+    base = ["whatif", "--runs", str(MOONCAKE), "--limit-runs", "60", "--policy", "always-local"]
+    for flag, msg in (("0,2", "needs --find"), ("x", "integers")):
+        r = CliRunner().invoke(_typer_app, [*base, "--disagg-prefill", flag])
+        assert r.exit_code != 0 and msg in str(r.exception)
+    out = tmp_path / "v.json"
+    args = [*base, "--slo", "ttft_p95@<=8k=5s", "--find", "replicas", "--max-replicas", "12"]
+    r = CliRunner().invoke(_typer_app, [*args, "--disagg-prefill", "0,1", "--boot", "20", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "always-local (co-located)" in r.output and "always-local (disaggregated P=1)" in r.output
+    data = json.loads(out.read_text())
+    assert [e["variant"] for e in data["results"]] == ["co-located", "disaggregated P=1"]
+    assert data["inputs"]["disagg_prefill"] == [0, 1]

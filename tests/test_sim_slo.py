@@ -256,3 +256,41 @@ def test_cli_lists_profiles_and_warns_on_an_slo_below_its_floor(tmp_path) -> Non
     iv = det["slo"]["ttft_p95@<=8k"]
     assert iv["lo"] <= iv["value"] <= iv["hi"] and det["intervals"]["ttft_s_p95"]["n"] > 0
     assert {f["target"] for f in data["slo_floors"]} == {"ttft_p95@>32k", "ttft_p95@<=8k"}
+
+
+def test_hit_rates_carry_the_seed_and_run_bootstrap_interval_incl_the_global_cpu_pool() -> None:
+    """Every point with intervals also gets the hit rates' (overall, GPU, the global CPU pool's):
+    the first seed's value equals the scorecard's and the details' figure, and the interval brackets
+    the median over seeds."""
+    from features.generate import generate
+    from features.runlog import RunLog
+    from router.sim.slo import measure_hit_rates
+    from router.sim.whatif import Simulator
+
+    w = Workload.from_runlog(RunLog.from_frame(generate(40, seed=3)))
+    st = [run_starts("rate=0.2", len(w.runs), seed=k) for k in range(2)]
+    cfg = SimConfig(
+        profile=load_profile(None, "a100"), replicas=2, kv_cache_gb=1.0, cpu_kv_x=4.0, cpu_kv_global=True
+    )
+    pt = simulate_point(
+        Point(w, cfg, lambda: build_policy("always-local"), "x", st[0], seed_starts=(st[1],), n_boot=60)
+    )
+    iv = pt.details["intervals"]
+    for key in ("cache_hit_rate", "cache_hit_rate_gpu", "cache_hit_rate_cpu"):
+        assert iv[key]["lo"] <= iv[key]["value"] <= iv[key]["hi"] and len(iv[key]["per_seed"]) == 2
+        assert iv[key]["lo"] < iv[key]["hi"]  # a real interval, not a point
+    assert iv["cache_hit_rate"]["per_seed"][0] == pytest.approx(pt.scorecard["cache_hit_rate"], abs=1e-6)
+    assert iv["cache_hit_rate_cpu"]["per_seed"][0] == pytest.approx(
+        pt.details["cache_hit_rate_cpu"], abs=1e-6
+    )
+    assert pt.details["cache_hit_rate_cpu"] > 0  # the shared pool served hits the GPU cache had lost
+    res = Simulator(w, build_policy("always-local"), cfg, st[0]).run()
+    m = measure_hit_rates(res, n_boot=0)
+    assert m["cache_hit_rate"]["boot"] == [] and set(m) == {
+        "cache_hit_rate",
+        "cache_hit_rate_gpu",
+        "cache_hit_rate_cpu",
+    }
+    gpu, cpu = m["cache_hit_rate_gpu"]["value"], m["cache_hit_rate_cpu"]["value"]
+    assert gpu + cpu == pytest.approx(m["cache_hit_rate"]["value"])
+    json.dumps(pt.details, allow_nan=False)

@@ -443,7 +443,7 @@ class StepEngine:
         if local and idx is not None and chain is not None:
             plan.warm_tokens = backend.warm_prefix_tokens
             # the index's cache-reuse prediction on the chosen replica, logged beside the model's
-            plan.predictions = replace(plan.predictions, cache_index_tokens=float(plan.warm_tokens))
+            plan.predictions = plan.predictions.with_cache_index(float(plan.warm_tokens))
             hold = plan.request.chain_hold
             idx.record(backend.name, chain, hold, track.prefix_hints.get(backend.name, 0))
             track.prefix_hints[backend.name] = len(chain) if hold is None else min(hold, len(chain))

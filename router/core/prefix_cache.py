@@ -208,8 +208,7 @@ class PrefixCache:
         if n_blocks + n_hashed <= free + len(lru):
             # fits whatever is cached (need <= n_blocks, present_free <= n_hashed): reference the
             # present blocks in the same pass
-            for i in range(n_hashed):
-                b = chain[i]
+            for i, b in enumerate(chain if n_hashed == len(chain) else chain[:n_hashed]):
                 rc = get(b)
                 if rc is None:
                     n_new += 1
@@ -279,8 +278,7 @@ class PrefixCache:
         """Give back a request's blocks: private ones are freed, hashed ones unreferenced (tail first)."""
         ref = self.ref
         lru = self.lru
-        for i in range(n_hashed - 1, -1, -1):
-            b = chain[i]
+        for b in reversed(chain if n_hashed == len(chain) else chain[:n_hashed]):
             rc = ref[b] - 1
             ref[b] = rc
             if rc == 0:

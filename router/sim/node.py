@@ -48,6 +48,14 @@ Algorithm (one replica):
   ``decode`` (requests arrive prefilled, their KV transferred: blocks are reserved unhashed and
   they decode from the next iteration on).
 
+- **Decode bookkeeping.** Every decoding request emits one token per iteration, so the replica keeps
+  one counter ``tick`` (decode iterations so far) and a request's ``decoded`` is ``tick - base``
+  (``base`` set when it starts decoding), the decoding requests' summed context is
+  ``sum(prompt - base) + n * tick`` (integers, exact; with speculative decoding the float sum is
+  still taken request by request, in running order), and the requests that finish at a tick come off
+  a heap keyed by ``base + it_target``, reordered by admission (the running order). An iteration
+  touches only the requests still prefilling and those that finish: no pass over the whole batch.
+  Results are bit-identical to incrementing every request (``bench/sim_digest.py``).
 - **Change list** (``watch``): a replica whose router-visible state (running, waiting, KV usage, on/off)
   may have changed appends itself once to ``watch`` (a list the simulator owns and clears), so the
   simulator rebuilds only those replicas' backend states per step, not all of them.
@@ -62,6 +70,7 @@ speculative-decoding rates), ``draft_s`` (draft cost per decode iteration, secon
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -73,6 +82,10 @@ from router.sim.kvtier import TierStack
 from router.sim.profiles import NodeProfile
 
 __all__ = ["Request", "Replica"]
+
+
+def _seq(r: Request) -> int:
+    return r.seq
 
 
 class Request:
@@ -89,6 +102,8 @@ class Request:
         "cached",
         "prefilled",
         "decoded",
+        "base",
+        "seq",
         "first_token_t",
         "end_t",
         "n_private",
@@ -122,7 +137,9 @@ class Request:
         self.arrival = arrival
         self.cached = 0
         self.prefilled = 0
-        self.decoded = 0
+        self.decoded = 0  # iterations emitted; while decoding on a replica: its tick - base
+        self.base = 0
+        self.seq = 0  # admission order on its replica (the order of its running requests)
         self.first_token_t = -1.0
         self.end_t = -1.0
         self.n_private = 0
@@ -179,7 +196,15 @@ class Replica:
         self.draft_tok_s = draft_s_per_token if spec else 0.0
         self.tiers = tiers
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        # admitted requests in admission order (a dict: O(1) removal), those still prefilling in the
+        # same order, and the decoding ones by the tick they finish at (see "Decode bookkeeping")
+        self.running: dict[Request, None] = {}
+        self.prefilling: list[Request] = []
+        self._fin: list[tuple[int, int, Request]] = []  # (base + it_target, seq, request), a heap
+        self.tick = 0
+        self._n_dec = 0
+        self._dec_s = 0  # sum over decoding requests of prompt - base (their context = it + n x tick)
+        self._adm = 0
         # prompt tokens still to prefill (waiting requests whole, running ones' remainders), kept
         # incrementally: the router-visible prefill queue (simulator.prefill_owed is its definition)
         self.owed = 0
@@ -360,47 +385,44 @@ class Replica:
         budget = p.token_budget
         running = self.running
         spec = self.spec
-        n_dec = 0
-        ctx: float = 0
+        tick = self.tick
+        n_dec = self._n_dec
         grow: float = 0  # context growth per iteration of the decoding requests (spec only)
         vt: float = 0  # draft tokens verified per iteration (spec only)
         n_chunks = 0
         pt = 0
         quad = 0
         load = 0.0
-        if spec:
+        if spec:  # float sums: in running order, as they always were
+            ctx: float = 0
             for r in running:
                 if r.prefilled >= r.prompt:
-                    n_dec += 1
-                    ctx += r.c0 + r.decoded * r.grow
+                    ctx += r.c0 + (tick - r.base) * r.grow
                     grow += r.grow
                     vt += r.vt
             budget -= int(vt)
-        else:
-            for r in running:
-                if r.prefilled >= r.prompt:
-                    n_dec += 1
-                    ctx += r.prompt + r.decoded
+        else:  # integers: prompt + decoded summed over the decoding requests
+            ctx = self._dec_s + n_dec * tick
         budget -= n_dec
-        if n_dec < len(running):
-            for r in running:
-                if budget <= 0:
-                    break
-                rem = r.prompt - r.prefilled
-                if rem > 0:
-                    ln = rem if rem < budget else budget
-                    r.chunk = ln
-                    n_chunks += 1
-                    pt += ln
-                    quad += ln * (r.prefilled + ln)
-                    budget -= ln
+        for r in self.prefilling:
+            if budget <= 0:
+                break
+            rem = r.prompt - r.prefilled
+            ln = rem if rem < budget else budget
+            r.chunk = ln
+            n_chunks += 1
+            pt += ln
+            quad += ln * (r.prefilled + ln)
+            budget -= ln
         waiting = self.waiting
         while waiting and budget > 0 and len(running) < p.max_num_seqs:
             r = waiting[0]
             if not self._try_admit(r):
                 break
             waiting.popleft()
-            running.append(r)
+            running[r] = None
+            self._adm += 1
+            r.seq = self._adm
             rem = r.prompt - r.prefilled
             self.owed -= r.prompt if rem <= 0 else r.prompt - rem
             if rem <= 0:  # arrived prefilled (a decode-role replica): decodes in this iteration
@@ -409,7 +431,9 @@ class Replica:
                 grow += r.grow
                 vt += r.vt
                 budget -= 1
+                self._decoding(r, tick - r.decoded)
                 continue
+            self.prefilling.append(r)
             if r.load_s:
                 load += r.load_s
             ln = rem if rem < budget else budget
@@ -435,7 +459,7 @@ class Replica:
             self._ep = None
             self.loop.schedule(t + dt, self._end_chunk, self.gen)
             return
-        k = min([r.it_target - r.decoded for r in running]) if self.fast_forward else 1
+        k = self._fin[0][0] - tick if self.fast_forward else 1
         a_term = p.a + p.e * n_dec + p.d * ctx
         if spec:
             a_term += p.b * vt + self.draft_s
@@ -447,28 +471,51 @@ class Replica:
         self._ep = (t, k, a_term, dn)
         self.loop.schedule(t + k * a_term + dn * k * (k - 1) / 2, self._end_epoch, self.gen)
 
+    def _decoding(self, r: Request, base: int) -> None:
+        """``r`` decodes from now on: ``decoded`` = tick - ``base`` (decode bookkeeping)."""
+        r.base = base
+        self._n_dec += 1
+        self._dec_s += r.prompt - base
+        heapq.heappush(self._fin, (base + r.it_target, r.seq, r))
+
+    def _due(self) -> list[Request]:
+        """The decoding requests whose ``decoded`` reached ``it_target`` at this tick, in running
+        (admission) order, taken off the decode bookkeeping."""
+        fin, tick = self._fin, self.tick
+        done: list[Request] = []
+        while fin and fin[0][0] <= tick:
+            r = heapq.heappop(fin)[2]
+            r.decoded = tick - r.base
+            self._n_dec -= 1
+            self._dec_s -= r.prompt - r.base
+            done.append(r)
+        if len(done) > 1:
+            done.sort(key=_seq)
+        return done
+
     def _end_chunk(self, gen: int) -> None:
         if gen != self.gen:  # pragma: no cover - chunk iterations are never shortened
             return
         self.iterations += 1
         t = self.loop.now
-        done: list[Request] = []
-        for r in self.running:
+        tick = self.tick = self.tick + 1  # every decoding request emitted one more token
+        still: list[Request] = []
+        owed = self.owed
+        for r in self.prefilling:
             ln = r.chunk
             if ln:
                 r.chunk = 0
                 r.prefilled += ln
-                self.owed -= ln
+                owed -= ln
                 if r.prefilled >= r.prompt:
                     r.decoded = 1
                     r.first_token_t = t
-                    if r.decoded >= r.it_target:
-                        done.append(r)
-            elif r.prefilled >= r.prompt:
-                r.decoded += 1
-                if r.decoded >= r.it_target:
-                    done.append(r)
-        self._finish(done, t)
+                    self._decoding(r, tick - 1)
+                    continue
+            still.append(r)
+        self.owed = owed
+        self.prefilling = still
+        self._finish(self._due(), t)
 
     def _end_epoch(self, gen: int) -> None:
         if gen != self.gen:
@@ -476,20 +523,17 @@ class Replica:
         t = self.loop.now
         _, k, _, _ = self._ep  # type: ignore[misc]
         self.iterations += k
-        done = []
-        for r in self.running:
-            r.decoded += k
-            if r.decoded >= r.it_target:
-                done.append(r)
+        self.tick += k  # every running request is decoding in an epoch
         self._ep = None
-        self._finish(done, t)
+        self._finish(self._due(), t)
 
     def _finish(self, done: list[Request], t: float) -> None:
         if done:
+            running = self.running
             for r in done:
                 r.end_t = t
                 self._release(r)
-            self.running = [r for r in self.running if r.end_t < 0]
+                del running[r]
         self._start(t)
         for r in done:
             self.on_done(r)

@@ -14,7 +14,8 @@ default; a Dask client's ``map`` + ``gather``, a process pool's ``map``...) to
 Uncertainty (:mod:`router.sim.slo`): a point with ``seed_starts`` is simulated once more per extra
 arrival seed (config seed + k, the k-th start times); with ``n_boot`` > 0 every simulation's metrics get
 ``n_boot`` run-bootstrap replicates, and ``details["intervals"]`` (short-step, TTFT, step and run p95,
-and the ``slo`` targets in ``details["slo"]``) holds the median over seeds and the pooled ``level``
+the cache hit rates — overall, GPU and per lower KV tier, the global CPU pool's included — by
+:func:`~router.sim.slo.measure_hit_rates`, and the ``slo`` targets in ``details["slo"]``) holds the median over seeds and the pooled ``level``
 interval. The scorecard is the first seed's, so a point without extra seeds reports what it did before.
 
 Knobs: ``map`` (how points are mapped), ``progress`` (a callback per finished point); per point
@@ -34,7 +35,7 @@ from router.policy.types import Policy
 from router.sim.scorecard import details, scorecard
 from router.sim.simconfig import SimConfig
 from router.sim.simulator import Simulator
-from router.sim.slo import SLO, Target, measure, pool
+from router.sim.slo import SLO, Target, measure, measure_hit_rates, pool
 from router.sim.workload import Workload
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ def simulate_point(p: Point) -> PointResult:
     std = SLO(targets=tuple(INTERVAL_TARGETS.values()))
     per_std: list[dict[str, dict[str, Any]]] = []
     per_slo: list[dict[str, dict[str, Any]]] = []
+    per_hit: list[dict[str, dict[str, Any]]] = []
     wall = cpu = 0.0
     steps = 0
     for k, st in enumerate((p.starts, *p.seed_starts)):
@@ -110,11 +112,15 @@ def simulate_point(p: Point) -> PointResult:
             card, det, steps = scorecard(res), details(res), len(res.outcome)
         if p.n_boot > 0 or p.seed_starts:
             per_std.append(measure(res, std, p.n_boot, boot_seed=k))
+            per_hit.append(measure_hit_rates(res, p.n_boot, boot_seed=k))
             if p.slo is not None:
                 per_slo.append(measure(res, p.slo, p.n_boot, boot_seed=k))
     if per_std:
         pooled = pool(per_std, p.level)
         det["intervals"] = {name: pooled[t.key] for name, t in INTERVAL_TARGETS.items()}
+        # hit rates (overall, GPU, each lower tier incl. the global CPU pool): the same seeds and draws
+        if all(set(h) == set(per_hit[0]) for h in per_hit):
+            det["intervals"].update(pool(per_hit, p.level))
         det["seeds"] = len(per_std)
         det["interval_level"] = p.level
     if per_slo:

@@ -34,6 +34,36 @@ def _f(v: Any, nd: int = 2, pct: bool = False) -> str:
     return str(v)
 
 
+def _fi(v: Any, iv: dict[str, Any] | None, nd: int = 2, pct: bool = False) -> str:
+    """``_f(v)`` followed by its interval ``[lo, hi]`` when the point measured one."""
+    if v is None or not iv or iv.get("lo") is None:
+        return _f(v, nd, pct)
+    k = 100 if pct else 1
+    return f"{_f(v, nd, pct)} [{k * iv['lo']:.{1 if pct else nd}f}, {k * iv['hi']:.{1 if pct else nd}f}]"
+
+
+def tier_lines(result: dict[str, Any]) -> list[str]:
+    """Per point with lower KV tiers: the hit rate of the GPU cache and of each tier (the global CPU
+    pool's when shared), each with its interval when measured."""
+    lines = []
+    dets = result.get("details") or []
+    shared = bool((result.get("inputs") or {}).get("cpu_kv_global"))
+    for c, d in zip(result["scorecards"], dets, strict=False):
+        tiers = [st["tier"] for st in d.get("kv_tiers") or []]
+        if not tiers:
+            continue
+        ivs = d.get("intervals") or {}
+        parts = [
+            f"{name}{' (global pool)' if name == 'cpu' and shared else ''} "
+            + _fi(d.get(f"cache_hit_rate_{name}"), ivs.get(f"cache_hit_rate_{name}"), pct=True)
+            for name in ("gpu", *tiers)
+        ]
+        lines.append(
+            f"{c['policy']} x{c['replicas']} @ {c['kv_cache_gb']:g} GB: hit by tier: " + ", ".join(parts)
+        )
+    return lines
+
+
 def answer_lines(result: dict[str, Any]) -> list[str]:
     ans = result.get("answers", {})
     slo = ans.get("slo_short_step_s")
@@ -96,7 +126,9 @@ def render_table(result: dict[str, Any], console: Console | None = None) -> None
     ]
     for name, just in cols:
         t.add_column(name, justify=just)  # type: ignore[arg-type]
-    for c in result["scorecards"]:
+    dets = result.get("details") or [{}] * len(result["scorecards"])
+    for c, d in zip(result["scorecards"], dets, strict=True):
+        ivs = d.get("intervals") or {}  # the point's intervals (seeds + run bootstrap), when measured
         t.add_row(
             c["policy"],
             str(c["replicas"]),
@@ -108,9 +140,9 @@ def render_table(result: dict[str, Any], console: Console | None = None) -> None
             _f(c["step_latency_s_p50"]),
             _f(c["step_latency_s_p95"]),
             _f(c["step_latency_s_p99"]),
-            _f(c["short_step_latency_s_p95"]),
-            _f(c["ttft_s_p95"]),
-            _f(c["cache_hit_rate"], pct=True),
+            _fi(c["short_step_latency_s_p95"], ivs.get("short_step_latency_s_p95")),
+            _fi(c["ttft_s_p95"], ivs.get("ttft_s_p95")),
+            _fi(c["cache_hit_rate"], ivs.get("cache_hit_rate"), pct=True),
             _f(c["cache_hit_upper_bound"], pct=True),
             _f(c["cost_usd"]),
             _f(c["escalation_rate"], pct=True),
@@ -118,7 +150,7 @@ def render_table(result: dict[str, Any], console: Console | None = None) -> None
             _f(c["slo_attainment"], pct=True),
         )
     console.print(t)
-    for line in answer_lines(result):
+    for line in tier_lines(result) + answer_lines(result):
         console.print(line, highlight=False)
 
 

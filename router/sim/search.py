@@ -32,6 +32,10 @@ Algorithm (:func:`find`; one :class:`Ladder` per key, i.e. per policy x the othe
   searched is the total, ``P + 1 .. max_replicas`` (so the answer's decode pool is ``replicas - P``);
   each result carries ``disagg_prefill``, the same intervals and ``indistinguishable`` pairs, so an
   ITL (TPOT) target can be searched with and without disaggregation and the answers compared.
+  ``disagg_variants`` (e.g. ``(0, 2, 4)``; 0 = co-located) makes each P a **variant of one search**:
+  every policy x KV key is searched once per P in the same rounds, each result names its ``variant``,
+  and :func:`indistinguishable` pairs co-located and disaggregated answers (all counted in total
+  replicas, i.e. GPUs at TP 1) whose noise ranges overlap.
 
 Knobs (:func:`find`): ``dimension``, ``max_replicas`` (64), ``kv_values`` (the KV ladder, GB),
 ``start`` (the first probe's value), ``seed_starts`` (() = one seed), ``n_boot`` (0 = no interval),
@@ -57,7 +61,7 @@ if TYPE_CHECKING:
     from models.predictor import Predictor
     from router.policy.admission import AdmissionConfig, AdmissionController
 
-__all__ = ["SLO", "parse_slo", "Ladder", "find", "KV_LADDER", "indistinguishable"]
+__all__ = ["SLO", "parse_slo", "Ladder", "find", "KV_LADDER", "indistinguishable", "variant_name"]
 
 KV_LADDER: tuple[float, ...] = tuple(float(v) for v in range(1, 81))  # GB per replica, 1..80
 
@@ -145,15 +149,19 @@ def find(
     seed_starts: Sequence[np.ndarray] = (),
     n_boot: int = 0,
     level: float = 0.9,
+    disagg_variants: Sequence[int] = (),
 ) -> dict[str, Any]:
     """The searches of the module docstring; returns one entry per key with its probes."""
     unc: dict[str, Any] = {"seed_starts": tuple(seed_starts), "n_boot": n_boot, "level": level}
     kv_cache_gb = list(kv_cache_gb) if kv_cache_gb else [base.kv_cache_gb]
+    variants = sorted({int(v) for v in disagg_variants}) or [base.disagg_prefill]
+    if any(v < 0 for v in variants):
+        raise SimError("--disagg-prefill: prefill replica counts must be >= 0")
     if dimension == "replicas,kv":
         first = find(
             workload, policies, base, starts, slo, dimension="replicas", kv_cache_gb=[max(kv_cache_gb)],
             max_replicas=max_replicas, start=start, predictor=predictor,
-            admission_factory=admission_factory, map=map, progress=progress, **unc,
+            admission_factory=admission_factory, map=map, progress=progress, disagg_variants=variants, **unc,
         )  # fmt: skip
         out = first
         out["kv_at_fewest_replicas"] = []
@@ -161,7 +169,8 @@ def find(
             if e["replicas"] is None or e.get("frontier_only"):
                 continue
             sub = find(
-                workload, {e["policy"]: policies[e["policy"]]}, base, starts, slo, dimension="kv",
+                workload, {e["policy"]: policies[e["policy"]]}, replace(base, disagg_prefill=e["disagg_prefill"]),
+                starts, slo, dimension="kv",
                 replicas=[e["replicas"]], kv_values=[v for v in kv_values if v <= e["kv_cache_gb"]] or kv_values,
                 start=e["kv_cache_gb"], predictor=predictor, admission_factory=admission_factory,
                 map=map, progress=progress, **unc,
@@ -171,35 +180,36 @@ def find(
         return out
     if dimension not in ("replicas", "kv"):
         raise SimError(f"--find: expected replicas, kv or replicas,kv, got {dimension!r}")
-    # disaggregated: P prefill replicas stay fixed, the count searched is the total (P + decode >= 1)
-    n_min = base.disagg_prefill + 1
-    if dimension == "replicas" and max_replicas < n_min:
+    # disaggregated: P prefill replicas stay fixed, the count searched is the total (P + decode >= 1);
+    # each P of ``disagg_variants`` (0 = co-located) is a variant of every key, searched side by side
+    n_min_all = max(variants) + 1
+    if dimension == "replicas" and max_replicas < n_min_all:
         raise SimError(
             f"--find replicas: --max-replicas {max_replicas} leaves no decode replica beside "
-            f"{base.disagg_prefill} prefill replicas"
+            f"{max(variants)} prefill replicas"
         )
-    if dimension == "kv" and any(n < n_min for n in replicas):
-        raise SimError(
-            f"--find kv: every replica count must exceed the {base.disagg_prefill} prefill replicas"
-        )
-    keys: list[tuple[str, float]] = []
-    ladders: dict[tuple[str, float], Ladder] = {}
+    if dimension == "kv" and any(n < n_min_all for n in replicas):
+        raise SimError(f"--find kv: every replica count must exceed the {max(variants)} prefill replicas")
+    keys: list[tuple[str, float, int]] = []
+    ladders: dict[tuple[str, float, int], Ladder] = {}
     for label in policies:
-        if dimension == "replicas":
-            vals: Sequence[float] = list(range(n_min, max_replicas + 1))
-            s0 = min(max(int(start) - n_min, 0), len(vals) - 1) if start is not None else 0
-            for kv in kv_cache_gb:
-                keys.append((label, float(kv)))
-                ladders[keys[-1]] = Ladder(vals, s0)
-        else:
-            vals = sorted(kv_values)
-            s0 = _value_index(vals, start) if start is not None else len(vals) // 2
-            for n in replicas:
-                keys.append((label, float(n)))
-                ladders[keys[-1]] = Ladder(vals, s0)
+        for dp in variants:
+            n_min = dp + 1
+            if dimension == "replicas":
+                vals: Sequence[float] = list(range(n_min, max_replicas + 1))
+                s0 = min(max(int(start) - n_min, 0), len(vals) - 1) if start is not None else 0
+                for kv in kv_cache_gb:
+                    keys.append((label, float(kv), dp))
+                    ladders[keys[-1]] = Ladder(vals, s0)
+            else:
+                vals = sorted(kv_values)
+                s0 = _value_index(vals, start) if start is not None else len(vals) // 2
+                for n in replicas:
+                    keys.append((label, float(n), dp))
+                    ladders[keys[-1]] = Ladder(vals, s0)
     sims = 0
     while True:
-        todo: list[tuple[tuple[str, float], int]] = []
+        todo: list[tuple[tuple[str, float, int], int]] = []
         for k in keys:
             i = ladders[k].next()
             if i is not None:
@@ -207,12 +217,12 @@ def find(
         if not todo:
             break
         pts = []
-        for (label, other), i in todo:
-            v = ladders[(label, other)].values[i]
+        for (label, other, dp), i in todo:
+            v = ladders[(label, other, dp)].values[i]
             cfg = (
-                replace(base, replicas=int(v), kv_cache_gb=other)
+                replace(base, replicas=int(v), kv_cache_gb=other, disagg_prefill=dp)
                 if dimension == "replicas"
-                else replace(base, replicas=int(other), kv_cache_gb=float(v))
+                else replace(base, replicas=int(other), kv_cache_gb=float(v), disagg_prefill=dp)
             )
             pts.append(
                 Point(workload, cfg, policies[label], label, starts, predictor, admission_factory,
@@ -236,8 +246,8 @@ def find(
                 pr["holds_median"] = _holds_at(slo, r.scorecard, r.details, "value")
         sims += len(pts)
     results = []
-    for label, other in keys:
-        lad = ladders[(label, other)]
+    for label, other, dp in keys:
+        lad = ladders[(label, other, dp)]
         best = next((p for p in lad.probes if p["value"] == lad.answer and p["holds"]), None)
         floor_probe = None
         if lad.floor is not None:
@@ -256,7 +266,8 @@ def find(
                 if dimension == "replicas"
                 else int(other),
                 "frontier_only": frontier_only,
-                "disagg_prefill": base.disagg_prefill,
+                "disagg_prefill": dp,
+                "variant": variant_name(dp),
                 "kv_cache_gb": other if dimension == "replicas" else lad.answer,
                 "found": dimension,
                 "short_step_latency_s_p95": best["short_step_latency_s_p95"] if best else None,
@@ -277,8 +288,14 @@ def find(
         "seeds": 1 + len(seed_starts),
         "n_boot": n_boot,
         "interval_level": level if (n_boot or seed_starts) else None,
+        "disagg_variants": variants,
         "indistinguishable": indistinguishable(results),
     }
+
+
+def variant_name(disagg_prefill: int) -> str:
+    """A search key's serving variant: ``co-located`` or ``disaggregated P=<prefill replicas>``."""
+    return "co-located" if disagg_prefill <= 0 else f"disaggregated P={disagg_prefill}"
 
 
 def _bound(det: dict[str, Any], bound: str) -> dict[str, Any]:
@@ -293,7 +310,9 @@ def _holds_at(slo: SLO, card: dict[str, Any], det: dict[str, Any], bound: str) -
 
 def indistinguishable(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pairs of keys (same search dimension) whose answer ranges ``[optimistic, answer]`` overlap: the
-    model cannot tell which needs fewer at this seed count and interval level."""
+    model cannot tell which needs fewer at this seed count and interval level. Two keys with the same
+    answer are a pair too (``same_answer``) when they are different serving variants (co-located vs
+    disaggregated): the question was which to deploy, and the answer is that it does not matter."""
     out = []
     rs = [r for r in results if r.get("optimistic") is not None or r.get("interval_at_answer")]
     dim = "replicas"
@@ -302,7 +321,12 @@ def indistinguishable(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
             dim = a["found"]
             va = a["replicas"] if dim == "replicas" else a["kv_cache_gb"]
             vb = b["replicas"] if dim == "replicas" else b["kv_cache_gb"]
-            if va is None or vb is None or va == vb:
+            same = va == vb
+            if (
+                va is None
+                or vb is None
+                or (same and a.get("disagg_prefill", 0) == b.get("disagg_prefill", 0))
+            ):
                 continue
             lo_a = a["optimistic"] if a["optimistic"] is not None else va
             lo_b = b["optimistic"] if b["optimistic"] is not None else vb
@@ -313,14 +337,17 @@ def indistinguishable(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
                             "policy": a["policy"],
                             "kv_cache_gb": a["kv_cache_gb"],
                             "replicas": a["replicas"],
+                            "disagg_prefill": a.get("disagg_prefill", 0),
                         },
                         "b": {
                             "policy": b["policy"],
                             "kv_cache_gb": b["kv_cache_gb"],
                             "replicas": b["replicas"],
+                            "disagg_prefill": b.get("disagg_prefill", 0),
                         },
                         "range_a": [lo_a, va],
                         "range_b": [lo_b, vb],
+                        "same_answer": same,
                     }
                 )
     return out

@@ -40,6 +40,14 @@ def _probe_value(p: dict[str, Any]) -> str:
     return "-" if v is None else f"{v:.3f}" + (f" ({p['worst_target']})" if p.get("worst_target") else "")
 
 
+def _name(e: dict[str, Any], result: dict[str, Any]) -> str:
+    """A result's policy, with its serving variant when the search had a disaggregated one."""
+    if not any(v > 0 for v in result.get("disagg_variants") or [e.get("disagg_prefill", 0)]):
+        return str(e["policy"])
+    p = e.get("disagg_prefill", 0)
+    return f"{e['policy']} ({'co-located' if not p else f'disaggregated P={p}'})"
+
+
 def render_search(result: dict[str, Any], console: Console | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -69,7 +77,7 @@ def render_search(result: dict[str, Any], console: Console | None = None) -> Non
             for p in sorted(e["probes"], key=lambda p: p["value"])
         )
         t.add_row(
-            e["policy"],
+            _name(e, result),
             "-" if e["kv_cache_gb"] is None else f"{e['kv_cache_gb']:g}",
             "-" if e["replicas"] is None else str(e["replicas"]),
             "-" if e["short_step_latency_s_p95"] is None else f"{e['short_step_latency_s_p95']:.3f}",
@@ -95,7 +103,7 @@ def render_search(result: dict[str, Any], console: Console | None = None) -> Non
                 else ""
             )
             console.print(
-                f"{e['policy']} {at}: no value in {e['searched'][0]:g}..{e['searched'][1]:g} {what} holds "
+                f"{_name(e, result)} {at}: no value in {e['searched'][0]:g}..{e['searched'][1]:g} {what} holds "
                 f"{result['slo']} ({e['simulations']} simulations{floor})",
                 highlight=False,
             )
@@ -112,7 +120,7 @@ def render_search(result: dict[str, Any], console: Console | None = None) -> Non
             )
             short = e["short_step_latency_s_p95"]
             console.print(
-                f"{e['policy']} {at}: fewest {what} holding {result['slo']}"
+                f"{_name(e, result)} {at}: fewest {what} holding {result['slo']}"
                 f"{' on the upper bound' if ivs else ''}: {ans:g} ("
                 + (
                     f"{iv}, {100 * (result.get('interval_level') or 0.9):.0f}% intervals"
@@ -133,9 +141,14 @@ def render_search(result: dict[str, Any], console: Console | None = None) -> Non
     for pair in result.get("indistinguishable", []):
         a, b = pair["a"], pair["b"]
         console.print(
-            f"indistinguishable: {a['policy']} @{a['kv_cache_gb']:g} GB needs {pair['range_a'][0]:g}-{pair['range_a'][1]:g} "
-            f"and {b['policy']} @{b['kv_cache_gb']:g} GB {pair['range_b'][0]:g}-{pair['range_b'][1]:g}: the ranges "
-            "overlap, the model cannot say which needs fewer",
+            f"indistinguishable: {_name(a, result)} @{a['kv_cache_gb']:g} GB needs "
+            f"{pair['range_a'][0]:g}-{pair['range_a'][1]:g} and {_name(b, result)} @{b['kv_cache_gb']:g} GB "
+            f"{pair['range_b'][0]:g}-{pair['range_b'][1]:g}: "
+            + (
+                "the same answer: either serves this SLO with as many replicas"
+                if pair.get("same_answer")
+                else "the ranges overlap, the model cannot say which needs fewer"
+            ),
             highlight=False,
         )
     seeds = result.get("seeds", 1)
@@ -186,7 +199,7 @@ def plot_search(result: dict[str, Any], path: str | os.PathLike[str], title: str
     fig, ax = plt.subplots(figsize=(9.5, 5.8))
     for e in result["results"] + result.get("kv_at_fewest_replicas", []):
         pts = sorted((p["value"], r) for p in e["probes"] if (r := _ratio(p, targets)) is not None)
-        lab = e["policy"] + (
+        lab = _name(e, result) + (
             f" @{e['kv_cache_gb']:g} GB" if e["found"] == "replicas" else f" x{e['replicas']}"
         )
         if not pts:

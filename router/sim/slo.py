@@ -289,6 +289,46 @@ def measure(res: SimResult, slo: SLO, n_boot: int = 200, boot_seed: int = 0) -> 
     return out
 
 
+def measure_hit_rates(res: SimResult, n_boot: int = 200, boot_seed: int = 0) -> dict[str, dict[str, Any]]:
+    """The cross-turn cache hit rates of one simulation with their run-bootstrap replicates, in
+    :func:`measure`'s shape (``value``, ``n``, ``boot``) so :func:`pool` pools them over seeds alike.
+
+    ``cache_hit_rate``: cached / prompt tokens over the local steps with index >= 1
+    (:func:`router.core.figures.cache_figures`, the scorecard's figure); with lower KV tiers also
+    ``cache_hit_rate_gpu`` and ``cache_hit_rate_<tier>`` (the global CPU pool's is ``_cpu``), as in the
+    details. A replicate reweights whole runs (numerator and denominator together: a ratio of sums) with
+    the same draws as :func:`measure` at the same ``boot_seed``."""
+    from router.sim.scorecard import SERVED_LOCAL
+
+    n_runs = len(res.run_completion_s)
+    rng = np.random.default_rng(boot_seed)
+    w = rng.multinomial(n_runs, np.full(n_runs, 1.0 / n_runs), size=n_boot) if n_boot and n_runs else None
+    m = (res.outcome == SERVED_LOCAL) & (res.step_index >= 1)
+    runs = res.run_of_step[m]
+    prompt = res.prompt[m]
+    ptok = float(prompt.sum())
+    nums: dict[str, np.ndarray] = {"cache_hit_rate": res.cached[m]}
+    if res.tier_cached is not None and res.tier_stats is not None:
+        lower = res.tier_cached[:, m]
+        nums["cache_hit_rate_gpu"] = res.cached[m] - lower.sum(axis=0)
+        for st, row in zip(res.tier_stats, lower, strict=True):
+            nums[f"cache_hit_rate_{st['tier']}"] = row
+    den = np.bincount(runs, weights=prompt.astype(float), minlength=n_runs) if w is not None else None
+    out: dict[str, dict[str, Any]] = {}
+    for key, v in nums.items():
+        if not ptok:
+            out[key] = {"value": None, "n": 0, "boot": []}
+            continue
+        boot: list[float] = []
+        if w is not None and den is not None:
+            num = np.bincount(runs, weights=v.astype(float), minlength=n_runs)
+            d = w @ den
+            ok = d > 0
+            boot = [float(x) for x in (w[ok] @ num) / d[ok]]
+        out[key] = {"value": float(v.sum()) / ptok, "n": int(m.sum()), "boot": boot}
+    return out
+
+
 def pool(per_seed: list[dict[str, dict[str, Any]]], level: float = 0.9) -> dict[str, dict[str, Any]]:
     """Median over seeds and the pooled replicates' ``level`` interval, per target."""
     out: dict[str, dict[str, Any]] = {}

@@ -147,10 +147,12 @@ def register(app: typer.Typer) -> None:
             help="speculative decoding: none | prompt-lookup[:min=,max=,k=] | eagle:alpha=A[,k=K] | "
             "draft-model:alpha=A,ms=M[,k=K] (M ms per proposed token)",
         ),
-        disagg_prefill: int = typer.Option(
-            0,
+        disagg_prefill_s: str = typer.Option(
+            "0",
             "--disagg-prefill",
-            help="of each replica count, this many prefill-only replicas (0 = co-located)",
+            help="of each replica count, this many prefill-only replicas (0 = co-located); with --find "
+            "a list (e.g. 0,2,4) searches each as a variant of one answer and says which are "
+            "indistinguishable",
         ),
         kv_link_gbps: float = typer.Option(50.0, "--kv-link-gbps", help="disaggregation: KV link GB/s"),
         tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel GPUs per replica (prefill pool too)"),
@@ -254,7 +256,16 @@ def register(app: typer.Typer) -> None:
             raise CliError(str(e)) from None
         if find_ is not None and slo_t is None:
             raise CliError("--find needs --slo (e.g. --slo short_p95=2s)")
-        if find_ is not None and disagg_prefill and max_replicas <= disagg_prefill:
+        try:
+            disagg_list = sorted({int(x) for x in disagg_prefill_s.split(",") if x.strip()}) or [0]
+        except ValueError:
+            raise CliError(f"--disagg-prefill: expected integers, got {disagg_prefill_s!r}") from None
+        if min(disagg_list) < 0:
+            raise CliError("--disagg-prefill: prefill replica counts must be >= 0")
+        if len(disagg_list) > 1 and find_ is None:
+            raise CliError("--disagg-prefill with several values compares variants: it needs --find")
+        disagg_prefill = disagg_list[0] if len(disagg_list) == 1 else 0
+        if find_ is not None and max(disagg_list) and max_replicas <= max(disagg_list):
             raise CliError(
                 "--find with --disagg-prefill P searches P+1..--max-replicas: raise --max-replicas"
             )
@@ -273,7 +284,7 @@ def register(app: typer.Typer) -> None:
             )
             base = SimConfig(
                 profile=prof,
-                replicas=max(reps[0], disagg_prefill + 1),
+                replicas=max(reps[0], max(disagg_list) + 1),
                 frontier=frontier,
                 gpu_hour_usd=gpu_hour_usd,
                 scale_to_zero=scale_to_zero,
@@ -298,7 +309,7 @@ def register(app: typer.Typer) -> None:
                 tp_decode=tp_decode,
                 tp_efficiency=tp_efficiency,
             )
-            if disagg_prefill and min(reps) <= disagg_prefill and find_ != "replicas":
+            if max(disagg_list) and min(reps) <= max(disagg_list) and find_ != "replicas":
                 raise SimError(
                     "--disagg-prefill P needs every --replicas count > P (one decode replica at least)"
                 )
@@ -427,6 +438,7 @@ def register(app: typer.Typer) -> None:
                         admission_factory=hook_factory,
                         progress=tick,
                         map=point_map,
+                        disagg_variants=disagg_list,
                         **unc,
                     )
                 else:
@@ -606,8 +618,9 @@ def _inputs(v: dict[str, Any]) -> dict[str, Any]:
         "kv_dtype": base.kv_dtype,
         "kv_read_scales": base.kv_read_scales,
         "cpu_kv": {"gb": base.cpu_kv_gb, "x_gpu_kv": base.cpu_kv_x, "gbps": base.cpu_kv_gbps},
+        "cpu_kv_global": base.cpu_kv_global,
         "ssd_kv": {"gb": base.ssd_kv_gb, "x_gpu_kv": base.ssd_kv_x, "gbps": base.ssd_kv_gbps},
         "spec_decode": base.spec.describe() if base.spec is not None else None,
-        "disagg_prefill": base.disagg_prefill,
+        "disagg_prefill": v["disagg_list"] if len(v["disagg_list"]) > 1 else base.disagg_prefill,
         "kv_link_gbps": base.kv_link_gbps,
     }

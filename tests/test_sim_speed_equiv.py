@@ -1,0 +1,95 @@
+"""The simulator's speed changes keep what is simulated: the hand-written copies equal the generic
+ones they replace (a new field would otherwise be dropped silently)."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import pytest
+
+from models.types import Predictions
+
+
+def test_with_cache_index_equals_replace_for_every_field() -> None:
+    vals = {}
+    for i, f in enumerate(fields(Predictions)):
+        vals[f.name] = f"v{i}" if f.name.startswith("domain_") else float(i + 1)
+    p = Predictions(**vals)
+    assert p.with_cache_index(123.0) == replace(p, cache_index_tokens=123.0)
+    assert p.with_cache_index(123.0).cache_index_tokens == 123.0
+
+
+def _reference_decoding(rep) -> tuple[int, int, list]:
+    """The decode bookkeeping by its definition: (n decoding, sum of prompt + decoded, them)."""
+    dec = [r for r in rep.running if r.prefilled >= r.prompt]
+    return len(dec), sum(r.prompt + (rep.tick - r.base) for r in dec), dec
+
+
+@pytest.mark.parametrize("elements", [False, True])
+def test_decode_tick_bookkeeping_equals_its_definition_at_every_iteration(monkeypatch, elements) -> None:
+    """Replica's incremental decode state (n decoding, summed context, the finish heap) equals the
+    batch walked request by request at every iteration start, and every request ends having emitted
+    exactly its iteration target, on an overloaded generated workload (plain, and with a CPU tier,
+    fp8 and prompt-lookup speculative decoding)."""
+    from dataclasses import replace
+
+    from features.generate import generate
+    from features.runlog import RunLog
+    from router.policy.config import build_policy
+    from router.sim import node as nodemod
+    from router.sim.arrivals import run_starts
+    from router.sim.profiles import load_profile
+    from router.sim.specdec import prompt_lookup
+    from router.sim.whatif import SimConfig, Simulator, Workload
+
+    starts, ends = [], []
+    orig_start, orig_finish = nodemod.Replica._start, nodemod.Replica._finish
+
+    def start(self, t):
+        n, ctx, dec = _reference_decoding(self)
+        assert (self._n_dec, self._dec_s + self._n_dec * self.tick) == (n, ctx)
+        assert sorted(id(e[2]) for e in self._fin) == sorted(id(r) for r in dec)
+        assert [r for r in self.running if r.prefilled < r.prompt] == self.prefilling
+        starts.append(n)
+        return orig_start(self, t)
+
+    def finish(self, done, t):
+        for r in done:
+            assert r.decoded == r.it_target
+        assert [r.seq for r in done] == sorted(r.seq for r in done)  # the running (admission) order
+        ends.extend(done)
+        return orig_finish(self, done, t)
+
+    monkeypatch.setattr(nodemod.Replica, "_start", start)
+    monkeypatch.setattr(nodemod.Replica, "_finish", finish)
+    w = Workload.from_runlog(RunLog.from_frame(generate(150, seed=3)))
+    st = run_starts("trace", len(w.runs), logged_starts=w.logged_starts())
+    cfg = SimConfig(profile=load_profile(None, "a100"), replicas=2, kv_cache_gb=16.0)
+    if elements:
+        cfg = replace(cfg, cpu_kv_x=2.0, kv_dtype="fp8", spec=prompt_lookup())
+    Simulator(w, build_policy("session-sticky"), cfg, st).run()
+    assert len(starts) > 100 and max(starts) > 10 and len(ends) > 100
+
+
+def test_grid_table_prints_hit_rates_with_intervals_and_the_global_pool_by_tier() -> None:
+    from rich.console import Console
+
+    from router.sim.report import render_table, tier_lines
+    from router.sim.scorecard import SCORECARD_KEYS
+
+    card: dict = dict.fromkeys(SCORECARD_KEYS)
+    card.update(policy="always-local", replicas=8, kv_cache_gb=8.0, cache_hit_rate=0.177)
+    iv = {"value": 0.177, "lo": 0.145, "hi": 0.209, "n": 10, "per_seed": [0.177]}
+    det = {
+        "kv_tiers": [{"tier": "cpu"}],
+        "cache_hit_rate_gpu": 0.052,
+        "cache_hit_rate_cpu": 0.126,
+        "intervals": {"cache_hit_rate": iv, "cache_hit_rate_cpu": {**iv, "lo": 0.093, "hi": 0.155}},
+    }
+    result = {"scorecards": [card], "details": [det], "inputs": {"cpu_kv_global": True}}
+    con = Console(width=300, record=True)
+    render_table(result, con)
+    out = con.export_text()
+    assert "17.7% [14.5, 20.9]" in out
+    (line,) = tier_lines(result)
+    assert line == "always-local x8 @ 8 GB: hit by tier: gpu 5.2%, cpu (global pool) 12.6% [9.3, 15.5]"
