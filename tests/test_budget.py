@@ -332,6 +332,19 @@ def test_a_decision_reads_only_the_outcomes_of_runs_that_ended_before_it(which):
         assert again[: m + 1] == decisions[: m + 1]
         moved_later |= again[m + 1 :] != decisions[m + 1 :]
     assert moved_later, "outcomes never changed any later decision: the evidence is not read at all"
+    # what the router never sees (the strong outcome of a run that stayed local, the weak outcome of
+    # one that escalated) changes no decision at all
+    esc = {rid for rid, k in decisions if k is not None}
+    unseen = replace(
+        d,
+        records=[
+            replace(r, weak_success=not r.weak_success)
+            if r.run_id in esc
+            else replace(r, strong_success=not r.strong_success)
+            for r in d.records
+        ],
+    )
+    assert evaluate_budget(unseen, 0.2, evidence=ev, n_boot=20).extra["decisions"] == decisions
 
 
 def test_benefit_ranking_steers_the_budget_away_from_runs_the_strong_tier_fails():
