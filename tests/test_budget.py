@@ -4,6 +4,7 @@ leave-one-domain-out share on the shipped paired data."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -11,6 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.policy.budget import BudgetQuantile, FrontierBudget, conformal_threshold, tie_break
+
+if TYPE_CHECKING:
+    from training.eval.budget_eval import DomainScores
 
 
 def _spend(bq: BudgetQuantile, scores: np.ndarray, domain: str = "d") -> float:
@@ -225,7 +229,13 @@ def test_knobs_are_chosen_inside_the_training_domains_only():
     neither the priors nor the scored runs."""
     from features.runlog import read_runlog
     from features.samples import sample_path
-    from training.eval.budget_eval import DomainEvidence, PairedRows, inner_scores, select_evidence
+    from training.eval.budget_eval import (
+        DomainEvidence,
+        PairedRows,
+        _rescue_rate,
+        inner_scores,
+        select_evidence,
+    )
 
     rows = PairedRows.of(read_runlog(sample_path("paired/tau2bench_all.parquet")))
     inner = inner_scores(rows, "airline", n_estimators=20)
@@ -235,8 +245,148 @@ def test_knobs_are_chosen_inside_the_training_domains_only():
     ]
     held_runs = {str(r) for r, d in zip(rows.rids, rows.row_dom, strict=True) if d == "airline"}
     assert all(r.run_id not in held_runs for d in inner for r in d.records)
-    cands = [None, DomainEvidence(min_labelled=20, refit_every=20, n_estimators=20, n_boot=50)]
+    small = {"min_labelled": 20, "refit_every": 20, "n_estimators": 20, "n_boot": 50}
+    cands = [
+        None,
+        DomainEvidence(**small),
+        DomainEvidence(**small, rescue_n0=2.0),
+        DomainEvidence(**small, rescue_n0=2.0, rescue_space="embedding", target="no-known-loss"),
+    ]
     pick, figs = select_evidence(rows, "airline", 0.2, cands, seeds=1, n_estimators=20)
-    assert set(figs) == {"prior only", cands[1].label()}
+    assert set(figs) == {"prior only", *(c.label() for c in cands[1:])}
+    # the inner domains' rescue priors come from the other inner domain, never from airline
+    assert [(d.domain, round(d.rescue_rate, 6)) for d in inner] == [
+        ("retail", round(_rescue_rate(rows, ["telecom"]), 6)),
+        ("telecom", round(_rescue_rate(rows, ["retail"]), 6)),
+    ]
     assert pick in cands and all(0.0 <= v <= 1.0 for v in figs.values())
     assert figs["prior only" if pick is None else pick.label()] == max(figs.values())
+
+
+def _synthetic_domain(seed: int, n: int = 120, *, strong_fails: float = 0.4) -> DomainScores:
+    """A domain whose prior scores track the weak failures and whose strong tier fails on part of
+    them (the hard tasks), with task embeddings that cluster the hard ones."""
+    from training.eval.budget_eval import DomainScores
+    from training.eval.outcome import RunRecord
+
+    rng = np.random.default_rng(seed)
+    recs, scores, xs, emb = [], {}, {}, {}
+    for i in range(n):
+        fail = bool(rng.random() < 0.5)
+        hard = fail and bool(rng.random() < strong_fails)
+        k = int(rng.integers(3, 8))
+        rid = f"r{i}"
+        recs.append(
+            RunRecord.make(
+                rid, [100] * k, [10] * k, weak_success=not fail, strong_success=not hard, task_id=f"t{i}"
+            )
+        )
+        signal = (1.0 if fail else 0.0) + (1.0 if hard else 0.0) + 0.5 * rng.standard_normal(k)
+        xs[rid] = np.column_stack([signal, rng.standard_normal(k)])
+        scores[rid] = (1 / (1 + np.exp(-signal))).tolist()
+        e = rng.standard_normal(8) + (4.0 if hard else 0.0)
+        emb[rid] = e / np.linalg.norm(e)
+    prior = 1 / (1 + np.exp(-rng.standard_normal(200)))
+    return DomainScores("d", recs, scores, prior, 0, xs, ("a", "b"), emb, 0.95)
+
+
+def _evidence_variants() -> list[Any]:
+    from training.eval.budget_eval import DomainEvidence
+
+    small = {"min_labelled": 20, "refit_every": 20, "n_estimators": 20, "n_boot": 50}
+    return [
+        DomainEvidence(**small),
+        DomainEvidence(**small, rescue_n0=2.0),
+        DomainEvidence(**small, rescue_n0=2.0, rescue_space="embedding"),
+        DomainEvidence(**small, target="no-known-loss"),
+    ]
+
+
+@pytest.mark.parametrize("which", range(4))
+def test_a_decision_reads_only_the_outcomes_of_runs_that_ended_before_it(which):
+    """Prequential: flipping the outcomes (weak and strong) of every run from arrival position ``m``
+    on leaves the decisions of the runs before ``m`` — and of run ``m`` itself — unchanged, for every
+    kind of domain evidence (the AUC switch, the benefit factor in both kernel spaces, the wider
+    label); and the flipped outcomes do change later decisions (the test can fail)."""
+    from dataclasses import replace
+
+    from training.eval.budget_eval import evaluate_budget
+
+    ev = _evidence_variants()[which]
+    d = _synthetic_domain(3)
+    res = evaluate_budget(d, 0.2, evidence=ev, n_boot=20)
+    decisions = res.extra["decisions"]
+    moved_later = False
+    for m in (25, 60, 90):
+        later = {rid for rid, _ in decisions[m:]}
+        flipped = replace(
+            d,
+            records=[
+                replace(r, weak_success=not r.weak_success, strong_success=not r.strong_success)
+                if r.run_id in later
+                else r
+                for r in d.records
+            ],
+        )
+        again = evaluate_budget(flipped, 0.2, evidence=ev, n_boot=20).extra["decisions"]
+        assert again[: m + 1] == decisions[: m + 1]
+        moved_later |= again[m + 1 :] != decisions[m + 1 :]
+    assert moved_later, "outcomes never changed any later decision: the evidence is not read at all"
+    # what the router never sees (the strong outcome of a run that stayed local, the weak outcome of
+    # one that escalated) changes no decision at all
+    esc = {rid for rid, k in decisions if k is not None}
+    unseen = replace(
+        d,
+        records=[
+            replace(r, weak_success=not r.weak_success)
+            if r.run_id in esc
+            else replace(r, strong_success=not r.strong_success)
+            for r in d.records
+        ],
+    )
+    assert evaluate_budget(unseen, 0.2, evidence=ev, n_boot=20).extra["decisions"] == decisions
+
+
+def test_benefit_ranking_steers_the_budget_away_from_runs_the_strong_tier_fails():
+    """Step 6b: where the prior's top scores are runs the strong tier also fails, the rescue factor
+    learnt from the ended escalated runs moves the budget to runs it can rescue; the share stays on
+    the budget."""
+    from training.eval.budget_eval import evaluate_budget
+
+    d = _synthetic_domain(5, n=300, strong_fails=0.6)
+    plain, score, emb = (evaluate_budget(d, 0.2, evidence=ev, n_boot=50) for ev in _evidence_variants()[:3])
+    for r in (plain, score, emb):
+        assert abs(r.realised_share - 0.2) <= 0.05
+    assert score.success["budgeted"].mean > plain.success["budgeted"].mean
+    assert emb.success["budgeted"].mean > plain.success["budgeted"].mean
+
+
+def test_the_rescue_prior_reads_the_training_domains_only():
+    """The Beta prior's mean (the training domains' rescue rate) of a held-out domain does not move
+    when the held-out domain's strong outcomes change, and does when a training domain's do."""
+    from dataclasses import replace
+
+    from features.runlog import read_runlog
+    from features.samples import sample_path
+    from training.eval.budget_eval import PairedRows, domain_scores
+
+    rows = PairedRows.of(read_runlog(sample_path("paired/tau2bench_all.parquet")))
+
+    def rates(rs: PairedRows) -> dict[str, float]:
+        return {d.domain: d.rescue_rate for d in domain_scores(rs, n_estimators=5)}
+
+    ref = rates(rows)
+    dom_of = {str(r): str(d) for r, d in zip(rows.rids, rows.row_dom, strict=True)}
+
+    def flip(domain: str) -> PairedRows:
+        recs = {
+            k: replace(r, strong_success=not r.strong_success, strong_p=None)
+            if dom_of.get(k) == domain and r.quality_known
+            else r
+            for k, r in rows.records.items()
+        }
+        return replace(rows, records=recs)
+
+    got = rates(flip("telecom"))
+    assert got["telecom"] == ref["telecom"]
+    assert got["airline"] != ref["airline"] and got["retail"] != ref["retail"]

@@ -48,6 +48,21 @@ Algorithm of :func:`lodo_budget`:
    a switch or a refit the budget's window is rebuilt from the ended runs' scores under the new
    ranker (escalated flags kept, so the catch-up still counts the spend). The per-step-threshold baseline
    keeps the prior's scores (the bundle's P, what that policy reads).
+   **6b. Expected benefit** (``rescue_n0 > 0``): the weak run's failure is half of the benefit; the
+   other half, whether the strong tier rescues it, is seen on every escalated run when it ends.
+   The ranker's step score ``p`` is multiplied by a rescue factor ``Q``: a Beta posterior mean whose
+   prior mean is the training domains' rescue rate (the strong tier's mean success on their weak
+   runs that failed, :attr:`DomainScores.rescue_rate`) with weight ``rescue_n0``, plus the strong
+   outcomes ``s_j`` of the domain's ended escalated runs weighted by a kernel ``w_j``:
+   ``Q = (n0 m0 + sum w_j s_j) / (n0 + sum w_j)``. The kernel's space (``rescue_space``): *score*,
+   ``w_j = exp(-|u - u_j| / h)`` with ``u`` the step score's rank among the ended runs' max scores
+   and ``u_j`` the rank of the running max at which run ``j`` escalated (the prior's top may be
+   the tasks nobody solves); *embedding*, ``w_j = exp((cos(e, e_j) - 1) / h)`` over the task
+   embeddings (tasks like ones the strong tier failed). A run's own outcome never weighs its own
+   ``Q``; after each escalated run ends the window is rebuilt under the new scores (spend kept).
+   ``target = "no-known-loss"`` widens the rankers' label to the ended escalated runs (1 where the
+   strong tier succeeded, 0 where it failed: escalating that run is known to have bought nothing),
+   each read on the steps it ran locally.
 7. **Knob choice inside the training domains** (:func:`select_evidence`): each candidate
    :class:`DomainEvidence` (and ``None``) is run with each *training* domain arriving and the prior
    trained on the other training domains only; the candidate with the highest mean budgeted
@@ -56,7 +71,8 @@ Algorithm of :func:`lodo_budget`:
 
 Knobs: ``share`` (the budget), ``window`` / ``min_window`` (of the budget), ``n_estimators``,
 ``seed`` (arrival order, bootstrap), ``prices``, ``evidence`` (:class:`DomainEvidence`:
-``min_labelled``, ``refit_every``, ``folds``, ``n_estimators``, ``n_boot``).
+``min_labelled``, ``refit_every``, ``folds``, ``n_estimators``, ``n_boot``, ``rescue_n0``,
+``rescue_space``, ``rescue_h``, ``target``).
 """
 
 from __future__ import annotations
@@ -108,9 +124,24 @@ class DomainEvidence:
     folds: int = 3  # task-grouped folds of the domain model's cross-fitted AUC
     n_estimators: int = 60  # trees of the domain model
     n_boot: int = 200  # task-bootstrap resamples of the AUC differences
+    # step 6b: rank by expected benefit P(weak fails) x Q, Q the strong tier's success near the run
+    # (Beta prior: the training domains' rescue rate with weight rescue_n0; 0 = off)
+    rescue_n0: float = 0.0
+    # the kernel's space: "score" (the step score's rank among the ended runs' max scores, kernel
+    # exp(-|u - u_j| / h)) or "embedding" (the task embeddings' cosine, kernel exp((cos - 1) / h))
+    rescue_space: str = "score"
+    rescue_h: float = 0.1  # the kernel's bandwidth
+    # the rankers' label: "weak-failure" (ended local runs) or "no-known-loss" (also ended escalated
+    # runs, 0 where the strong tier failed: escalation is known not to have helped)
+    target: str = "weak-failure"
 
     def label(self) -> str:
-        return f"evidence(min {self.min_labelled}, every {self.refit_every})"
+        out = f"evidence(min {self.min_labelled}, every {self.refit_every}"
+        if self.rescue_n0 > 0:
+            out += f", benefit/{self.rescue_space} n0 {self.rescue_n0:g}"
+        if self.target != "weak-failure":
+            out += f", {self.target}"
+        return out + ")"
 
 
 @dataclass
@@ -213,6 +244,7 @@ class PairedRows:
     rids: np.ndarray
     row_dom: np.ndarray
     records: dict[str, RunRecord]
+    embed: dict[str, np.ndarray] = field(default_factory=dict)  # run -> unit task embedding
 
     @classmethod
     def of(cls, log: Any) -> PairedRows:
@@ -232,6 +264,7 @@ class PairedRows:
             rids=rids,
             row_dom=np.array([dom_of.get(r, "") for r in rids], dtype=object),
             records=records_from_frames(log.runs, log.steps),
+            embed=_unit_embeddings(runs),
         )
 
     @property
@@ -250,6 +283,10 @@ class DomainScores:
     train_rows: int
     step_X: dict[str, np.ndarray] = field(default_factory=dict)  # run -> its step feature rows
     train_domains: tuple[str, ...] = ()
+    embed: dict[str, np.ndarray] = field(default_factory=dict)  # run -> unit task embedding
+    # the training domains' rescue rate: the strong tier's mean success on their weak runs that
+    # failed (the Beta prior's mean of step 6b; NaN: unknown)
+    rescue_rate: float = math.nan
 
 
 def _lgbm(n_estimators: int, seed: int) -> Any:
@@ -284,7 +321,48 @@ def _score_domain(
     Xh = rows.X[held]
     recs = [rows.records[r] for r in step_scores if r in rows.records and rows.records[r].quality_known]
     step_X = {r.run_id: Xh[step_rows[r.run_id]] for r in recs}
-    return DomainScores(dom, recs, step_scores, prior, int(train.sum()), step_X, tuple(train_doms))
+    emb = {r.run_id: rows.embed[r.run_id] for r in recs if r.run_id in rows.embed}
+    return DomainScores(
+        dom,
+        recs,
+        step_scores,
+        prior,
+        int(train.sum()),
+        step_X,
+        tuple(train_doms),
+        emb,
+        _rescue_rate(rows, train_doms),
+    )
+
+
+def _rescue_rate(rows: PairedRows, train_doms: Sequence[str]) -> float:
+    """Mean strong expected success over the weak runs of ``train_doms`` that failed (never a run of
+    another domain: the held-out domain's outcomes do not enter)."""
+    dom_of = {str(r): str(d) for r, d in zip(rows.rids, rows.row_dom, strict=True)}
+    vals = [
+        float(r.strong_expected)
+        for rid, r in rows.records.items()
+        if dom_of.get(rid) in train_doms
+        and r.quality_known
+        and not r.weak_success
+        and r.strong_expected is not None
+    ]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def _unit_embeddings(runs: Any) -> dict[str, np.ndarray]:
+    """Run -> its task embedding scaled to unit length (runs without one are left out)."""
+    if "task_embedding" not in runs:
+        return {}
+    out: dict[str, np.ndarray] = {}
+    for rid, e in zip(runs["run_id"], runs["task_embedding"], strict=True):
+        if e is None or isinstance(e, float) or len(e) == 0:
+            continue
+        v = np.asarray(e, dtype=float)
+        n = float(np.linalg.norm(v))
+        if n > 0:
+            out[str(rid)] = v / n
+    return out
 
 
 def domain_scores(log: Any, *, n_estimators: int = 80, seed: int = 0) -> list[DomainScores]:
@@ -308,17 +386,30 @@ POLICIES = ("budgeted", "per-step-threshold", "random-mixing", "always-local", "
 
 
 class _Rankers:
-    """Step 6 of the module docstring: which ranker orders the domain's runs, from its ended local runs."""
+    """Step 6 of the module docstring: which ranker orders the domain's runs, from its ended runs."""
 
     def __init__(self, d: DomainScores, ev: DomainEvidence, seed: int):
         self.d, self.ev, self.seed = d, ev, seed
         self.choice = "prior"
-        self.scores: dict[str, list[float]] = d.step_scores
+        self.base: dict[str, list[float]] = d.step_scores  # the chosen ranker's step scores
+        self.scores: dict[str, list[float]] = d.step_scores  # base x rescue factor (step 6b)
         self.history: list[tuple[int, str, float, float]] = []  # (labelled, choice, prior AUC, domain AUC)
         self._last = 0
         self._ids = list(d.step_X)
         self._X = np.vstack([d.step_X[r] for r in self._ids]) if self._ids else np.zeros((0, 0))
         self._ptr = np.concatenate([[0], np.cumsum([len(d.step_X[r]) for r in self._ids])]).astype(np.int64)
+        # step 6b: ended runs; ended escalated runs (id, escalation step, strong outcome observed)
+        self._ended: list[str] = []
+        self._rescued: list[tuple[str, int, float]] = []
+        m0 = d.rescue_rate
+        self._m0 = 1.0 if math.isnan(m0) else m0
+        self._emb_ids = [r for r in d.step_scores if r in d.embed]
+        self._E = np.vstack([d.embed[r] for r in self._emb_ids]) if self._emb_ids else np.zeros((0, 0))
+        self._row = {r: i for i, r in enumerate(self._emb_ids)}
+
+    @property
+    def benefit(self) -> bool:
+        return self.ev.rescue_n0 > 0
 
     def due(self, n_labelled: int) -> bool:
         ev = self.ev
@@ -326,23 +417,81 @@ class _Rankers:
             self._last == 0 or n_labelled - self._last >= ev.refit_every
         )
 
-    def update(self, labelled: list[RunRecord]) -> bool:
-        """Compare the rankers on ``labelled`` (ended local runs); True when the scores changed."""
+    def observe_end(self, rec: RunRecord, k: int | None) -> bool:
+        """A run ended (escalated at step ``k``, or None); an escalated run reports the strong tier's
+        outcome, which updates the rescue factor (step 6b). True when the scores changed."""
+        self._ended.append(rec.run_id)
+        if not self.benefit or k is None or rec.strong_success is None:
+            return False
+        if self.ev.rescue_space == "embedding" and rec.run_id not in self._row:
+            return False
+        self._rescued.append((rec.run_id, k, 1.0 if rec.strong_success else 0.0))
+        self._rescale()
+        return True
+
+    def _rescale(self) -> None:
+        """``scores`` = ``base`` x the rescue factor Q (step 6b): a Beta posterior mean, prior mean the
+        training domains' rescue rate with weight ``rescue_n0``, plus the strong outcomes of the
+        ended escalated runs weighted by a kernel; a run's own outcome never weighs its own Q."""
+        if not self._rescued:
+            self.scores = self.base
+            return
+        ids = [r for r, _, _ in self._rescued]
+        s = np.array([v for _, _, v in self._rescued])
+        n0, m0, h = self.ev.rescue_n0, self._m0, self.ev.rescue_h
+        if self.ev.rescue_space == "embedding":  # per run: cosine of the task embeddings
+            cos = self._E @ self._E[[self._row[r] for r in ids]].T  # runs x escalated runs
+            w = np.exp((cos - 1.0) / h)
+            for j, r in enumerate(ids):
+                w[self._row[r], j] = 0.0
+            q = (n0 * m0 + w @ s) / (n0 + w.sum(axis=1))
+            qr = dict(zip(self._emb_ids, q.tolist(), strict=True))
+            self.scores = {r: [x * qr.get(r, m0) for x in v] for r, v in self.base.items()}
+            return
+        # per step: the score's rank among the ended runs' max scores (scale-free), against the
+        # rank of the running max at which each escalated run was sent
+        ref = np.sort([max(self.base[r]) for r in self._ended])
+        esc_u = np.searchsorted(ref, [max(self.base[r][: k + 1]) for r, k, _ in self._rescued]) / len(ref)
+        own = {r: j for j, r in enumerate(ids)}
+        out: dict[str, list[float]] = {}
+        for r, v in self.base.items():
+            x = np.asarray(v, dtype=float)
+            u = np.searchsorted(ref, x) / len(ref)
+            w = np.exp(-np.abs(u[:, None] - esc_u[None, :]) / h)
+            if r in own:
+                w[:, own[r]] = 0.0
+            out[r] = (x * (n0 * m0 + w @ s) / (n0 + w.sum(axis=1))).tolist()
+        self.scores = out
+
+    def update(self, labelled: list[tuple[RunRecord, int | None]], n_labelled: int) -> bool:
+        """Compare the rankers on ``labelled`` (ended runs, with their escalation step; ``n_labelled``
+        of them carry a label for ``target``); True when the scores changed. ``target =
+        "weak-failure"`` reads the local runs only."""
         from sklearn.model_selection import GroupKFold
 
-        self._last = len(labelled)
-        y = np.array([0.0 if r.weak_success else 1.0 for r in labelled])
-        tasks = np.array([r.task_id or r.run_id for r in labelled], dtype=object)
-        if y.min() == y.max() or len(set(tasks.tolist())) < self.ev.folds:
+        self._last = n_labelled
+        runs, y, used = [], [], []
+        for rec, k in labelled:
+            if k is None:
+                runs.append(rec)
+                y.append(0.0 if rec.weak_success else 1.0)
+                used.append(rec.n_steps)
+            elif self.ev.target == "no-known-loss" and rec.strong_success is not None:
+                runs.append(rec)  # the steps seen on the local tier, up to the escalation
+                y.append(1.0 if rec.strong_success else 0.0)
+                used.append(k + 1)
+        ya = np.array(y)
+        tasks = np.array([r.task_id or r.run_id for r in runs], dtype=object)
+        if len(ya) == 0 or ya.min() == ya.max() or len(set(tasks.tolist())) < self.ev.folds:
             return False
-        prior = np.array([max(self.d.step_scores[r.run_id]) for r in labelled])
+        prior = np.array([max(self.d.step_scores[r.run_id][:u]) for r, u in zip(runs, used, strict=True)])
         preds: list[np.ndarray] = []  # per fold model: its P on every step row of the domain
         fold_of: dict[str, int] = {}
-        for tr, te in GroupKFold(self.ev.folds).split(prior, y, tasks):
-            if y[tr].min() == y[tr].max():
+        for tr, te in GroupKFold(self.ev.folds).split(prior, ya, tasks):
+            if ya[tr].min() == ya[tr].max():
                 return False
-            m = self._fit([labelled[i] for i in tr], y[tr])
-            fold_of.update({labelled[i].run_id: len(preds) for i in te})
+            m = self._fit([(runs[i], used[i]) for i in tr], ya[tr])
+            fold_of.update({runs[i].run_id: len(preds) for i in te})
             preds.append(np.asarray(m.predict_proba(self._X))[:, 1])
         # every run is scored by ONE fold model it was not trained on: a labelled run by its own
         # fold's, any other by a run-stable draw; so the window's scores and those of the runs still
@@ -353,27 +502,28 @@ class _Rankers:
             ].tolist()
             for i, r in enumerate(self._ids)
         }
-        oof = np.array([max(dom_scores[r.run_id]) for r in labelled])
-        cand = {"prior": prior, "none": np.full(len(y), 0.5), "domain": oof}
-        auc = _boot_auc(cand, y, tasks, self.ev.n_boot, self.seed)
+        oof = np.array([max(dom_scores[r.run_id][:u]) for r, u in zip(runs, used, strict=True)])
+        cand = {"prior": prior, "none": np.full(len(ya), 0.5), "domain": oof}
+        auc = _boot_auc(cand, ya, tasks, self.ev.n_boot, self.seed)
         ref = auc["prior"]
         better = [
             k for k in cand if k != "prior" and auc[k][0] - ref[0] > float(np.std(auc[k][1] - ref[1], ddof=1))
         ]
         new = max(better, key=lambda k: auc[k][0]) if better else "prior"
-        self.history.append((len(labelled), new, ref[0], auc["domain"][0]))
+        self.history.append((n_labelled, new, ref[0], auc["domain"][0]))
         changed = new != self.choice or new == "domain"
         self.choice = new
         if new == "prior":
-            self.scores = self.d.step_scores
+            self.base = self.d.step_scores
         elif new == "none":
-            self.scores = {r: [0.5] * len(v) for r, v in self.d.step_scores.items()}
+            self.base = {r: [0.5] * len(v) for r, v in self.d.step_scores.items()}
         else:
-            self.scores = dom_scores
+            self.base = dom_scores
+        self._rescale()
         return changed
 
-    def _fit(self, runs: list[RunRecord], y: np.ndarray) -> Any:
-        Xs = [self.d.step_X[r.run_id] for r in runs]
+    def _fit(self, runs: list[tuple[RunRecord, int]], y: np.ndarray) -> Any:
+        Xs = [self.d.step_X[r.run_id][:u] for r, u in runs]
         ys = np.concatenate([np.full(len(x), v) for x, v in zip(Xs, y, strict=True)])
         return _lgbm(self.ev.n_estimators, self.seed).fit(np.vstack(Xs), ys)
 
@@ -427,22 +577,31 @@ def evaluate_budget(
     succ = {k: np.zeros(n) for k in POLICIES}
     cost = {k: np.zeros(n) for k in POLICIES}
     esc = np.zeros(n, dtype=bool)
+    steps: list[int | None] = [None] * n
     rankers = _Rankers(d, evidence, seed) if evidence is not None else None
     ended: list[int] = []
-    labelled: list[RunRecord] = []
+    labelled: list[tuple[RunRecord, int | None]] = []  # ended runs whose outcome the router saw
+    n_local = 0
     for i in order.tolist():
         rec = recs[i]
         scores = d.step_scores if rankers is None else rankers.scores
         k = budget_run(np.asarray(scores[rec.run_id]), bq, d.domain, rec.run_id)
-        esc[i] = k is not None
+        esc[i], steps[i] = k is not None, k
         t = _tiers_from(k, rec.n_steps)
         succ["budgeted"][i] = run_success(rec, t) or 0.0
         cost["budgeted"][i] = run_costs(rec, t, pr)[0]
         ended.append(i)
-        if k is None:  # the weak run's outcome is reported when it ends
-            labelled.append(rec)
-        if rankers is not None and rankers.due(len(labelled)) and rankers.update(labelled):
-            bq = BudgetQuantile(cfg, d.prior)  # the window under the new ranker, spend kept
+        if rankers is None:
+            continue
+        # the run ends: a local run reports the weak model's outcome, an escalated one the strong's
+        labelled.append((rec, k))
+        n_local += k is None
+        changed = rankers.observe_end(rec, k)
+        n_lab = n_local if rankers.ev.target == "weak-failure" else len(labelled)
+        if rankers.due(n_lab):
+            changed = rankers.update(labelled, n_lab) or changed
+        if changed:
+            bq = BudgetQuantile(cfg, d.prior)  # the window under the new scores, spend kept
             for j in ended:
                 r = recs[j]
                 bq.observe(d.domain, tie_break(max(rankers.scores[r.run_id]), r.run_id), bool(esc[j]))
@@ -484,6 +643,8 @@ def evaluate_budget(
             "ranker": None if rankers is None else rankers.choice,
             "ranker_history": [] if rankers is None else rankers.history,
             "evidence": None if evidence is None else evidence.label(),
+            # arrival order and each run's escalation step (None: stayed local)
+            "decisions": [(recs[i].run_id, steps[i]) for i in order.tolist()],
         },
     )
 
