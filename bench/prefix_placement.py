@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/prefix_placement.py [--data ../shared/data] [--replicas N] [--kv-cache-gb 16]
+    .venv/bin/python bench/prefix_placement.py [--data ../shared/data] [--replicas N] [--kv-cache-gb auto|16]
         [--gpu a100] [--slo-s 10] [--no-find] [--limit-runs N] [--runs-window 0:20] [--split-min 20]
         [--policies always-local,prefix-aware] [--scoring '{"kv_tokens": 2000}']
         [--out runroute-report/prefix_placement]
@@ -12,7 +12,9 @@ Algorithm:
 1. Import the whole Mooncake conversation trace (``features.importers.mooncake``; the trace's
    ``hash_ids`` are the block chains) and replay it closed-loop with its logged run starts
    (``--arrivals trace``) through the what-if simulator at one deployment (node profile of
-   ``--gpu``, ``--kv-cache-gb`` per replica, ``--replicas``; default the capacity pre-check's
+   ``--gpu``, ``--kv-cache-gb`` per replica (default ``auto``: what ``runroute whatif`` derives for
+   the profile's GPU, 58.2 GB on the A100-80GB profile; the fallback constant where the profile has
+   no memory figures), ``--replicas``; default the capacity pre-check's
    suggested start) under ``always-local`` (load-balanced, the baseline), ``session-sticky`` and
    ``prefix-aware`` (:class:`router.policy.baselines.PrefixAwarePolicy`: the prefix index + the
    prefix-cost pick). The simulator places through the step engine's prefix index, as the sidecar.
@@ -232,7 +234,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument("--replicas", type=int, default=None)
-    ap.add_argument("--kv-cache-gb", type=float, default=16.0)
+    ap.add_argument("--kv-cache-gb", default="auto", help="GB per replica, or auto (as whatif)")
     ap.add_argument("--gpu", default="a100")
     ap.add_argument("--slo-s", type=float, default=10.0)
     ap.add_argument("--no-find", action="store_true")
@@ -286,6 +288,12 @@ def main() -> None:
         work = Workload.from_runlog(log)
         starts = run_starts("trace", len(work.runs), logged_starts=work.logged_starts())
     prof = load_profile(None, a.gpu)
+    if str(a.kv_cache_gb).strip().lower() == "auto":  # the deployment's KV size, as whatif derives it
+        from router.policy.defaults import KV_CACHE_GB
+
+        a.kv_cache_gb = prof.default_kv_cache_gb() or KV_CACHE_GB
+    else:
+        a.kv_cache_gb = float(a.kv_cache_gb)
     base = SimConfig(profile=prof, kv_cache_gb=a.kv_cache_gb, slo_short_s=a.slo_s)
     n_rep = a.replicas or int(capacity_check(work, starts, base, [1, 2, 4, 8])["suggested_start_replicas"])
     cfg = SimConfig(profile=prof, kv_cache_gb=a.kv_cache_gb, slo_short_s=a.slo_s, replicas=n_rep)
