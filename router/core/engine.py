@@ -314,8 +314,12 @@ class StepEngine:
             loads = self.traffic.replicas if self.traffic is not None else None
             # every replica's match in one pass (PrefixIndex.lookup: one dictionary lookup for a
             # replica without the chain's first block, two more when the run's hint there is right)
-            hints = idx.lookup(chain, n, track.prefix_hints)
             reps = idx.replicas
+            if len(backends) <= len(reps):  # the adapter gave some of the replicas: only theirs
+                names = [b.name for b in backends if b.tier == "local"]
+                hints = idx.lookup_some(chain, n, track.prefix_hints, names)
+            else:
+                hints = idx.lookup(chain, n, track.prefix_hints)
             for b in backends:
                 if b.tier == "local":
                     b.warm_prefix_tokens = hints[b.name] * bt if b.name in reps else 0

@@ -396,6 +396,23 @@ class PrefixIndex:
             self._cold = hints.copy()
         return hints
 
+    def lookup_some(
+        self, chain: Sequence[int], n: int, hints: dict[str, int], names: Sequence[str]
+    ) -> dict[str, int]:
+        """:meth:`lookup` for the replicas ``names`` only (each by its own :meth:`match`, its value in
+        ``hints`` the probe), written into ``hints`` and returned: for an adapter that gives the
+        engine a few of the replicas (the simulator, for a run a pin-keeping policy keeps where it
+        is). The same answers for those; the other replicas' values are left as they were (they are
+        search hints only)."""
+        if n > len(chain):
+            n = len(chain)
+        reps = self.replicas
+        for name in names:
+            r = reps.get(name)
+            if r is not None:
+                hints[name] = r.match(chain, n, hints.get(name, 0)) if n > 0 else 0
+        return hints
+
     def _lookup_masks(
         self, chain: Sequence[int], n: int, hints: dict[str, int], guess: dict[str, int]
     ) -> dict[str, int]:

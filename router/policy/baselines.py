@@ -54,13 +54,22 @@ _PREFIX_COST = ScoreWeights(load_tokens=512.0, kv_tokens=2000.0, min_gain_tokens
 
 
 class _Fixed:
-    """Shared body: requested model first, then the subclass's tier rule, then placement."""
+    """Shared body: requested model first, then the subclass's tier rule, then placement.
+
+    ``keeps_local_pin``: the tier rule reads no backend and placement keeps the pin, so a run pinned
+    to a local replica that passes the filter (healthy, context fits) and names no model is placed
+    on that replica or on a frontier backend, whatever the other local replicas' states: an adapter
+    may give such a step only that replica and the frontier backends (the simulator does)."""
 
     __slots__ = ("name", "weights")
 
     def __init__(self, weights: ScoreWeights = DEFAULT_WEIGHTS, name: str = ""):
         self.weights = weights
         self.name = name
+
+    @property
+    def keeps_local_pin(self) -> bool:
+        return True
 
     def _tier(self, snap: Snapshot) -> tuple[Tier, str, dict[str, float] | None]:
         raise NotImplementedError
@@ -84,6 +93,10 @@ class AlwaysLocalPolicy(_Fixed):
     def __init__(self, weights: ScoreWeights = _LOAD_ONLY, sticky: bool = False, name: str = "always-local"):
         super().__init__(weights, name)
         self.sticky = sticky
+
+    @property
+    def keeps_local_pin(self) -> bool:
+        return self.sticky
 
     def _tier(self, snap: Snapshot) -> tuple[Tier, str, dict[str, float] | None]:
         return "local", "always-local", None

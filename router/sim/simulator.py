@@ -188,6 +188,7 @@ class Simulator:
         self._local_cache = [self._local_state(r, 0.0) for r in self.replicas]
         for r in self.all_replicas:
             r.watch = self._changed
+        self._keeps_pin = bool(getattr(policy, "keeps_local_pin", False))
 
     def _engine(self, admission: AdmissionController | AdmissionConfig | None) -> StepEngine:
         B = self.cfg.block_tokens
@@ -256,20 +257,48 @@ class Simulator:
             inflight_context_tokens=self._inflight_ctx.get(rep.name, 0),
         )
 
-    def _backends(self, run: _Run, t: float) -> list[BackendState]:
+    def _pin_only(self, run: _Run, prompt: int) -> int | None:
+        """The position of the run's local replica when the step needs only that replica's state
+        (and the frontier's): the policy keeps a local pin (``keeps_local_pin``: placed there or on
+        the frontier whatever the other replicas' states), the replica passes the filter (healthy,
+        the prompt fits its context) and admission has already seen the run. None otherwise."""
+        if not self._keeps_pin:
+            return None
+        st = run.state
+        if st.tier != "local" or st.replica is None or prompt > self.local_max_context:
+            return None
+        if self.engine.admission is not None and st.admitted is None:
+            return None
+        return self._local_pos.get(st.replica)
+
+    def _backends(self, run: _Run, t: float, pin: int | None = None) -> list[BackendState]:
         """The replicas' states (rebuilt only for replicas on the change list; every one when a wake
-        is in progress, since its remaining wake time moves with the clock) and the frontier's."""
+        is in progress, since its remaining wake time moves with the clock) and the frontier's.
+        ``pin`` (:meth:`_pin_only`): only that replica's state, then the frontier's; the other
+        replicas stay on the change list until a step reads them."""
         changed = self._changed
-        if self.cfg.scale_to_zero:
+        if pin is not None:
+            rep = self.replicas[pin]
+            if self.cfg.scale_to_zero:
+                out = [self._local_state(rep, t)]
+            else:
+                if rep.marked:  # read now: it stays on the list, skipped there unless marked again
+                    rep.marked = False
+                    self._local_cache[pin] = self._local_state(rep, t)
+                    if len(changed) > 4 * len(self.replicas) + 16:  # re-marked often: drop stale
+                        changed[:] = [r for r in dict.fromkeys(changed) if r.marked]
+                out = [self._local_cache[pin]]
+        elif self.cfg.scale_to_zero:
             out = [self._local_state(rep, t) for rep in self.replicas]
         else:
             if changed:
                 cache, pos = self._local_cache, self._local_pos
                 for rep in changed:
-                    rep.marked = False
-                    i = pos.get(rep.name)
-                    if i is not None:
-                        cache[i] = self._local_state(rep, t)
+                    if rep.marked:
+                        rep.marked = False
+                        i = pos.get(rep.name)
+                        if i is not None:
+                            cache[i] = self._local_state(rep, t)
                 changed.clear()
             out = self._local_cache.copy()
         fc = self.cfg.frontier
@@ -319,7 +348,7 @@ class Simulator:
         turn = run.turn = eng.begin(state, run.track)
         plan = turn.plan(
             req,
-            self._backends(run, t),
+            self._backends(run, t, self._pin_only(run, s.prompt) if req.requested_model is None else None),
             now=t,
             policy=self.policy,
             predictor=self.predictor,
