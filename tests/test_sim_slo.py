@@ -212,8 +212,10 @@ def test_target_key_round_trips() -> None:
         assert t.key == text and isinstance(t, Target)
 
 
-def test_cached_backend_states_equal_a_full_rebuild_at_every_step(monkeypatch) -> None:
-    """The change list (router.sim.node) must never leave a stale replica state for the policy."""
+@pytest.mark.parametrize("policy", ["always-local", "session-sticky"])
+def test_cached_backend_states_equal_a_full_rebuild_at_every_step(monkeypatch, policy) -> None:
+    """The change list (router.sim.node) must never leave a stale replica state for the policy,
+    also when pin-only steps (session-sticky) read one replica and leave the others on the list."""
     from router.sim.simulator import Simulator
 
     steps, runs = frame(_runs(30, long_every=5), starts=[0.3 * i for i in range(30)])
@@ -223,15 +225,18 @@ def test_cached_backend_states_equal_a_full_rebuild_at_every_step(monkeypatch) -
     orig = Simulator._backends
     checked = []
 
-    def both(self, run, t):
-        got = orig(self, run, t)
-        assert got[:-1] == [self._local_state(r, t) for r in self.replicas]
-        checked.append(1)
+    def both(self, run, t, pin=None):
+        got = orig(self, run, t, pin)
+        reps = self.replicas if pin is None else [self.replicas[pin]]
+        assert got[:-1] == [self._local_state(r, t) for r in reps]
+        checked.append(pin is None)
         return got
 
     monkeypatch.setattr(Simulator, "_backends", both)
-    res = Simulator(w, build_policy("always-local"), cfg, st).run()
+    res = Simulator(w, build_policy(policy), cfg, st).run()
     assert len(checked) == len(res.outcome) == 60
+    if policy == "session-sticky":  # both kinds of step were checked
+        assert 0 < sum(checked) < len(checked)
 
 
 def test_cli_lists_profiles_and_warns_on_an_slo_below_its_floor(tmp_path) -> None:
