@@ -86,10 +86,10 @@ def _reply(stream: bool, raw_len: int) -> Any:
 class _Upstream:
     """The fake backend's answers, without keeping the calls (FakeUpstream keeps every one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream: bool) -> None:
         from router.server.hotpath.upstream import FakeUpstream
 
-        self._f = FakeUpstream(lambda call: _reply(b'"stream":true' in call.body, len(call.body)))
+        self._f = FakeUpstream(lambda call: _reply(stream, len(call.body)))
         metrics = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.1\n"
         self._f.get_replies = {"/metrics": (200, metrics), "/health": (200, b"")}
 
@@ -211,7 +211,7 @@ async def _run(a: argparse.Namespace) -> int:
         "context": {"embed": a.embed},
     }
     s = RouterSettings.load(None, **cfg)
-    app = create_app(s, upstream=_Upstream())
+    app = create_app(s, upstream=_Upstream(a.stream))
     task, inbox = await _lifespan(app)
     bodies = ChatBodies("auto", a.steps, 2048, 204800, a.stream, "header")
     rng = random.Random(a.seed)

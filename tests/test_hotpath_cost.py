@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import random
 
+import orjson
 import pytest
 from starlette.requests import Request
 
 from features.schema import Step
 from router.core.record import _construct_step
 from router.server.hotpath.backends import client_gone
+from router.server.protocols.base import rewrite_body
 from router.server.protocols.validate import json_depth
 
 
@@ -158,3 +160,54 @@ def test_client_gone_drops_a_body_message_and_waits_for_nothing():
         assert not await _request(more).is_disconnected()
 
     asyncio.run(go())
+
+
+def _spliced(raw: bytes, body: dict, model: str, include_usage: bool) -> bytes:
+    """rewrite_body as it was before (three copies of the body), for the comparison."""
+    from router.server.protocols.base import _model_span, _reserialise
+
+    so = body.get("stream_options")
+    need_usage = include_usage and not (isinstance(so, dict) and so.get("include_usage") is True)
+    if need_usage and so is not None:
+        return _reserialise(body, model, True)
+    new_model = b'"model":' + orjson.dumps(model)
+    if isinstance(body.get("model"), str):
+        span = _model_span(raw)
+        if span is None:
+            return _reserialise(body, model, need_usage)
+        raw = raw[: span[0]] + new_model + raw[span[1] :]
+        prefix = b""
+    elif "model" not in body:
+        prefix = new_model + b","
+    else:
+        return _reserialise(body, model, need_usage)
+    if need_usage:
+        prefix += b'"stream_options":{"include_usage":true},'
+    if prefix:
+        j = raw.find(b"{")
+        raw = raw[: j + 1] + prefix + raw[j + 1 :]
+    return raw
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model":"auto","messages":[{"role":"user","content":"hi"}]}',
+        b' { "model" : "x", "messages":[]}',
+        b'{"messages":[],"model":"auto"}',
+        b'{"messages":[], "stream":true, "model": "auto" }',
+        b'{"messages":[]}',
+        b'{"stream":true,"messages":[]}',
+        b'{"messages":[{"model":"inner"}],"model":"a","x":1}',
+        b'{"model":null,"messages":[]}',
+        b'{"stream":true,"stream_options":{"include_usage":false},"model":"a"}',
+        b'{"stream":true,"stream_options":{"include_usage":true},"model":"a"}',
+        b'{"model":"a\\"b","messages":[]}',
+    ],
+)
+def test_rewrite_body_joins_what_the_splices_gave(raw):
+    body = orjson.loads(raw)
+    for model in ("m1", 'we"ird'):
+        for usage in (False, True):
+            out = rewrite_body(raw, body, model, usage)
+            assert type(out) is bytes and out == _spliced(raw, body, model, usage)
