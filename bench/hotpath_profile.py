@@ -8,8 +8,9 @@ directly on the app (no uvicorn, no aiohttp), with the bodies of ``bench/realist
 (``--runs`` runs of ``--steps`` steps, 2-200 KB, a tool result in every step): every run is first
 primed up to a spread-out step (as the realistic bench does), then ``--requests`` steps are sent
 round robin over the runs, ``--concurrency`` at a time. Printed: CPU microseconds per request
-(``time.process_time`` of the measured phase: the loop's thread and the sidecar's own threads) and
-wall microseconds; with ``--profile N`` the top ``N`` functions of a cProfile of the measured phase
+(``time.process_time`` of the measured phase: the loop's thread and the sidecar's own threads; it
+includes building each body, the same for every tree), wall microseconds and the garbage collector's
+time per request (``gc.callbacks``, with the count of collections per generation); with ``--profile N`` the top ``N`` functions of a cProfile of the measured phase
 by own time and by cumulative time (cProfile slows Python code about 2x: read its shares, not its
 times).
 

@@ -19,7 +19,8 @@ Algorithm:
    of (run, step) bodies from 2 KB to 200 KB, open loop, latency from the scheduled send time. Before
    each system's turn the bench waits until all systems and the backend are idle (< 5 % of a core
    together), so one's backlog does not land in another's cell; its CPU over the cell is
-   read from /proc (:mod:`sut_procs`) and divided by the requests sent.
+   read from /proc (:mod:`sut_procs`) and divided by the requests sent (a runroute sidecar's also per
+   thread: the event loop's vs the embedding, run-log and stall-watchdog threads').
 4. Report (:mod:`realistic_report`): per (mode, rate, system) p50/p99 and added p50/p99 over direct,
    TTFB, errors, achieved rate, CPU ms per request; ``runroute`` against ``ref`` (the old code, same
    session); per-step growth: added p50 around step 5 vs around step 40 (``--compare-steps``, pooled
@@ -32,7 +33,9 @@ Knobs: ``--rates`` (50,200,400), ``--modes`` (ns,s), ``--duration`` (s per cell,
 (header | metadata), ``--ref-tree PATH`` (``--ref-python``: that tree's .venv when present, else this
 interpreter with the tree first on PYTHONPATH; ``--ref-bundle``), ``--variant LABEL:key=value[,...]``
 (dotted config keys, YAML values, e.g. ``noadm:admission.enabled=false``), ``--no-mini``, ``--bundle``,
-``--prime-concurrency`` (32), ``--idle-max`` (s, 20), ``--seed``, ``--out`` (folder: records, JSON,
+``--prime-concurrency`` (32), ``--idle-max`` (s, 20), ``--pyspy DIR`` (py-spy records each runroute
+sidecar during each cell, raw stacks per cell: ``bench/pyspy_shares.py`` tabulates them; needs
+``py-spy`` installed; a profiled run's latencies are not comparable), ``--seed``, ``--out`` (folder: records, JSON,
 PNG; default a temp dir), ``--peers``, ``--report-from DIR/realistic.json`` (re-render a finished run's
 tables, JSON and PNG from its records without running anything). The protocol axis: ``--protocol``
 (chat | responses | messages: the load generator's bodies, the same conversations in each protocol)
@@ -303,6 +306,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         a.backend, a.no_mini = "proto", True
     if shutil.which("taskset") is None:
         raise SystemExit("realistic: needs taskset (util-linux) for CPU pinning")
+    if a.pyspy is not None and _pyspy_exe() is None:
+        raise SystemExit("realistic: --pyspy needs py-spy (.venv/bin/python -m pip install py-spy)")
     return a
 
 
@@ -451,6 +456,11 @@ def _report_from(path: Path) -> int:
     return _report(a, systems, saved["raw_cells"], path.parent, saved["decisions"], saved["wall_s"])
 
 
+def _pyspy_exe() -> str | None:
+    own = Path(sys.executable).parent / "py-spy"
+    return str(own) if own.exists() else shutil.which("py-spy")
+
+
 def _pyspy(a: argparse.Namespace, s: System, name: str) -> subprocess.Popen | None:
     """``--pyspy``: py-spy sampling a runroute sidecar's threads (on-CPU only, ``--nonblocking``: the
     sidecar is never paused) for one cell, raw collapsed stacks to ``DIR/<name>.txt``. py-spy is not
@@ -458,7 +468,8 @@ def _pyspy(a: argparse.Namespace, s: System, name: str) -> subprocess.Popen | No
     machine: read a profiled run's shares, not its latencies."""
     if a.pyspy is None or s.kind != "runroute" or not s.pid:
         return None
-    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    exe = _pyspy_exe()
+    assert exe is not None  # checked with the arguments
     a.pyspy.mkdir(parents=True, exist_ok=True)
     cmd = [exe, "record", "--pid", str(s.pid), "--rate", "250", "--nonblocking", "--threads"]
     cmd += ["--format", "raw", "--output", str(a.pyspy / f"{name}.txt")]
