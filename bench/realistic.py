@@ -19,7 +19,8 @@ Algorithm:
    of (run, step) bodies from 2 KB to 200 KB, open loop, latency from the scheduled send time. Before
    each system's turn the bench waits until all systems and the backend are idle (< 5 % of a core
    together), so one's backlog does not land in another's cell; its CPU over the cell is
-   read from /proc (:mod:`sut_procs`) and divided by the requests sent.
+   read from /proc (:mod:`sut_procs`) and divided by the requests sent (a runroute sidecar's also per
+   thread: the event loop's vs the embedding, run-log and stall-watchdog threads').
 4. Report (:mod:`realistic_report`): per (mode, rate, system) p50/p99 and added p50/p99 over direct,
    TTFB, errors, achieved rate, CPU ms per request; ``runroute`` against ``ref`` (the old code, same
    session); per-step growth: added p50 around step 5 vs around step 40 (``--compare-steps``, pooled
@@ -32,7 +33,9 @@ Knobs: ``--rates`` (50,200,400), ``--modes`` (ns,s), ``--duration`` (s per cell,
 (header | metadata), ``--ref-tree PATH`` (``--ref-python``: that tree's .venv when present, else this
 interpreter with the tree first on PYTHONPATH; ``--ref-bundle``), ``--variant LABEL:key=value[,...]``
 (dotted config keys, YAML values, e.g. ``noadm:admission.enabled=false``), ``--no-mini``, ``--bundle``,
-``--prime-concurrency`` (32), ``--idle-max`` (s, 20), ``--seed``, ``--out`` (folder: records, JSON,
+``--prime-concurrency`` (32), ``--idle-max`` (s, 20), ``--pyspy DIR`` (py-spy records each runroute
+sidecar during each cell, raw stacks per cell: ``bench/pyspy_shares.py`` tabulates them; needs
+``py-spy`` installed; a profiled run's latencies are not comparable), ``--seed``, ``--out`` (folder: records, JSON,
 PNG; default a temp dir), ``--peers``, ``--report-from DIR/realistic.json`` (re-render a finished run's
 tables, JSON and PNG from its records without running anything). The protocol axis: ``--protocol``
 (chat | responses | messages: the load generator's bodies, the same conversations in each protocol)
@@ -51,6 +54,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,6 +85,7 @@ from sut_procs import (  # noqa: E402
     start_mini,
     start_runroute,
     stop,
+    thread_cpu,
     wait_idle,
     wait_ready,
 )
@@ -267,6 +272,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-mini", action="store_true")
     ap.add_argument("--no-stalls", action="store_true", help="leave the sidecars' stall monitor off")
     ap.add_argument(
+        "--pyspy",
+        type=Path,
+        default=None,
+        help="folder: py-spy records each runroute sidecar during each cell (raw stacks; profile runs only)",
+    )
+    ap.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -295,6 +306,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         a.backend, a.no_mini = "proto", True
     if shutil.which("taskset") is None:
         raise SystemExit("realistic: needs taskset (util-linux) for CPU pinning")
+    if a.pyspy is not None and _pyspy_exe() is None:
+        raise SystemExit("realistic: --pyspy needs py-spy (.venv/bin/python -m pip install py-spy)")
     return a
 
 
@@ -443,6 +456,28 @@ def _report_from(path: Path) -> int:
     return _report(a, systems, saved["raw_cells"], path.parent, saved["decisions"], saved["wall_s"])
 
 
+def _pyspy_exe() -> str | None:
+    own = Path(sys.executable).parent / "py-spy"
+    return str(own) if own.exists() else shutil.which("py-spy")
+
+
+def _pyspy(a: argparse.Namespace, s: System, name: str) -> subprocess.Popen | None:
+    """``--pyspy``: py-spy sampling a runroute sidecar's threads (on-CPU only, ``--nonblocking``: the
+    sidecar is never paused) for one cell, raw collapsed stacks to ``DIR/<name>.txt``. py-spy is not
+    a child of the sidecar, so the cell's CPU figure does not include it, but it takes CPU from the
+    machine: read a profiled run's shares, not its latencies."""
+    if a.pyspy is None or s.kind != "runroute" or not s.pid:
+        return None
+    exe = _pyspy_exe()
+    assert exe is not None  # checked with the arguments
+    a.pyspy.mkdir(parents=True, exist_ok=True)
+    cmd = [exe, "record", "--pid", str(s.pid), "--rate", "250", "--nonblocking", "--threads"]
+    cmd += ["--format", "raw", "--output", str(a.pyspy / f"{name}.txt")]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent
+    )
+
+
 def _cell(
     a: argparse.Namespace,
     s: System,
@@ -460,13 +495,28 @@ def _cell(
     extra = ["--rate", str(rate), "--duration", str(a.duration), "--drain", str(a.drain), "--seed", str(seed)]
     extra += ["--out", str(rec_path)] + (["--stream"] if mode == "s" else [])
     c0 = {p: cpu_seconds(p) for p in [*suts, backend_pid]}
+    th0 = thread_cpu(s.pid) if s.pid and s.kind == "runroute" else {}
+    cell: dict[str, Any] = {}
     ch0, busy0 = os.times(), core_busy()
+    spy = _pyspy(a, s, f"{s.label}-{mode}-{rate:g}-r{rep}")
     t0 = time.monotonic()
-    res = _run_lines(_loadgen(a, s, out / f"state-{s.label}.json", extra), a.duration + a.drain + 90)
-    wall, busy1, ch1 = time.monotonic() - t0, core_busy(), os.times()
+    try:
+        res = _run_lines(_loadgen(a, s, out / f"state-{s.label}.json", extra), a.duration + a.drain + 90)
+    finally:
+        wall, busy1, ch1 = time.monotonic() - t0, core_busy(), os.times()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            try:
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                stop(spy)
     used = {p: cpu_seconds(p) - c for p, c in c0.items()}
-    cell: dict[str, Any] = {"system": s.label, "rep": rep, "mode": mode, "rate": rate, "seed": seed}
-    cell.update(records=rec_path.name, **res)
+    if th0:  # the sidecar's CPU by thread (the event loop vs embedding, run log, stall watchdog)
+        th1 = thread_cpu(s.pid)
+        cell["cpu_threads_s"] = {
+            k: round(v - th0.get(k, 0.0), 3) for k, v in th1.items() if v - th0.get(k, 0.0) > 0
+        }
+    cell.update(system=s.label, rep=rep, mode=mode, rate=rate, seed=seed, records=rec_path.name, **res)
     cell["wall_s"], cell["idle_wait_s"] = round(wall, 2), round(idle, 2)
     cell["cpu_sut_s"] = round(used[s.pid], 3) if s.pid else None
     cell["cpu_other_suts_s"] = round(sum(v for p, v in used.items() if p not in (s.pid, backend_pid)), 3)

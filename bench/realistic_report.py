@@ -135,6 +135,10 @@ def _cell_key_stats(
         if c.get("cpu_sut_s") is not None:
             st["cpu_ms_per_req"] = round(c["cpu_sut_s"] * 1000 / sent, 3)
         st["cpu_backend_ms_per_req"] = round(c["cpu_backend_s"] * 1000 / sent, 3)
+        if c.get("cpu_threads_s"):  # the sidecar's CPU per request by thread
+            st["cpu_threads_ms_per_req"] = {
+                k: round(v * 1000 / sent, 3) for k, v in c["cpu_threads_s"].items()
+            }
         if c.get("client_cpu_s") is not None:
             st["cpu_client_ms_per_req"] = round(c["client_cpu_s"] * 1000 / sent, 3)
         st.update(system=c["system"], rep=rep, mode=mode, rate=rate, idle_wait_s=c["idle_wait_s"])
@@ -332,6 +336,14 @@ def show(s: dict[str, Any], console: Console) -> None:
         if c["disturbed"]:
             line += " [yellow](disturbed: a compared cell shared its cores with other load; rerun)[/]"
         console.print(line, soft_wrap=True)
+    for r in s["cells"]:
+        th = r.get("cpu_threads_ms_per_req")
+        if th:
+            parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(th.items(), key=lambda kv: -kv[1]))
+            console.print(
+                f"CPU ms/req by thread, {r['system']} {_mode(r['mode'])} {r['rate']:g} req/s rep {r['rep']}: {parts}",
+                soft_wrap=True,
+            )
     for r in s["cells"]:
         if r.get("loadgen_rc"):
             console.print(

@@ -46,6 +46,7 @@ __all__ = [
     "start_mini",
     "start_runroute",
     "stop",
+    "thread_cpu",
     "wait_idle",
     "wait_ready",
 ]
@@ -143,6 +144,32 @@ def cpu_seconds(pid: int) -> float:
         fields = st[st.rindex(")") + 2 :].split()
         total += (int(fields[11]) + int(fields[12])) / TICK
     return total
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """utime + stime of each thread of ``pid`` by thread name (``/proc/<pid>/task/*/stat``; threads
+    of one name summed, a trailing ``_<n>`` of a pool's thread dropped), in seconds; {} when gone."""
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            st = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = st[st.index("(") + 1 : st.rindex(")")]
+        name = (
+            "main (event loop)"
+            if tid == str(pid)
+            else name.rsplit("_", 1)[0]
+            if name[-1:].isdigit()
+            else name
+        )
+        fields = st[st.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+    return out
 
 
 def core_busy() -> dict[int, float]:

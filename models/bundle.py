@@ -38,7 +38,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -204,28 +204,30 @@ class ModelBundle:
     def predict(self, prefix: RunPrefix) -> Predictions:
         """Features + all predictions for one arriving step (the router's fast path)."""
         extract(prefix, out=self._buf[0])
-        return self._with_benefit(self._predict_buf(), prefix)
+        return self._predict_buf(self._benefit_fields(prefix))
 
     def predict_context(self, x: np.ndarray, prefix: RunPrefix) -> Predictions:
         """:meth:`predict_features` plus the benefit fields from the run's ``domain`` and
         ``task_embedding`` (:class:`models.benefit.BenefitModel`; a run without a domain keeps the
         escalation classifier's ``p_frontier`` alone)."""
-        return self._with_benefit(self.predict_features(x), prefix)
+        self._fill(x)
+        return self._predict_buf(self._benefit_fields(prefix))
 
-    def _with_benefit(self, p: Predictions, prefix: RunPrefix) -> Predictions:
+    def _benefit_fields(self, prefix: RunPrefix) -> dict[str, Any]:
+        """The benefit model's fields of :class:`Predictions` for the row in :attr:`_buf` (none
+        without a benefit model or a domain); set when the predictions are built, not by a copy."""
         if self.benefit is None or prefix.domain is None:
-            return p
+            return {}
         pl, pf, mode, reason = self.benefit.predict(self._buf[0], prefix.task_embedding, prefix.domain)
         if not self.benefit.uses_uplift(prefix.domain):  # prior policy = the escalation classifier
-            return replace(p, domain_mode=mode, domain_reason=reason)
-        return replace(
-            p,
-            p_success_local=pl,
-            p_success_frontier=pf,
-            benefit=pf - pl,
-            domain_mode=mode,
-            domain_reason=reason,
-        )
+            return {"domain_mode": mode, "domain_reason": reason}
+        return {
+            "p_success_local": pl,
+            "p_success_frontier": pf,
+            "benefit": pf - pl,
+            "domain_mode": mode,
+            "domain_reason": reason,
+        }
 
     def domain_mode(self, domain: str | None) -> tuple[str, str] | None:
         """``(mode, reason)`` a run of ``domain`` is served in; None without a benefit model."""
@@ -233,17 +235,20 @@ class ModelBundle:
 
     def predict_features(self, x: np.ndarray) -> Predictions:
         """Predictions for one feature vector (layout :data:`features.extract.FEATURE_NAMES`)."""
+        self._fill(x)
+        return self._predict_buf()
+
+    def _fill(self, x: np.ndarray) -> None:
         row = np.asarray(x, dtype=np.float64).reshape(-1)
         if row.shape[0] != N_FEATURES:
             raise ValueError(f"expected {N_FEATURES} features ({FEATURE_SPEC_VERSION}), got {row.shape[0]}")
         self._buf[0, :] = row
-        return self._predict_buf()
 
     def predict_batch(self, X: np.ndarray) -> list[Predictions]:
         """Predictions for each row of ``X`` (same values as :meth:`predict_features` row by row)."""
         return [self.predict_features(row) for row in np.asarray(X, dtype=np.float64)]
 
-    def _predict_buf(self) -> Predictions:
+    def _predict_buf(self, extra: Mapping[str, Any] | None = None) -> Predictions:
         esc, cache_p, steps_p, toks_p = self._fast or self._prepare_fast()
         x = self._buf
         p = float(np.interp(esc(), self.escalation.calib_x_, self.escalation.calib_y_))
@@ -267,6 +272,7 @@ class ModelBundle:
             remaining_steps_p90=s90,
             remaining_tokens_p50=t50,
             remaining_tokens_p90=t90,
+            **(extra or {}),
         )
 
     # ------------------------------------------------------------------ persistence

@@ -17,12 +17,16 @@
   scraped ``cache_config_info``).
 - :func:`read_body`: the body under ``max_body`` (``Content-Length`` checked before reading, a
   chunked body counted while reading; 413 ``body_too_large``).
+- :func:`client_gone`: whether the client has disconnected, from a ``receive`` message that is
+  already there (starlette's ``Request.is_disconnected`` without its anyio cancel scope, which cost
+  ~10% of the sidecar's own CPU per request: a scope, a task cancel and the task's repr).
 - :func:`priority_tenant`: the run's priority class (header, unknown classes -> ``batch``) and
   tenant (header, else ``metadata.tenant``, else the request's user).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -163,6 +167,31 @@ async def read_body(request: Request, max_body: int) -> bytes:
             raise ProxyError(413, "body_too_large", f"body exceeds the limit of {max_body} bytes")
         parts.append(chunk)
     return b"".join(parts)
+
+
+def client_gone(request: Request) -> bool:
+    """Starlette's ``await request.is_disconnected()``, synchronously: the request's ``receive``
+    is run up to its first suspension; a message it returns at once is read (``http.disconnect``:
+    gone; anything else is dropped, as starlette drops it), and one it would have to wait for means
+    the client is still there (the coroutine is closed there, so its wait is unregistered). The
+    answer is kept on the request like starlette's."""
+    if getattr(request, "_is_disconnected", False):
+        return True
+    coro: Any = request.receive()
+    if not inspect.iscoroutine(coro):  # not a coroutine (every ASGI server's is): cannot be peeked at
+        getattr(coro, "close", lambda: None)()
+        return False
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        msg = done.value
+    else:  # it would wait: nothing is there yet
+        coro.close()
+        return False
+    if isinstance(msg, dict) and msg.get("type") == "http.disconnect":
+        request._is_disconnected = True
+        return True
+    return False
 
 
 def priority_tenant(

@@ -73,7 +73,7 @@ from router.policy.types import BackendState, RunState
 from router.server.auth import Access
 from router.server.errors import ProxyError
 from router.server.hotpath.answers import reject_error
-from router.server.hotpath.backends import Backend, BackendPool, priority_tenant, read_body
+from router.server.hotpath.backends import Backend, BackendPool, client_gone, priority_tenant, read_body
 from router.server.hotpath.stepio import StepContext, StepIO
 from router.server.hotpath.upstream import Upstream, UpstreamError
 from router.server.metrics.specs import HANDLERS
@@ -492,7 +492,7 @@ class Proxy(StepIO):
             )
         if it is None:  # non-streaming, or a non-2xx status in either mode
             data, media = self._answer_body(ctx, resp, first or b"")
-            if await request.is_disconnected():  # nobody got the answer: logged as cancelled
+            if client_gone(request):  # nobody got the answer: logged as cancelled
                 await self._close(ctx, 499, "client_cancelled")
             else:
                 await self._close(ctx, resp.status, None if resp.status < 400 else f"upstream_{resp.status}")

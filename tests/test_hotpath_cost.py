@@ -1,0 +1,213 @@
+"""The request path's cheaper forms (issue 26) give what the forms they replaced gave.
+
+- ``json_depth`` (one comprehension per level) equals the node-by-node walk it replaced, on random
+  nested values, at every limit;
+- ``record._construct_step`` equals ``Step.model_construct`` (the same ``__dict__`` in the same
+  order, the same fields set, unknown names dropped, required fields left out when absent);
+- ``client_gone`` answers what starlette's ``Request.is_disconnected`` answers: a disconnect that
+  is already there, a body message that is there (dropped, not a disconnect), nothing there yet
+  (the receive's wait is unregistered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import orjson
+import pytest
+from starlette.requests import Request
+
+from features.schema import Step
+from router.core.record import _construct_step
+from router.server.hotpath.backends import client_gone
+from router.server.protocols.base import rewrite_body
+from router.server.protocols.validate import json_depth
+
+
+def _walk_depth(obj: object, limit: int) -> int:
+    """The node-by-node walk json_depth used before."""
+    if not isinstance(obj, (dict, list)):
+        return 0
+    level: list[object] = [obj]
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return depth
+        deeper: list[object] = []
+        for node in level:
+            values = node.values() if isinstance(node, dict) else node
+            deeper += [v for v in values if isinstance(v, (dict, list))]
+        level = deeper
+    return depth
+
+
+def _nested(rng: random.Random, d: int) -> object:
+    if d == 0 or rng.random() < 0.3:
+        return rng.choice([1, "s", None, 2.5, True, ""])
+    if rng.random() < 0.5:
+        return {str(i): _nested(rng, d - 1) for i in range(rng.randint(0, 4))}
+    return [_nested(rng, d - 1) for _ in range(rng.randint(0, 4))]
+
+
+def test_json_depth_equals_the_node_by_node_walk():
+    rng = random.Random(0)
+    for _ in range(2000):
+        obj = _nested(rng, rng.randint(0, 14))
+        for limit in (1, 3, 6, 64):
+            assert json_depth(obj, limit) == _walk_depth(obj, limit)
+    deep: object = "x"
+    for _ in range(100):
+        deep = {"a": [deep]}
+    assert json_depth(deep, 64) == 65 == _walk_depth(deep, 64)
+    assert json_depth(deep, 250) == 200 == _walk_depth(deep, 250)
+
+
+_STEP = dict(
+    run_id="r1",
+    step=3,
+    arrival_s=1.0,
+    tool_pause_s=None,
+    prompt_tokens=5,
+    cached_tokens=None,
+    completion_tokens=2,
+    tool_calls=["grep"],
+    tool_call_keys=["k"],
+    tool_results_n=1,
+    tool_result_tokens=[7],
+    tool_result_errors=[False],
+    structured=False,
+    tier="local",
+    replica="v0",
+    model="m",
+    ttft_s=None,
+    latency_s=0.1,
+    status=200,
+    error_code=None,
+    feature_spec_version="v",
+    features=[1.0, 2.0],
+    predictions={"p_frontier": 0.1},
+    decision="local",
+    reason="pinned",
+    prompt_tokens_est=5,
+    n_tools_offered=3,
+    wants_json=False,
+    protocol="chat",
+    admission=None,
+    propensity=1.0,
+    explore=False,
+    signals=None,
+)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        _STEP,
+        {**_STEP, "not_a_field": 1},
+        {k: v for k, v in _STEP.items() if k not in ("signals", "run_id", "explore")},
+    ],
+    ids=["all", "unknown-name", "some-absent"],
+)
+def test_construct_step_equals_model_construct(values):
+    a, b = Step.model_construct(**values), _construct_step(**values)
+    assert list(a.__dict__.items()) == list(b.__dict__.items())
+    assert a.model_fields_set == b.model_fields_set
+    assert a.__pydantic_extra__ == b.__pydantic_extra__ and a == b
+    if "run_id" in values:
+        assert Step.model_validate(b.model_dump()) == Step.model_validate(a.model_dump())
+
+
+def _request(receive) -> Request:
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+
+
+def test_client_gone_reads_a_disconnect_that_is_there():
+    async def go():
+        async def receive():
+            return {"type": "http.disconnect"}
+
+        req = _request(receive)
+        assert client_gone(req) and client_gone(req)
+        assert await _request(receive).is_disconnected()  # starlette's answer is the same
+
+    asyncio.run(go())
+
+
+def test_client_gone_drops_a_body_message_and_waits_for_nothing():
+    async def go():
+        event = asyncio.Event()
+        waiting: list[object] = []
+
+        async def receive():
+            waiting.append(1)
+            try:
+                await event.wait()
+            finally:
+                waiting.pop()
+            return {"type": "http.disconnect"}
+
+        req = _request(receive)
+        assert not client_gone(req)
+        assert waiting == [] and not event._waiters  # the wait was unregistered
+        assert not await _request(receive).is_disconnected()
+
+        async def more():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        assert not client_gone(_request(more))
+        assert not await _request(more).is_disconnected()
+
+    asyncio.run(go())
+
+
+def _spliced(raw: bytes, body: dict, model: str, include_usage: bool) -> bytes:
+    """rewrite_body as it was before (three copies of the body), for the comparison."""
+    from router.server.protocols.base import _model_span, _reserialise
+
+    so = body.get("stream_options")
+    need_usage = include_usage and not (isinstance(so, dict) and so.get("include_usage") is True)
+    if need_usage and so is not None:
+        return _reserialise(body, model, True)
+    new_model = b'"model":' + orjson.dumps(model)
+    if isinstance(body.get("model"), str):
+        span = _model_span(raw)
+        if span is None:
+            return _reserialise(body, model, need_usage)
+        raw = raw[: span[0]] + new_model + raw[span[1] :]
+        prefix = b""
+    elif "model" not in body:
+        prefix = new_model + b","
+    else:
+        return _reserialise(body, model, need_usage)
+    if need_usage:
+        prefix += b'"stream_options":{"include_usage":true},'
+    if prefix:
+        j = raw.find(b"{")
+        raw = raw[: j + 1] + prefix + raw[j + 1 :]
+    return raw
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model":"auto","messages":[{"role":"user","content":"hi"}]}',
+        b' { "model" : "x", "messages":[]}',
+        b'{"messages":[],"model":"auto"}',
+        b'{"messages":[], "stream":true, "model": "auto" }',
+        b'{"messages":[]}',
+        b'{"stream":true,"messages":[]}',
+        b'{"messages":[{"model":"inner"}],"model":"a","x":1}',
+        b'{"model":null,"messages":[]}',
+        b'{"stream":true,"stream_options":{"include_usage":false},"model":"a"}',
+        b'{"stream":true,"stream_options":{"include_usage":true},"model":"a"}',
+        b'{"model":"a\\"b","messages":[]}',
+    ],
+)
+def test_rewrite_body_joins_what_the_splices_gave(raw):
+    body = orjson.loads(raw)
+    for model in ("m1", 'we"ird'):
+        for usage in (False, True):
+            out = rewrite_body(raw, body, model, usage)
+            assert type(out) is bytes and out == _spliced(raw, body, model, usage)
