@@ -298,6 +298,7 @@ def measure_hit_rates(res: SimResult, n_boot: int = 200, boot_seed: int = 0) -> 
     ``cache_hit_rate_gpu`` and ``cache_hit_rate_<tier>`` (the global CPU pool's is ``_cpu``), as in the
     details. A replicate reweights whole runs (numerator and denominator together: a ratio of sums) with
     the same draws as :func:`measure` at the same ``boot_seed``."""
+    from router.core.figures import ratio
     from router.sim.scorecard import SERVED_LOCAL
 
     n_runs = len(res.run_completion_s)
@@ -325,7 +326,7 @@ def measure_hit_rates(res: SimResult, n_boot: int = 200, boot_seed: int = 0) -> 
             d = w @ den
             ok = d > 0
             boot = [float(x) for x in (w[ok] @ num) / d[ok]]
-        out[key] = {"value": float(v.sum()) / ptok, "n": int(m.sum()), "boot": boot}
+        out[key] = {"value": ratio(float(v.sum()), ptok), "n": int(m.sum()), "boot": boot}
     return out
 
 
