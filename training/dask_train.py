@@ -63,6 +63,8 @@ _T = TypeVar("_T")
 
 __all__ = ["train_on_dask", "read_partitioned", "PartitionedDataset"]
 
+_Pre = tuple[np.ndarray, pd.DataFrame, np.ndarray]  # a partition's rows before the replay (_rows_pre)
+_PRESS = FEATURE_NAMES.index("local_cache_pressure")
 TRAIN_DTYPE = np.float32  # the training rows' features on the workers (LightGBM bins them anyway)
 META_COLS = ("run_id", "group", "source", "step", "y_frontier", "y_cache", "y_rem_steps", "y_rem_tokens")
 RUN_COLS = ("run_id", "source", "task_id", "needs_frontier", "outcome")
@@ -104,32 +106,56 @@ def _pick(xs: list[_T], i: int) -> _T:
     return xs[i]
 
 
-def _rows(
-    steps: pd.DataFrame, runs: pd.DataFrame, cache: tuple[np.ndarray, np.ndarray], cfg: TrainConfig
-) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """One partition's rows (step 4): (training rows, features as float32; held-out rows, features as
-    float64, as the serial held-out set has them; the training rows' :func:`_digest`, taken on the
-    float64 features before they are narrowed)."""
+def _rows_pre(steps: pd.DataFrame, runs: pd.DataFrame, cfg: TrainConfig) -> _Pre:
+    """One partition's feature rows before the cache replay (step 4, first half): (features as
+    float64, the META_COLS with ``y_cache`` missing, which rows carry a logged feature vector). The
+    replay's two columns (``y_cache``, the ``local_cache_pressure`` feature) come in :func:`_rows`;
+    no other feature reads them."""
     from features.runlog import RunLog
-    from training.dataset import build_dataset
-    from training.train import holdout_mask
+    from training.dataset import build_dataset, logged_feature_rows
 
     if steps.empty:
-        return _empty_rows(TRAIN_DTYPE), _empty_rows(np.float64), _digest(np.zeros((0, N_FEATURES)), _META0)
+        return np.zeros((0, N_FEATURES)), _META0.copy(), np.zeros(0, dtype=bool)
     empty = steps.iloc[:0]
     log = RunLog(runs=runs, steps=steps, arrivals=empty, rates=empty)
+    none = np.full(len(steps), np.nan)
     ds = build_dataset(
         log,
         cache_capacity_blocks=cfg.cache_capacity_blocks,
         block_tokens=cfg.block_tokens,
-        cache_labels=cache,
+        cache_labels=(none, none),
     )
-    del log, steps
-    held = holdout_mask(ds.meta["group"].to_numpy(dtype=object), cfg.holdout_share)
-    meta = ds.meta[list(META_COLS)]
-    digest = _digest(ds.X[~held], meta[~held])
-    train = _frame(ds.X[~held].astype(TRAIN_DTYPE), meta[~held])
-    return train, _frame(ds.X[held], meta[held]), digest
+    # build_dataset's row order (clean_partition already sorted the steps so)
+    order = steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    logged, _ = logged_feature_rows(order)
+    return ds.X, ds.meta[list(META_COLS)], logged
+
+
+def _rows(
+    pre: _Pre, cache: tuple[np.ndarray, np.ndarray], cfg: TrainConfig
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """One partition's rows (step 4, second half): the replay's cache labels and pressure filled in
+    as :func:`training.dataset.build_dataset` fills them (the pressure feature where no logged
+    vector gives it), then (training rows, features as float32; held-out rows, features as float64,
+    as the serial held-out set has them; the training rows' :func:`_digest`, taken on the float64
+    features before they are narrowed)."""
+    from training.train import holdout_mask
+
+    X, meta, logged = pre
+    if not len(meta):
+        return _empty_rows(TRAIN_DTYPE), _empty_rows(np.float64), _digest(np.zeros((0, N_FEATURES)), _META0)
+    y_cache, pressure = cache
+    meta = meta.assign(y_cache=np.asarray(y_cache, dtype=np.float64))
+    fill = ~logged & ~np.isnan(pressure)
+    held = holdout_mask(meta["group"].to_numpy(dtype=object), cfg.holdout_share)
+    out = []
+    for m in (~held, held):
+        Xm = X[m]  # a copy (a boolean mask): the filled column is written into it, not into ``pre``
+        Xm[fill[m], _PRESS] = pressure[m][fill[m]]
+        out.append((Xm, meta[m]))
+    (Xt, mt), (Xh, mh) = out
+    digest = _digest(Xt, mt)
+    return _frame(Xt.astype(TRAIN_DTYPE), mt), _frame(Xh, mh), digest
 
 
 def _frame(X: np.ndarray, meta: pd.DataFrame) -> pd.DataFrame:
@@ -246,7 +272,7 @@ def train_on_dask(
     """Run the job described in the module docstring on ``client``'s cluster."""
     import dask
     import dask.dataframe as dd
-    from distributed import as_completed, futures_of
+    from distributed import as_completed, futures_of, wait
 
     from features.runmerge import list_runlog_files
     from training.train import Fitted, finish_training, sized_config
@@ -288,9 +314,17 @@ def train_on_dask(
 
     say(f"building features on the workers ({len(runs)} runs; cache replay as one task)")
     runs_f = client.submit(_identity, runs, pure=False)  # a task: recomputed if its worker dies
+    # features first, without the replay's two columns, and the replay's input packed, where the
+    # steps are; then the validated steps leave the workers, before the replay (one task over all
+    # steps, the longest) runs: they held more than the rows built from them
     steps = [dask.delayed(steps_of)(c) for c in cleaned]
-    packs = [dask.delayed(pack_replay_input)(s) for s in steps]  # packed where the steps are
-    replay = dask.delayed(replay_packed)(
+    pre = client.compute([dask.delayed(_rows_pre)(s, runs_f, cfg) for s in steps])
+    packs = client.compute([dask.delayed(pack_replay_input)(s) for s in steps])
+    wait([*pre, *packs])
+    del cleaned, steps, runs_f
+    t = lap("features_pre_s", t)
+    replay = client.submit(
+        replay_packed,
         packs,
         run_src,
         cfg.cache_capacity_blocks,
@@ -298,8 +332,12 @@ def train_on_dask(
         replicas=cfg.cache_replicas,
         node_gpu=cfg.node_gpu,
         kv_cache_gb=cfg.kv_cache_gb,
+        pure=False,
     )
-    built = [dask.delayed(_rows)(s, runs_f, dask.delayed(_pick)(replay, i), cfg) for i, s in enumerate(steps)]
+    wait(replay)
+    del packs
+    t = lap("replay_s", t)
+    built = [dask.delayed(_rows)(p, dask.delayed(_pick)(replay, i), cfg) for i, p in enumerate(pre)]
     train = dd.from_delayed(
         [dask.delayed(_pick)(b, 0) for b in built], meta=_empty_rows(TRAIN_DTYPE), verify_meta=False
     ).persist()
@@ -311,7 +349,7 @@ def train_on_dask(
     for k, _ in enumerate(as_completed(futs), 1):
         if on_task is not None:
             on_task(k, len(futs))
-    del runs_f, cleaned, steps, packs, replay, built  # the validated log leaves the workers: rows stay
+    del pre, replay, built  # the rows stay on the workers
     n_train, n_held = (int(x) for x in dask.compute(train.shape[0], held_rows.shape[0]))
     n = n_train + n_held
     if n == 0:

@@ -115,6 +115,7 @@ __all__ = [
     "Dataset",
     "build_dataset",
     "lru_replay",
+    "logged_feature_rows",
     "node_cache_blocks",
     "missingness_masked",
     "masked_features",
@@ -382,16 +383,7 @@ def build_dataset(
     )
 
     # request-only fields from router-logged feature vectors of this spec
-    logged = np.zeros(n, dtype=bool)
-    logged_x: list[Any] = [None] * n
-    if "features" in steps.columns and "feature_spec_version" in steps.columns:
-        spec = steps["feature_spec_version"].to_numpy(dtype=object)
-        feats = steps["features"].tolist()
-        for j in np.flatnonzero(spec == FEATURE_SPEC_VERSION).tolist():
-            f = feats[j]
-            if f is not None and len(f) == N_FEATURES:
-                logged[j] = True
-                logged_x[j] = f
+    logged, logged_x = logged_feature_rows(steps)
 
     X = np.empty((n, N_FEATURES), dtype=np.float64)
     i_tools, i_json, i_press = _F["new_n_tools_offered"], _F["new_wants_json"], _F["local_cache_pressure"]
@@ -424,6 +416,24 @@ def build_dataset(
         X[lab], meta["source"].to_numpy(dtype=object)[lab], missing_rate_tol, min_source_rows
     )
     return Dataset(X=X, meta=meta, escalation_masked=masked)
+
+
+def logged_feature_rows(steps: pd.DataFrame) -> tuple[np.ndarray, list[Any]]:
+    """(which rows carry a router-logged feature vector of the current spec, those vectors: None
+    elsewhere). Their request-only fields replace the rebuilt ones, and their logged
+    ``local_cache_pressure`` the replay's."""
+    n = len(steps)
+    logged = np.zeros(n, dtype=bool)
+    logged_x: list[Any] = [None] * n
+    if "features" in steps.columns and "feature_spec_version" in steps.columns:
+        spec = steps["feature_spec_version"].to_numpy(dtype=object)
+        feats = steps["features"].tolist()
+        for j in np.flatnonzero(spec == FEATURE_SPEC_VERSION).tolist():
+            f = feats[j]
+            if f is not None and len(f) == N_FEATURES:
+                logged[j] = True
+                logged_x[j] = f
+    return logged, logged_x
 
 
 def replay_cache_labels(
