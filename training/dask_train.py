@@ -287,6 +287,9 @@ def train_on_dask(
         now = time.perf_counter()
         timings[name] = round(now - since, 3)
         peaks[name.removesuffix("_s")] = sorted(client.run(_peak_rss_mb).values(), reverse=True)
+        say(
+            f"{name.removesuffix('_s')}: {timings[name]:.0f} s; worker peak RSS so far {peaks[name.removesuffix('_s')]} MB"
+        )
         return now
 
     files = list_runlog_files([str(p) for p in cfg.runs])
