@@ -318,13 +318,21 @@ def train_on_dask(
     say(f"building features on the workers ({len(runs)} runs; cache replay as one task)")
     runs_f = client.submit(_identity, runs, pure=False)  # a task: recomputed if its worker dies
     # features first, without the replay's two columns, and the replay's input packed, where the
-    # steps are; then the validated steps leave the workers, before the replay (one task over all
-    # steps, the longest) runs: they held more than the rows built from them
+    # steps are (one graph: each partition's steps are unpacked once for both); the client lets go
+    # of the validated partitions now, so each leaves its worker as soon as its two tasks are done,
+    # and all have left before the replay (one task over all steps, the longest) runs: they held
+    # more than the rows built from them
     steps = [dask.delayed(steps_of)(c) for c in cleaned]
-    pre = client.compute([dask.delayed(_rows_pre)(s, runs_f, cfg) for s in steps])
-    packs = client.compute([dask.delayed(pack_replay_input)(s) for s in steps])
-    wait([*pre, *packs])
+    both = client.compute(
+        [
+            *(dask.delayed(_rows_pre)(s, runs_f, cfg) for s in steps),
+            *(dask.delayed(pack_replay_input)(s) for s in steps),
+        ]
+    )
     del cleaned, steps, runs_f
+    pre, packs = both[: len(both) // 2], both[len(both) // 2 :]
+    del both
+    wait([*pre, *packs])
     t = lap("features_pre_s", t)
     replay = client.submit(
         replay_packed,
