@@ -173,6 +173,12 @@ def train_case(
             r["n_steps"] = report["n_steps"]
             r["holdout"] = report.get("holdout", {})
             r["timings"] = report.get("timings", {})
+            th = report.get("thresholds", {})
+            r["frontier_share"] = {  # of runs: the target, out-of-fold, held-out (same in both modes)
+                k: th.get(f"{k}_frontier_share") for k in ("target", "expected", "holdout")
+            }
+            if "dask" in report:  # each worker's peak RSS (MB) as each stage ended: which stage set it
+                r["worker_peak_by_stage_mb"] = report["dask"].get("worker_peak_rss_mb", {})
         res[mode] = r
     if agreement and all(res.get(m, {}).get("rc") == 0 for m in ("serial", "dask")):
         from models.bundle import ModelBundle
@@ -261,7 +267,16 @@ def render(doc: dict[str, Any], png: Path) -> None:
                 wk,
                 extra if mode == "dask" else "",
             )
-    Console(width=200).print(t)
+    con = Console(width=200)
+    con.print(t)
+    for size, res in doc["train"].items():  # which stage set each worker's peak, and the share
+        for mode in ("serial", "dask"):
+            r = res.get(mode, {})
+            if "frontier_share" in r:
+                fs = " / ".join("-" if v is None else f"{100 * v:.1f}%" for v in r["frontier_share"].values())
+                con.print(f"train {size} {mode}: frontier share of runs target / out-of-fold / held-out {fs}")
+            for stage, mb in r.get("worker_peak_by_stage_mb", {}).items():
+                con.print(f"  {mode} worker peak RSS after {stage}: {', '.join(f'{x:.0f}' for x in mb)} MB")
     _plot(doc, png)
 
 

@@ -49,7 +49,7 @@ def read_partitioned(files: list[Path], npartitions: int, shuffle_method: str = 
         return ddf.shuffle(on="run_id", npartitions=npartitions, shuffle_method=shuffle_method)
 
 
-def clean_partition(part: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+def clean_partition(part: pd.DataFrame) -> _Cleaned:
     """One partition validated like a file: (steps sorted by run and step, run records, bad reasons)."""
     from features.runlog import conform, validate_rows
     from features.runmerge import merge_runs
@@ -66,15 +66,43 @@ def clean_partition(part: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, lis
     steps = steps[[c for c in steps.columns if c in KEEP_COLUMNS]]  # only what features and labels read
     steps = steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
     runs = good[good["record"] == "run"].reset_index(drop=True)
-    return steps, runs, [reasons[i] for i in sorted(reasons)]
+    return _pack_lists(steps), runs, [reasons[i] for i in sorted(reasons)]
 
 
-def steps_of(cleaned: tuple[pd.DataFrame, pd.DataFrame, list[str]]) -> pd.DataFrame:
-    """The steps of a :func:`clean_partition` result."""
-    return cleaned[0]
+# A list cell read from Parquet is a numpy array (a view into Arrow's buffer): ~120 bytes of object
+# per cell, 5 such columns per step, held by every validated partition until its features are built.
+# Between tasks the list columns are kept as one Arrow table (the values, compact) and unpacked again
+# by steps_of, to the same numpy-array cells.
+_Cleaned = tuple[tuple[pd.DataFrame, Any], pd.DataFrame, list[str]]
 
 
-def runs_of(cleaned: tuple[pd.DataFrame, pd.DataFrame, list[str]]) -> tuple[pd.DataFrame, list[str]]:
+def _pack_lists(steps: pd.DataFrame) -> tuple[pd.DataFrame, Any]:
+    import numpy as np
+    import pyarrow as pa
+
+    cols = [
+        c
+        for c in steps.columns
+        if steps[c].dtype == object and any(isinstance(v, np.ndarray) for v in steps[c].head(1000))
+    ]
+    if not cols:
+        return steps, None
+    table = pa.Table.from_pandas(steps[cols], preserve_index=False)
+    return steps.drop(columns=cols), table
+
+
+def steps_of(cleaned: _Cleaned) -> pd.DataFrame:
+    """The steps of a :func:`clean_partition` result (list columns unpacked to their cells)."""
+    steps, table = cleaned[0]
+    if table is None:
+        return steps
+    out = steps.copy()
+    for c in table.column_names:
+        out[c] = table.column(c).to_pandas().to_numpy(dtype=object)
+    return out
+
+
+def runs_of(cleaned: _Cleaned) -> tuple[pd.DataFrame, list[str]]:
     """The run records and bad-row reasons of a :func:`clean_partition` result."""
     return cleaned[1], cleaned[2]
 

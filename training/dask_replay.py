@@ -91,7 +91,10 @@ def replay_packed(
 
     sizes = [len(f) for f, _ in packs]
     allsteps = pd.concat([f for f, _ in packs], ignore_index=True)
-    order = np.argsort(allsteps["run_id"].astype(str).to_numpy(), kind="stable")
+    # the serial order (by run id, stable) from sorted codes: no string per step is made
+    codes, _ = pd.factorize(allsteps["run_id"].astype(str), sort=True)
+    order = np.argsort(codes, kind="stable")
+    del codes
     chains = FlatChains.join([c for _, c in packs], order)
     y_o, pr_o = replay_cache_labels(
         allsteps.iloc[order].reset_index(drop=True),

@@ -63,6 +63,9 @@ _T = TypeVar("_T")
 
 __all__ = ["train_on_dask", "read_partitioned", "PartitionedDataset"]
 
+_Pre = tuple[np.ndarray, pd.DataFrame, np.ndarray]  # a partition's rows before the replay (_rows_pre)
+_PRESS = FEATURE_NAMES.index("local_cache_pressure")
+TRAIN_DTYPE = np.float32  # the training rows' features on the workers (LightGBM bins them anyway)
 META_COLS = ("run_id", "group", "source", "step", "y_frontier", "y_cache", "y_rem_steps", "y_rem_tokens")
 RUN_COLS = ("run_id", "source", "task_id", "needs_frontier", "outcome")
 
@@ -87,6 +90,14 @@ class PartitionedDataset(Dataset):
         return self.digest
 
 
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory so far, MB (run on each worker by ``client.run``: the
+    peak after each stage says which stage set it)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def _identity(x: _T) -> _T:
     return x
 
@@ -95,56 +106,106 @@ def _pick(xs: list[_T], i: int) -> _T:
     return xs[i]
 
 
-def _rows(
-    steps: pd.DataFrame, runs: pd.DataFrame, cache: tuple[np.ndarray, np.ndarray], cfg: TrainConfig
-) -> pd.DataFrame:
-    """Feature rows + labels + held-out flag of one partition (step 4)."""
+def _rows_pre(steps: pd.DataFrame, runs: pd.DataFrame, cfg: TrainConfig) -> _Pre:
+    """One partition's feature rows before the cache replay (step 4, first half): (features as
+    float64, the META_COLS with ``y_cache`` missing, which rows carry a logged feature vector). The
+    replay's two columns (``y_cache``, the ``local_cache_pressure`` feature) come in :func:`_rows`;
+    no other feature reads them."""
     from features.runlog import RunLog
-    from training.dataset import build_dataset
-    from training.train import holdout_mask
+    from training.dataset import build_dataset, logged_feature_rows
 
     if steps.empty:
-        return _empty_rows()
+        return np.zeros((0, N_FEATURES)), _META0.copy(), np.zeros(0, dtype=bool)
     empty = steps.iloc[:0]
     log = RunLog(runs=runs, steps=steps, arrivals=empty, rates=empty)
+    none = np.full(len(steps), np.nan)
     ds = build_dataset(
         log,
         cache_capacity_blocks=cfg.cache_capacity_blocks,
         block_tokens=cfg.block_tokens,
-        cache_labels=cache,
+        cache_labels=(none, none),
     )
-    out = pd.DataFrame(ds.X, columns=list(FEATURE_NAMES))
+    # build_dataset's row order (clean_partition already sorted the steps so)
+    order = steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    logged, _ = logged_feature_rows(order)
+    return ds.X, ds.meta[list(META_COLS)], logged
+
+
+def _rows(
+    pre: _Pre, cache: tuple[np.ndarray, np.ndarray], cfg: TrainConfig
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """One partition's rows (step 4, second half): the replay's cache labels and pressure filled in
+    as :func:`training.dataset.build_dataset` fills them (the pressure feature where no logged
+    vector gives it), then (training rows, features as float32; held-out rows, features as float64,
+    as the serial held-out set has them; the training rows' :func:`_digest`, taken on the float64
+    features before they are narrowed)."""
+    from training.train import holdout_mask
+
+    X, meta, logged = pre
+    if not len(meta):
+        return _empty_rows(TRAIN_DTYPE), _empty_rows(np.float64), _digest(np.zeros((0, N_FEATURES)), _META0)
+    y_cache, pressure = cache
+    meta = meta.assign(y_cache=np.asarray(y_cache, dtype=np.float64))
+    fill = ~logged & ~np.isnan(pressure)
+    held = holdout_mask(meta["group"].to_numpy(dtype=object), cfg.holdout_share)
+    out = []
+    for m in (~held, held):
+        Xm = X[m]  # a copy (a boolean mask): the filled column is written into it, not into ``pre``
+        Xm[fill[m], _PRESS] = pressure[m][fill[m]]
+        out.append((Xm, meta[m]))
+    (Xt, mt), (Xh, mh) = out
+    digest = _digest(Xt, mt)
+    return _frame(Xt.astype(TRAIN_DTYPE), mt), _frame(Xh, mh), digest
+
+
+def _frame(X: np.ndarray, meta: pd.DataFrame) -> pd.DataFrame:
+    out = pd.DataFrame(X, columns=list(FEATURE_NAMES))
     for c in META_COLS:
-        out[c] = ds.meta[c].to_numpy()
-    out["holdout"] = holdout_mask(ds.meta["group"].to_numpy(dtype=object), cfg.holdout_share)
+        out[c] = meta[c].to_numpy()
     return out
 
 
-def _empty_rows() -> pd.DataFrame:
-    out = pd.DataFrame({n: pd.Series([], dtype=np.float64) for n in FEATURE_NAMES})
+def _empty_rows(dtype: type[np.floating[Any]]) -> pd.DataFrame:
+    out = pd.DataFrame({n: pd.Series([], dtype=dtype) for n in FEATURE_NAMES})
     for c in META_COLS:
-        kind = object if c in ("run_id", "group", "source") else np.float64
-        out[c] = pd.Series([], dtype=kind if c != "step" else np.int64)
-    out["holdout"] = pd.Series([], dtype=bool)
+        out[c] = _META0[c]
     return out
 
 
-def _digest(part: pd.DataFrame) -> pd.DataFrame:
+_META0 = pd.DataFrame(
+    {
+        c: pd.Series(
+            [],
+            dtype=object if c in ("run_id", "group", "source") else np.int64 if c == "step" else np.float64,
+        )
+        for c in META_COLS
+    }
+)
+
+
+def _digest(X: np.ndarray, meta: pd.DataFrame) -> pd.DataFrame:
     """sha256 of a partition's training rows (as :meth:`training.dataset.Dataset.sha256` hashes)."""
-    tr = part[~part["holdout"].to_numpy(dtype=bool)]
     h = hashlib.sha256()
     h.update(FEATURE_SPEC_VERSION.encode())
-    h.update(np.ascontiguousarray(tr[list(FEATURE_NAMES)].to_numpy(dtype=np.float64)).tobytes())
+    h.update(np.ascontiguousarray(X, dtype=np.float64).tobytes())
     for c in ("y_frontier", "y_cache", "y_rem_steps", "y_rem_tokens"):
-        h.update(tr[c].to_numpy(dtype=np.float64).tobytes())
-    h.update("\0".join(tr["group"].astype(str)).encode())
-    first = str(tr["run_id"].iloc[0]) if len(tr) else ""
-    return pd.DataFrame({"first": [first], "sha": [h.hexdigest()], "n": [len(tr)]})
+        h.update(meta[c].to_numpy(dtype=np.float64).tobytes())
+    h.update("\0".join(meta["group"].astype(str)).encode())
+    first = str(meta["run_id"].iloc[0]) if len(meta) else ""
+    return pd.DataFrame({"first": [first], "sha": [h.hexdigest()], "n": [len(meta)]})
 
 
-def _with_target(part: pd.DataFrame, kind: str, prompt_col: int, log_target: bool) -> pd.DataFrame:
-    """Training target ``_z`` (and weight ``_w``) of the Dask fits, as the serial estimators derive it."""
-    out = part.copy()
+def _with_target(
+    part: pd.DataFrame, kind: str, prompt_col: int, log_target: bool, masked: tuple[str, ...] = ()
+) -> pd.DataFrame:
+    """A Dask fit's rows: the features, the training target ``_z`` (and weight ``_w``) as the serial
+    estimators derive it, and for the escalation model the run, step and group (its calibration
+    folds); ``masked`` features set to missing. Only those columns: LightGBM holds this frame's
+    features while it fits, so a copy of every column would double a worker's rows."""
+    keep = list(FEATURE_NAMES) + (["run_id", "step", "group"] if kind == "escalation" else [])
+    out = part[keep].copy()
+    for c in masked:
+        out[c] = np.asarray(np.nan, dtype=part[c].dtype)
     if kind == "cache":
         denom = np.maximum(np.nan_to_num(part.iloc[:, prompt_col].to_numpy(dtype=np.float64)), 1.0)
         out["_z"] = np.clip(part["y_cache"].to_numpy(dtype=np.float64) / denom, 0.0, 1.0)
@@ -211,7 +272,7 @@ def train_on_dask(
     """Run the job described in the module docstring on ``client``'s cluster."""
     import dask
     import dask.dataframe as dd
-    from distributed import as_completed, futures_of
+    from distributed import as_completed, futures_of, wait
 
     from features.runmerge import list_runlog_files
     from training.train import Fitted, finish_training, sized_config
@@ -220,9 +281,15 @@ def train_on_dask(
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
 
+    peaks: dict[str, list[float]] = {}  # each worker's peak RSS (MB) so far, after each stage
+
     def lap(name: str, since: float) -> float:
         now = time.perf_counter()
         timings[name] = round(now - since, 3)
+        peaks[name.removesuffix("_s")] = sorted(client.run(_peak_rss_mb).values(), reverse=True)
+        say(
+            f"{name.removesuffix('_s')}: {timings[name]:.0f} s; worker peak RSS so far {peaks[name.removesuffix('_s')]} MB"
+        )
         return now
 
     files = list_runlog_files([str(p) for p in cfg.runs])
@@ -250,9 +317,25 @@ def train_on_dask(
 
     say(f"building features on the workers ({len(runs)} runs; cache replay as one task)")
     runs_f = client.submit(_identity, runs, pure=False)  # a task: recomputed if its worker dies
+    # features first, without the replay's two columns, and the replay's input packed, where the
+    # steps are (one graph: each partition's steps are unpacked once for both); the client lets go
+    # of the validated partitions now, so each leaves its worker as soon as its two tasks are done,
+    # and all have left before the replay (one task over all steps, the longest) runs: they held
+    # more than the rows built from them
     steps = [dask.delayed(steps_of)(c) for c in cleaned]
-    packs = [dask.delayed(pack_replay_input)(s) for s in steps]  # packed where the steps are
-    replay = dask.delayed(replay_packed)(
+    both = client.compute(
+        [
+            *(dask.delayed(_rows_pre)(s, runs_f, cfg) for s in steps),
+            *(dask.delayed(pack_replay_input)(s) for s in steps),
+        ]
+    )
+    del cleaned, steps, runs_f
+    pre, packs = both[: len(both) // 2], both[len(both) // 2 :]
+    del both
+    wait([*pre, *packs])
+    t = lap("features_pre_s", t)
+    replay = client.submit(
+        replay_packed,
         packs,
         run_src,
         cfg.cache_capacity_blocks,
@@ -260,39 +343,49 @@ def train_on_dask(
         replicas=cfg.cache_replicas,
         node_gpu=cfg.node_gpu,
         kv_cache_gb=cfg.kv_cache_gb,
+        pure=False,
     )
-    parts = [dask.delayed(_rows)(s, runs_f, dask.delayed(_pick)(replay, i), cfg) for i, s in enumerate(steps)]
-    rows = dd.from_delayed(parts, meta=_empty_rows(), verify_meta=False).persist()
-    futs = futures_of(rows)
+    wait(replay)
+    del packs
+    t = lap("replay_s", t)
+    built = [dask.delayed(_rows)(p, dask.delayed(_pick)(replay, i), cfg) for i, p in enumerate(pre)]
+    train = dd.from_delayed(
+        [dask.delayed(_pick)(b, 0) for b in built], meta=_empty_rows(TRAIN_DTYPE), verify_meta=False
+    ).persist()
+    held_rows = dd.from_delayed(
+        [dask.delayed(_pick)(b, 1) for b in built], meta=_empty_rows(np.float64), verify_meta=False
+    ).persist()
+    digests_f = client.compute([dask.delayed(_pick)(b, 2) for b in built])
+    futs = futures_of(train)
     for k, _ in enumerate(as_completed(futs), 1):
         if on_task is not None:
             on_task(k, len(futs))
-    del runs_f, cleaned, steps, packs, replay, parts  # the validated log leaves the workers: rows stay
-    n = int(len(rows))
+    del pre, replay, built  # the rows stay on the workers
+    n_train, n_held = (int(x) for x in dask.compute(train.shape[0], held_rows.shape[0]))
+    n = n_train + n_held
     if n == 0:
         raise ValueError("the run logs hold no step records: nothing to train on")
     cfg = sized_config(cfg, n)
     t = lap("features_s", t)
 
-    train = rows[~rows["holdout"]]
+    masked = _source_masked(train, held_rows)  # the serial escalation_X rule, on shares per source
     esc_rows = train[train["y_frontier"].notnull()].map_partitions(
-        _with_target, "escalation", 0, False, meta=_target_meta("escalation")
+        _with_target, "escalation", 0, False, masked, meta=_target_meta("escalation")
     )
-    masked = _source_masked(rows)  # the serial escalation_X rule, on shares gathered per source
-    if masked:
-        esc_rows = esc_rows.assign(**{c: np.nan for c in masked})
+    ids = [d[["run_id", "group", "source", "y_frontier"]] for d in (train, held_rows)]
+    both = dd.concat(ids)
     stats = dask.compute(
         esc_rows["_z"].sum(),
         esc_rows["_z"].count(),
-        rows["run_id"].nunique(),
+        both["run_id"].nunique(),
         train["run_id"].nunique(),
-        rows.loc[rows["y_frontier"].notnull(), "run_id"].nunique(),
-        rows["group"].nunique(),
-        rows["source"].value_counts(),
-        rows["holdout"].sum(),
-        train.map_partitions(_digest, meta={"first": object, "sha": object, "n": np.int64}),
+        both.loc[both["y_frontier"].notnull(), "run_id"].nunique(),
+        both["group"].nunique(),
+        both["source"].value_counts(),
     )
-    n_pos, n_esc, n_runs, n_train_runs, n_esc_runs, n_groups, sources, n_held, digests = stats
+    n_pos, n_esc, n_runs, n_train_runs, n_esc_runs, n_groups, sources = stats
+    digests = pd.concat(client.gather(digests_f), ignore_index=True)
+    del digests_f
     if n_esc == 0 or n_pos in (0, n_esc):
         raise ValueError(
             "no run carries a needs-frontier label with both outcomes (need Run.needs_frontier, a "
@@ -311,7 +404,13 @@ def train_on_dask(
         "sources": {str(k): int(v) for k, v in sources.items()},
         "data_sha256": digest,
         "config": cfg.model_dump(mode="json"),
-        "dask": {"workers": n_workers, "npartitions": P, "bad_rows": len(bad), "cv": "not run on Dask"},
+        "dask": {
+            "workers": n_workers,
+            "npartitions": P,
+            "bad_rows": len(bad),
+            "cv": "not run on Dask",
+            "worker_peak_rss_mb": peaks,  # filled as the stages end (the report is written last)
+        },
         "escalation_masked_features": list(masked),
     }
     if bad:
@@ -346,7 +445,7 @@ def train_on_dask(
     t = lap("fit_remaining_s", t)
 
     say("gathering the held-out rows")
-    held_df = to_client(client, rows[rows["holdout"]])
+    held_df = to_client(client, held_rows)
     held = Dataset(held_df[list(FEATURE_NAMES)].to_numpy(dtype=np.float64), held_df[list(META_COLS)])
     head = train.head(100, npartitions=-1)
     summary = PartitionedDataset(
@@ -357,7 +456,15 @@ def train_on_dask(
         digest=digest,
     )
     paired = _paired_run_ids(all_runs)  # the benefit stage's rows: steps of runs with both outcomes
-    bt = to_client(client, train[train["run_id"].isin(paired)]) if paired else head.iloc[:0]
+    # ... the first steps only: its heads fit on steps < train_steps and its evidence is read at
+    # eval_step (training.benefit), and all steps of every paired run held 8 of 10 training rows on
+    # the client (every synthetic run is paired)
+    first = max(cfg.benefit.train_steps, cfg.benefit.eval_step + 1)
+    bt = (
+        to_client(client, train[train["run_id"].isin(paired) & (train["step"] < first)])
+        if paired
+        else head.iloc[:0]
+    )
     benefit_train = Dataset(bt[list(FEATURE_NAMES)].to_numpy(dtype=np.float64), bt[list(META_COLS)])
     t = lap("gather_s", t)
     return finish_training(
@@ -379,19 +486,27 @@ def train_on_dask(
     )
 
 
-def _source_masked(rows: dd.DataFrame) -> tuple[str, ...]:
+def _source_masked(*parts: dd.DataFrame) -> tuple[str, ...]:
     """:func:`training.dataset.masked_features` over the per-source missing shares of the labelled
-    rows (sources with enough rows), computed on the workers."""
+    rows of ``parts`` (training and held-out rows; sources with enough rows), counted on the workers."""
     import dask
 
     from training.dataset import MISSING_MIN_ROWS, masked_features
 
-    lab = rows[rows["y_frontier"].notnull()]
-    miss = lab[list(FEATURE_NAMES)].isnull().astype(np.float64)
-    miss["source"] = lab["source"]
-    shares, counts = dask.compute(miss.groupby("source").mean(), lab.groupby("source").size())
+    sums, sizes = [], []
+    for rows in parts:
+        lab = rows[rows["y_frontier"].notnull()]
+        miss = lab[list(FEATURE_NAMES)].isnull().astype(np.int64)
+        miss["source"] = lab["source"]
+        sums.append(miss.groupby("source").sum())
+        sizes.append(lab.groupby("source").size())
+    got = dask.compute(*sums, *sizes)
+    k = len(parts)
+    nulls = pd.concat(got[:k]).groupby(level=0).sum()
+    counts = pd.concat(got[k:]).groupby(level=0).sum()
     keep = counts[counts >= MISSING_MIN_ROWS].index
-    return masked_features(shares.loc[shares.index.isin(keep), list(FEATURE_NAMES)])
+    shares = nulls.loc[nulls.index.isin(keep), list(FEATURE_NAMES)].div(counts[keep], axis=0)
+    return masked_features(shares)
 
 
 def _paired_run_ids(runs: pd.DataFrame) -> list[str]:
@@ -403,11 +518,7 @@ def _paired_run_ids(runs: pd.DataFrame) -> list[str]:
 
 
 def _target_meta(kind: str) -> pd.DataFrame:
-    m = _empty_rows()
-    m["_z"] = pd.Series([], dtype=np.int64 if kind == "escalation" else np.float64)
-    if kind == "cache":
-        m["_w"] = pd.Series([], dtype=np.float64)
-    return m
+    return _with_target(_empty_rows(TRAIN_DTYPE), kind, 0, False)
 
 
 def _fit_escalation(

@@ -103,10 +103,19 @@ class PackedChains(Protocol):
     def __getitem__(self, i: int, /) -> np.ndarray: ...
 
 
+class ChainSeq(Protocol):
+    """Block-hash chains read by position (a list, :class:`PackedChains`, or a reordered view)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int, /) -> np.ndarray | Sequence[int]: ...
+
+
 __all__ = [
     "Dataset",
     "build_dataset",
     "lru_replay",
+    "logged_feature_rows",
     "node_cache_blocks",
     "missingness_masked",
     "masked_features",
@@ -161,7 +170,7 @@ class Dataset:
 
 
 def lru_replay(
-    hash_lists: Sequence[np.ndarray | Sequence[int]],
+    hash_lists: ChainSeq,
     run_ids: Sequence[Hashable],
     prompt_tokens: np.ndarray,
     capacity_blocks: int,
@@ -181,29 +190,50 @@ def lru_replay(
     cache = PrefixCache(capacity_blocks, block_tokens)
     admit, release = cache.admit, cache.release
     last_seen: dict[Hashable, int] = {}
-    hits = np.zeros(len(hash_lists), dtype=np.float64)
-    pressure = np.full(len(hash_lists), np.nan)
-    prompts = [int(x) for x in prompt_tokens]  # int(NaN) raises: token counts must be known
-    outs = [0] * len(prompts) if completion_tokens is None else [int(x) for x in completion_tokens]
-    for i, blocks in enumerate(hash_lists):
-        chain = blocks.tolist() if isinstance(blocks, np.ndarray) else [int(b) for b in blocks]
-        rid = run_ids[i]
-        prev = last_seen.get(rid)
-        if prev is not None:
-            pressure[i] = turnover(cache.inserted, prev, capacity_blocks)
-        p = prompts[i]
-        n_chain = len(chain)
-        n_blocks = -(-(p + outs[i]) // block_tokens)
-        if n_blocks < n_chain:
-            n_blocks = n_chain
-        if n_blocks > capacity_blocks:
-            n_blocks = capacity_blocks
-        n_hashed = n_chain if n_chain < n_blocks else n_blocks
-        n_lookup = p // block_tokens
-        hits[i] = admit(chain, n_lookup if n_lookup < n_chain else n_chain, p, n_blocks) * block_tokens
-        release(chain, n_hashed, n_blocks - n_hashed)  # nothing else is held: it always fits
-        last_seen[rid] = cache.inserted
+    n = len(hash_lists)
+    hits = np.zeros(n, dtype=np.float64)
+    pressure = np.full(n, np.nan)
+    # token counts as Python ints a chunk at a time (a list of all of them held ~70 bytes per step)
+    for lo in range(0, n, _REPLAY_CHUNK):
+        hi = min(n, lo + _REPLAY_CHUNK)
+        prompts = [int(x) for x in prompt_tokens[lo:hi]]  # int(NaN) raises: token counts must be known
+        outs = [0] * (hi - lo) if completion_tokens is None else [int(x) for x in completion_tokens[lo:hi]]
+        for i in range(lo, hi):
+            blocks = hash_lists[i]
+            chain = blocks.tolist() if isinstance(blocks, np.ndarray) else [int(b) for b in blocks]
+            rid = run_ids[i]
+            prev = last_seen.get(rid)
+            if prev is not None:
+                pressure[i] = turnover(cache.inserted, prev, capacity_blocks)
+            p = prompts[i - lo]
+            n_chain = len(chain)
+            n_blocks = -(-(p + outs[i - lo]) // block_tokens)
+            if n_blocks < n_chain:
+                n_blocks = n_chain
+            if n_blocks > capacity_blocks:
+                n_blocks = capacity_blocks
+            n_hashed = n_chain if n_chain < n_blocks else n_blocks
+            n_lookup = p // block_tokens
+            hits[i] = admit(chain, n_lookup if n_lookup < n_chain else n_chain, p, n_blocks) * block_tokens
+            release(chain, n_hashed, n_blocks - n_hashed)  # nothing else is held: it always fits
+            last_seen[rid] = cache.inserted
     return hits, pressure
+
+
+_REPLAY_CHUNK = 1 << 16
+
+
+class _Take:
+    """``seq`` read through the positions ``idx`` without building the reordered list."""
+
+    def __init__(self, seq: ChainSeq, idx: np.ndarray) -> None:
+        self.seq, self.idx = seq, idx
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def __getitem__(self, i: int, /) -> np.ndarray | Sequence[int]:
+        return self.seq[int(self.idx[i])]
 
 
 def node_cache_blocks(
@@ -353,16 +383,7 @@ def build_dataset(
     )
 
     # request-only fields from router-logged feature vectors of this spec
-    logged = np.zeros(n, dtype=bool)
-    logged_x: list[Any] = [None] * n
-    if "features" in steps.columns and "feature_spec_version" in steps.columns:
-        spec = steps["feature_spec_version"].to_numpy(dtype=object)
-        feats = steps["features"].tolist()
-        for j in np.flatnonzero(spec == FEATURE_SPEC_VERSION).tolist():
-            f = feats[j]
-            if f is not None and len(f) == N_FEATURES:
-                logged[j] = True
-                logged_x[j] = f
+    logged, logged_x = logged_feature_rows(steps)
 
     X = np.empty((n, N_FEATURES), dtype=np.float64)
     i_tools, i_json, i_press = _F["new_n_tools_offered"], _F["new_wants_json"], _F["local_cache_pressure"]
@@ -397,6 +418,24 @@ def build_dataset(
     return Dataset(X=X, meta=meta, escalation_masked=masked)
 
 
+def logged_feature_rows(steps: pd.DataFrame) -> tuple[np.ndarray, list[Any]]:
+    """(which rows carry a router-logged feature vector of the current spec, those vectors: None
+    elsewhere). Their request-only fields replace the rebuilt ones, and their logged
+    ``local_cache_pressure`` the replay's."""
+    n = len(steps)
+    logged = np.zeros(n, dtype=bool)
+    logged_x: list[Any] = [None] * n
+    if "features" in steps.columns and "feature_spec_version" in steps.columns:
+        spec = steps["feature_spec_version"].to_numpy(dtype=object)
+        feats = steps["features"].tolist()
+        for j in np.flatnonzero(spec == FEATURE_SPEC_VERSION).tolist():
+            f = feats[j]
+            if f is not None and len(f) == N_FEATURES:
+                logged[j] = True
+                logged_x[j] = f
+    return logged, logged_x
+
+
 def replay_cache_labels(
     steps: pd.DataFrame,
     run_src: dict[str, str],
@@ -418,8 +457,12 @@ def replay_cache_labels(
     ``hash_chains``: the rows' block hashes in a compact form instead of ``steps["hash_ids"]`` (a
     sequence of arrays with a boolean ``present`` mask; ``training.dask_train`` packs millions)."""
     n = len(steps)
-    run_ids = steps["run_id"].astype(str).to_numpy()
-    pos = steps.groupby("run_id", sort=False).cumcount().to_numpy()
+    # run ids once per run (codes + the distinct ids): at millions of steps a string per step held
+    # hundreds of MB in the one replay task of a Dask job
+    codes, uniq = pd.factorize(steps["run_id"])
+    uniq_ids = np.asarray([str(r) for r in uniq], dtype=object)
+    run_ids = uniq_ids[codes]
+    pos = pd.Series(codes).groupby(codes, sort=False).cumcount().to_numpy()
     y_cache = np.full(n, np.nan)
     pressure = np.full(n, np.nan)
     cached = pd.to_numeric(steps["cached_tokens"], errors="coerce").to_numpy(dtype=np.float64)
@@ -431,11 +474,11 @@ def replay_cache_labels(
     else:
         present = np.asarray(hash_chains.present, dtype=bool)
     has_hash = present & ~has_cached
-    src = np.array([run_src.get(r, "") for r in run_ids], dtype=object)
+    src = np.array([run_src.get(r, "") for r in uniq_ids], dtype=object)[codes]
     if has_hash.any():
         if cache_capacity_blocks is None:
             cache_capacity_blocks = node_cache_blocks(node_gpu, node_profile, kv_cache_gb, block_tokens)
-        replica = _replica_of(run_ids.tolist(), replicas)
+        replica = _replica_of(uniq_ids.tolist(), replicas)[codes]
         arrival = pd.to_numeric(steps["arrival_s"], errors="coerce").to_numpy(dtype=np.float64)
         prompt = steps["prompt_tokens"].to_numpy(dtype=np.float64)
         completion = np.nan_to_num(steps["completion_tokens"].to_numpy(dtype=np.float64), nan=0.0)
@@ -444,8 +487,8 @@ def replay_cache_labels(
             idx = np.flatnonzero(has_hash & (src == s) & (replica == r))
             order = idx[np.lexsort((pos[idx], np.nan_to_num(arrival[idx], nan=np.inf)))]
             hits, pr = lru_replay(
-                [hash_vals[i] for i in order],
-                [run_ids[i] for i in order],
+                _Take(hash_vals, order),
+                codes[order],
                 prompt[order],
                 cache_capacity_blocks,
                 block_tokens,

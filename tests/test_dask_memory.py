@@ -1,0 +1,101 @@
+"""The memory-saving forms of the Dask training job give the serial values (issue 26, 10M steps).
+
+No cluster here: the pieces each Dask task runs, on one generated run log.
+- ``clean_partition`` keeps a partition's list columns as one Arrow table between tasks;
+  ``steps_of`` gives back the same cells (numpy arrays, None) in the same rows.
+- the cache replay reads token counts a chunk at a time and the chains through a reordered view:
+  the labels do not depend on the chunk size.
+- features built before the replay, with the replay's pressure filled in after
+  (``_rows_pre`` + ``_rows``), are ``build_dataset``'s rows with the replay's labels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from test_dask_sweeps import _cli
+
+from features.extract import FEATURE_NAMES
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> pd.DataFrame:
+    out: Path = tmp_path_factory.mktemp("dask-mem") / "runs.parquet"
+    r = _cli("generate", "-o", str(out), "--runs", "150", "--seed", "7")
+    assert r.returncode == 0, r.stderr
+    return pq.read_table(out).to_pandas()
+
+
+def _same_cells(a: pd.Series, b: pd.Series) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a.tolist(), b.tolist(), strict=True):
+        if x is None or y is None:
+            assert x is None and y is None
+        else:
+            assert isinstance(y, np.ndarray) and isinstance(x, np.ndarray)
+            assert x.dtype == y.dtype and x.tolist() == y.tolist()
+
+
+def test_steps_of_gives_back_the_list_cells(raw):
+    from features.runlog import conform
+    from training import dask_io
+
+    cleaned = dask_io.clean_partition(raw.copy())
+    packed, table = cleaned[0]
+    assert table is not None and "hash_ids" in table.column_names and "hash_ids" not in packed.columns
+    steps = dask_io.steps_of(cleaned)
+    # what the step frame held before the lists were packed
+    good = conform(raw.copy().reset_index(drop=True), exact=False)
+    ref = good[good["record"] == "step"].sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    assert len(steps) == len(ref) and set(table.column_names) <= set(steps.columns)
+    for c in table.column_names:
+        _same_cells(ref[c], steps[c])
+    assert steps["run_id"].tolist() == ref["run_id"].tolist()
+
+
+def test_replay_labels_do_not_depend_on_the_chunk(raw, monkeypatch):
+    from training import dask_io, dataset
+
+    steps = dask_io.steps_of(dask_io.clean_partition(raw.copy()))
+    run_src = dict.fromkeys(steps["run_id"].astype(str), "synthetic")
+    whole = dataset.replay_cache_labels(steps, run_src, 64, 512)
+    monkeypatch.setattr(dataset, "_REPLAY_CHUNK", 7)
+    chunked = dataset.replay_cache_labels(steps, run_src, 64, 512)
+    assert np.isfinite(whole[0]).any() and np.isfinite(whole[1]).any()
+    for a, b in zip(whole, chunked, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_features_before_the_replay_are_the_serial_rows(raw):
+    from features.runlog import RunLog
+    from training import dask_io
+    from training.config import TrainConfig
+    from training.dask_train import META_COLS, _rows, _rows_pre
+    from training.dataset import build_dataset, replay_cache_labels
+    from training.train import holdout_mask
+
+    cleaned = dask_io.clean_partition(raw.copy())
+    steps, runs = dask_io.steps_of(cleaned), cleaned[1]
+    run_src = dict(zip(runs["run_id"].astype(str), runs["source"].astype(str), strict=True))
+    cache = replay_cache_labels(steps, run_src, 64, 512)
+    cfg = TrainConfig(runs=[Path("x")], out=Path("y"), cache_capacity_blocks=64)
+    train, held, _ = _rows(_rows_pre(steps, runs, cfg), cache, cfg)
+    empty = steps.iloc[:0]
+    ds = build_dataset(
+        RunLog(runs=runs, steps=steps, arrivals=empty, rates=empty),
+        cache_capacity_blocks=64,
+        cache_labels=cache,
+    )
+    h = holdout_mask(ds.meta["group"].to_numpy(dtype=object), cfg.holdout_share)
+    assert h.any() and (~h).any()
+    np.testing.assert_array_equal(held[list(FEATURE_NAMES)].to_numpy(), ds.X[h])
+    np.testing.assert_array_equal(train[list(FEATURE_NAMES)].to_numpy(), ds.X[~h].astype(np.float32))
+    assert train[list(FEATURE_NAMES)].dtypes.eq(np.float32).all()
+    for c in META_COLS:
+        assert held[c].astype(str).tolist() == ds.meta.loc[h, c].astype(str).tolist(), c
+    press = FEATURE_NAMES.index("local_cache_pressure")
+    assert np.isfinite(ds.X[:, press]).any()  # the filled-in feature is exercised
