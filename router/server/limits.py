@@ -101,14 +101,7 @@ async def read_body_guarded(
     parts: list[bytes] = []
     total = 0
     while True:
-        try:
-            if _TIMEOUT is not None:  # 3.11+: a timer on this task, no task per body message
-                async with _TIMEOUT(timeout_s):
-                    msg = await receive()
-            else:  # pragma: no cover - Python 3.10
-                msg = await asyncio.wait_for(receive(), timeout_s)
-        except (TimeoutError, asyncio.TimeoutError):
-            raise _timeout(timeout_s) from None
+        msg = await _receive_within(receive, timeout_s)
         if msg["type"] == "http.disconnect":
             return None
         chunk = msg.get("body", b"")
@@ -137,6 +130,17 @@ def replay_receive(body: bytes, receive: Receive) -> Receive:
 _TIMEOUT = getattr(asyncio, "timeout", None)
 
 
+async def _receive_within(receive: Receive, timeout_s: float) -> Any:
+    """The next ASGI message, or :class:`BodyError` 408 when none comes within ``timeout_s``."""
+    try:
+        if _TIMEOUT is not None:  # 3.11+: a timer on this task, no task per body message
+            async with _TIMEOUT(timeout_s):
+                return await receive()
+        return await asyncio.wait_for(receive(), timeout_s)  # pragma: no cover - Python 3.10
+    except (TimeoutError, asyncio.TimeoutError):
+        raise _timeout(timeout_s) from None
+
+
 def timed_receive(receive: Receive, timeout_s: float) -> Receive:
     """A ``receive`` whose body messages must each arrive within ``timeout_s`` (408 otherwise,
     raised as :class:`BodyError`, which the hot path answers in its protocol's shape); once the
@@ -149,14 +153,7 @@ def timed_receive(receive: Receive, timeout_s: float) -> Receive:
         nonlocal done
         if done:
             return await receive()
-        try:
-            if _TIMEOUT is not None:  # 3.11+: a timer on this task, no task per body message
-                async with _TIMEOUT(timeout_s):
-                    msg = await receive()
-            else:  # pragma: no cover - Python 3.10
-                msg = await asyncio.wait_for(receive(), timeout_s)
-        except (TimeoutError, asyncio.TimeoutError):
-            raise _timeout(timeout_s) from None
+        msg = await _receive_within(receive, timeout_s)
         if msg["type"] != "http.request" or not msg.get("more_body", False):
             done = True
         return msg
