@@ -236,12 +236,14 @@ def start_runroute(
     cwd: Path,
     cores: str = "1",
     extra: tuple[str, ...] = (),
+    wrap: tuple[str, ...] = (),
 ) -> subprocess.Popen:
     """``runroute serve`` from ``tree`` (first on PYTHONPATH, cwd a scratch folder), stderr to ``err``;
-    ``extra``: more ``serve`` arguments (``--workers N``)."""
+    ``extra``: more ``serve`` arguments (``--workers N``); ``wrap``: a command prefix that ends by
+    exec-ing the rest (e.g. joining a cgroup first)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
-    cmd = ["taskset", "-c", cores, python, "-c", _BOOT, "serve", "--config", str(config), "--port", str(port)]
-    cmd += list(extra)
+    cmd = [*wrap, "taskset", "-c", cores, python, "-c", _BOOT, "serve", "--config", str(config)]
+    cmd += ["--port", str(port), *extra]
     with open(err, "w") as fh:
         return subprocess.Popen(
             cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=fh, preexec_fn=die_with_parent

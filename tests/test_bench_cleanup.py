@@ -122,3 +122,48 @@ def test_children_die_with_a_killed_bench(tmp_path):
     finally:
         if bench.poll() is None:
             bench.kill()
+
+
+@pytest.fixture()
+def workers_scale(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import workers_scale as mod
+
+    return mod
+
+
+def _fake_probe(mod, limit: float):
+    def probe(rate: float):
+        ok = rate <= limit
+        return mod.Probe(rate, rate if ok else limit, ok, 0, 1.0, 2.0, 1.0, 0.0, 0.1, [0.5, 0.5], False)
+
+    return probe
+
+
+@pytest.mark.parametrize("limit", [37.0, 123.0, 400.0])
+def test_saturation_search_brackets_the_limit(workers_scale, limit):
+    a = argparse.Namespace(start=60.0, growth=1.25, bisect=3, max_probes=20)
+    probes = workers_scale._search(a, _fake_probe(workers_scale, limit))
+    sat = workers_scale._saturation(probes)
+    assert sat is not None and sat.rate <= limit
+    fails = [p.rate for p in probes if not p.passed]
+    assert fails and min(fails) > limit
+    # bisected: the answer is within one growth step / 2^bisect of the limit
+    assert sat.rate >= limit / (1 + 0.25 / 2**2)
+
+
+@pytest.mark.skipif(not os.access("/sys/fs/cgroup/cpu", os.W_OK), reason="needs a writable cgroup v1 cpu")
+def test_cpu_budget_holds_its_quota_and_is_removed(workers_scale):
+    budget = workers_scale.CpuBudget(f"runroute-test-{os.getpid()}", 0.25)
+    try:
+        assert (budget.path / "cpu.cfs_quota_us").read_text().strip() == str(int(0.25 * 100_000))
+        spin = subprocess.Popen([*budget.wrap(), sys.executable, "-c", "while True: pass"])
+        time.sleep(1.5)
+        st = Path(f"/proc/{spin.pid}/stat").read_text().split(") ", 1)[1].split()
+        used = (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+        assert budget.stat()["nr_throttled"] > 0 and used < 0.7  # 1.5 s at most 0.25 of a core
+        spin.kill()
+        spin.wait()
+    finally:
+        budget.remove()
+    assert not budget.path.exists()
