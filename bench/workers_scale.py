@@ -19,7 +19,8 @@ Algorithm:
    the run, latency from the scheduled time): from ``--start`` req/s the offered rate grows by
    ``--growth`` until a probe fails, then ``--bisect`` bisections between the last pass and the first
    fail. A probe passes when the achieved rate (requests answered 200 / time to the last answer) is at
-   least ``--pass-share`` (0.98) of the offered rate. Before each probe the bench waits until the
+   least ``--pass-share`` (0.98) of the rate as sent (requests sent / the last scheduled send time: a
+   few seconds of Poisson arrivals vary by several per cent around the nominal rate). Before each probe the bench waits until the
    sidecar and the backend are idle. The saturation rate is the highest passing offered rate.
 3. Per probe: the sidecar's CPU (its process tree, /proc), the cgroup's throttling (``cpu.stat``:
    periods throttled, time throttled), the load side's CPU (client, backend, redis-server) and each
@@ -29,7 +30,7 @@ Algorithm:
    load-side cores), the ratio of N workers' saturation rate to one worker's, JSON to ``--out``.
 
 Knobs: ``--workers`` (1,2), ``--budget`` (cores per worker, 0.45), ``--start`` (req/s, 60),
-``--growth`` (1.25), ``--bisect`` (3), ``--duration`` (s per probe, 8), ``--drain`` (5),
+``--growth`` (1.25), ``--bisect`` (3), ``--duration`` (s per probe, 10), ``--drain`` (5),
 ``--max-probes`` (14), ``--runs`` (1000), ``--steps`` (50), ``--stream``, ``--redis-url``, ``--bundle``,
 ``--out``, ``--peers``, ``--seed``.
 Needs: Linux cgroup v1 ``cpu`` controller writable at ``/sys/fs/cgroup/cpu`` (root), ``taskset``.
@@ -85,13 +86,18 @@ class CpuBudget:
     """A cgroup (v1 ``cpu``) with a quota of ``cores`` CPUs and high shares; processes join it by
     ``wrap``-ping their command (the shell writes its own pid, then execs the command)."""
 
-    def __init__(self, name: str, cores: float) -> None:
+    def __init__(self, name: str, cores: float | None) -> None:
         self.path = CGROUP_CPU / name
         self.cores = cores
         self.path.mkdir()
         (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-        (self.path / "cpu.cfs_quota_us").write_text(str(int(cores * PERIOD_US)))
-        (self.path / "cpu.shares").write_text("8192")
+        quota = -1 if cores is None else int(cores * PERIOD_US)  # -1: no quota
+        (self.path / "cpu.cfs_quota_us").write_text(str(quota))
+        (self.path / "cpu.shares").write_text("262144")  # the maximum: ahead of every other group
+
+    def join(self, pid: int) -> None:
+        """Move a running process (all its threads) into the group."""
+        (self.path / "cgroup.procs").write_text(str(pid))
 
     def wrap(self) -> tuple[str, ...]:
         return ("sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.path))
@@ -162,8 +168,10 @@ def _config(a: argparse.Namespace, bport: int, work: Path, label: str, prefix: s
     return path
 
 
-def _loadgen(a: argparse.Namespace, url: str, label: str, state: Path, extra: list[str]) -> list[str]:
-    cmd = [sys.executable, str(HERE / "realistic_load.py"), "--url", url, "--model", "auto"]
+def _loadgen(
+    a: argparse.Namespace, load: CpuBudget, url: str, label: str, state: Path, extra: list[str]
+) -> list[str]:
+    cmd = [*load.wrap(), sys.executable, str(HERE / "realistic_load.py"), "--url", url, "--model", "auto"]
     cmd += ["--label", label, "--state", str(state), "--runs", str(a.runs), "--steps", str(a.steps)]
     cmd += ["--min-body", "2048", "--max-body", str(a.max_body)]
     return cmd + extra
@@ -182,18 +190,29 @@ def _run(cmd: list[str], timeout_s: float) -> dict[str, Any]:
     return result
 
 
+@dataclass
+class Bench:
+    """What every probe shares: the arguments, the load side's group, the fake backend, the folders."""
+
+    a: argparse.Namespace
+    load: CpuBudget
+    backend: subprocess.Popen
+    bport: int
+    work: Path
+    out: Path
+
+
 def _probe(
-    a: argparse.Namespace,
+    b: Bench,
     url: str,
     label: str,
     state: Path,
     sut: subprocess.Popen,
     budget: CpuBudget,
-    backend_pid: int,
     rate: float,
     seed: int,
-    out: Path,
 ) -> Probe:
+    a, load, out, backend_pid = b.a, b.load, b.out, b.backend.pid
     wait_idle([sut.pid, backend_pid], a.idle_max)
     rec = out / f"rec-{label}-{rate:g}.jsonl"
     extra = ["--rate", f"{rate:g}", "--duration", str(a.duration), "--drain", str(a.drain)]
@@ -202,7 +221,7 @@ def _probe(
     c_sut, c_back = cpu_seconds(sut.pid), cpu_seconds(backend_pid)
     c_redis = sum(cpu_seconds(p) for p in redis)
     st0, busy0, t0 = budget.stat(), core_busy(), time.monotonic()
-    res = _run(_loadgen(a, url, label, state, extra), a.duration + a.drain + 120)
+    res = _run(_loadgen(a, load, url, label, state, extra), a.duration + a.drain + 120)
     wall = time.monotonic() - t0
     st1, busy1 = budget.stat(), core_busy()
     sut_s = cpu_seconds(sut.pid) - c_sut
@@ -211,12 +230,16 @@ def _probe(
     records = [json.loads(x) for x in rec.read_text().splitlines() if x.strip()]
     stats = cell_stats(records, a.stream)
     achieved = stats["achieved_rate"]
+    # the offered rate as sent (Poisson counts over a few seconds vary by several per cent around
+    # the nominal rate): requests sent / the last scheduled send time
+    last = max((r["t_sched"] for r in records), default=0.0)
+    offered = round(len(records) / last, 1) if last > 0 else None
     periods = max(1, st1.get("nr_periods", 0) - st0.get("nr_periods", 0))
     busy = [round((busy1[c] - busy0[c]) / wall, 3) for c in sorted(busy1)]
     return Probe(
         rate=rate,
         achieved=achieved,
-        passed=achieved is not None and achieved >= a.pass_share * rate,
+        passed=achieved is not None and offered is not None and achieved >= a.pass_share * offered,
         errors=stats["errors"],
         p50_ms=stats["p50_ms"],
         p99_ms=stats["p99_ms"],
@@ -225,7 +248,7 @@ def _probe(
         load_side_cores=round(load_s / wall, 3),
         core_busy=busy,
         machine_full=all(b >= a.busy_max for b in busy),
-        extra={"sut_cores": round(sut_s / wall, 3), "wall_s": round(wall, 1)},
+        extra={"offered_as_sent": offered, "sut_cores": round(sut_s / wall, 3), "wall_s": round(wall, 1)},
     )
 
 
@@ -238,7 +261,8 @@ def _search(a: argparse.Namespace, probe: Any) -> list[Probe]:
         p = probe(rate)
         probes.append(p)
         console.print(
-            f"  {rate:7.1f} req/s -> achieved {p.achieved} ({'pass' if p.passed else 'FAIL'}), "
+            f"  {rate:7.1f} req/s (sent {p.extra.get('offered_as_sent')}) -> achieved {p.achieved} "
+            f"({'pass' if p.passed else 'FAIL'}), "
             f"p99 {p.p99_ms} ms, {p.cpu_ms_per_req} CPU ms/req, throttled {p.throttled_share:.0%} of periods, "
             f"load side {p.load_side_cores} cores, cores busy {p.core_busy}"
             + (" [machine full]" if p.machine_full else "")
@@ -273,7 +297,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-probes", type=int, default=14)
     ap.add_argument("--pass-share", type=float, default=0.98)
     ap.add_argument("--busy-max", type=float, default=0.97)
-    ap.add_argument("--duration", type=float, default=8.0)
+    ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--drain", type=float, default=5.0)
     ap.add_argument("--idle-max", type=float, default=20.0)
     ap.add_argument("--runs", type=int, default=1000)
@@ -311,14 +335,15 @@ def _drop_keys(redis_url: str, prefix: str) -> None:
         console.print(f"[yellow]could not delete the bench's Redis keys {prefix}*: {e}[/]")
 
 
-def _one(a: argparse.Namespace, n: int, bport: int, backend: subprocess.Popen, work: Path, out: Path) -> dict:
+def _one(b: Bench, n: int) -> dict:
+    a, load, work, out = b.a, b.load, b.work, b.out
     label = f"w{n}"
     prefix = f"rrscale-{os.getpid()}-{label}:"
     budget = CpuBudget(f"runroute-bench-{os.getpid()}-{label}", n * a.budget)
     sut: subprocess.Popen | None = None
     try:
         port = free_port()
-        cfg = _config(a, bport, work, label, prefix)
+        cfg = _config(a, b.bport, work, label, prefix)
         extra = ("--workers", str(n)) if n > 1 else ()
         sut = start_runroute(
             sys.executable,
@@ -338,12 +363,10 @@ def _one(a: argparse.Namespace, n: int, bport: int, backend: subprocess.Popen, w
             f"[bold]{label}[/]: {n} worker(s), budget {budget.cores:g} cores; priming {a.runs} runs"
         )
         t0 = time.monotonic()
-        prime = _run(_loadgen(a, url, label, state, ["--prime", "--concurrency", "32"]), 3600)
+        prime = _run(_loadgen(a, load, url, label, state, ["--prime", "--concurrency", "32"]), 3600)
         console.print(f"  primed {prime.get('sent')} steps in {time.monotonic() - t0:.0f} s")
         seeds = iter(range(a.seed * 1000, a.seed * 1000 + 1000))
-        probes = _search(
-            a, lambda r: _probe(a, url, label, state, sut, budget, backend.pid, r, next(seeds), out)
-        )
+        probes = _search(a, lambda r: _probe(b, url, label, state, sut, budget, r, next(seeds)))
         sat = _saturation(probes)
         return {
             "workers": n,
@@ -368,14 +391,21 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     _ensure_bundle(a.bundle)
     bport = free_port()
+    load = CpuBudget(f"runroute-bench-{os.getpid()}-load", None)
     backend = start_backend(sys.executable, a.peers, bport, cores="0,1")
+    redis = _redis_pids()
     results: list[dict] = []
     try:
+        load.join(backend.pid)
+        for pid in redis:  # the store serves the load; back to the root group below
+            load.join(pid)
         wait_ready(f"http://127.0.0.1:{bport}/health", 30, backend)
+        b = Bench(a, load, backend, bport, work, out)
         for n in (int(x) for x in a.workers.split(",")):
-            results.append(_one(a, n, bport, backend, work, out))
+            results.append(_one(b, n))
     finally:
         stop(backend)
+        load.remove()  # moves Redis (and anything left) back to the root group
     base = next((r["saturation_rate"] for r in results if r["workers"] == 1), None)
     table = Table(
         title=f"serve --workers N, {a.budget:g} cores per worker ({'streaming' if a.stream else 'plain'})"
