@@ -135,7 +135,20 @@ def workers_scale(monkeypatch):
 def _fake_probe(mod, limit: float):
     def probe(rate: float):
         ok = rate <= limit
-        return mod.Probe(rate, rate if ok else limit, ok, 0, 1.0, 2.0, 1.0, 0.0, 0.1, [0.5, 0.5], False)
+        return mod.Probe(
+            rate,
+            rate if ok else limit,
+            ok,
+            0,
+            1.0,
+            2.0,
+            1.0,
+            0.0,
+            0.1,
+            [0.5, 0.5],
+            False,
+            {"send_lag_p99_ms": 0.0},
+        )
 
     return probe
 
