@@ -241,3 +241,38 @@ def test_spec_rows_carry_paired_speedups_with_intervals_and_the_panel_draws_them
     i = fast["speedup_short_step_p95_interval"]
     assert (lo, hi) == pytest.approx((i["lo"], i["hi"]))
     plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------ the grid plot
+def test_grid_plot_draws_the_latency_and_hit_rate_intervals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.container import ErrorbarContainer
+
+    from router.sim.report import plot
+
+    cards, dets = [], []
+    for n in (1, 2):
+        cards.append(
+            {"policy": "p", "replicas": n, "kv_cache_gb": 8.0, "short_step_latency_s_p95": 4.0 / n,
+             "cost_usd": 1.0 * n, "cache_hit_rate": 0.5, "cache_hit_upper_bound": 0.8}
+        )  # fmt: skip
+        dets.append(
+            {"interval_level": 0.9, "intervals": {"short_step_latency_s_p95": {"value": 4.0 / n, "lo": 3.0 / n, "hi": 6.0 / n},
+             "cache_hit_rate": {"value": 0.5, "lo": 0.4, "hi": 0.55}}}
+        )  # fmt: skip
+    kept: list[Any] = []
+    monkeypatch.setattr(plt, "close", kept.append)  # keep the figure to read it back
+    p = plot({"scorecards": cards, "details": dets, "answers": {"slo_short_step_s": 2.0}}, tmp_path / "g.png")
+    assert p.stat().st_size > 10_000
+    ax1, _, ax3 = kept[0].axes
+    (lat,) = [c for c in ax1.containers if isinstance(c, ErrorbarContainer)]
+    segs = lat.lines[2][0].get_segments()
+    assert [tuple(s[:, 1]) for s in segs] == [pytest.approx((3.0, 6.0)), pytest.approx((1.5, 3.0))]
+    (hit,) = [c for c in ax3.containers if isinstance(c, ErrorbarContainer)]
+    assert tuple(hit.lines[2][0].get_segments()[0][:, 1]) == pytest.approx((40.0, 55.0))
+    assert "90% interval" in ax1.get_ylabel()

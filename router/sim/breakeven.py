@@ -339,9 +339,9 @@ def trace_cells(
 
 def _err(m: dict[str, Any], k: float = 100.0) -> tuple[float, list[float], list[float]]:
     """(value, [below], [above]) of an interval for ``errorbar``, scaled by ``k``."""
-    v = m.get("value") or 0.0
-    lo = m.get("lo") if m.get("lo") is not None else v
-    hi = m.get("hi") if m.get("hi") is not None else v
+    v = float(m.get("value") or 0.0)
+    lo = float(m["lo"]) if m.get("lo") is not None else v
+    hi = float(m["hi"]) if m.get("hi") is not None else v
     return k * v, [k * max(v - lo, 0.0)], [k * max(hi - v, 0.0)]
 
 
