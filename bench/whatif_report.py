@@ -648,6 +648,11 @@ def plot_report(rep: dict[str, Any], path: Path) -> None:
         list(x), ys, yerr=[lo, hi], fmt="ro-", capsize=4, label=f"{key} (s, {100 * lvl:.0f}% interval)"
     )
     ax2.axhline(targets[key], color="r", ls="--", lw=1, label=f"SLO {targets[key]:g} s")
+    for fl in f.get("slo_floors", []):  # the target's no-queueing floor: no KV variant gets below it
+        if fl.get("target") == key and fl.get("floor_s_perfect_cache") is not None:
+            ax2.axhline(fl["floor_s_perfect_cache"], color="k", ls=":", lw=1.2,
+                        label=f"floor {fl['floor_s_perfect_cache']:.2f} s (no queueing)")  # fmt: skip
+    ax2.set_ylim(bottom=0)
     ax2.set_ylabel(f"{key} (s)")
     a2.legend(loc="upper left", fontsize=8)
     ax2.legend(loc="upper right", fontsize=8)
