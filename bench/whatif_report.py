@@ -652,10 +652,11 @@ def plot_report(rep: dict[str, Any], path: Path) -> None:
         if fl.get("target") == key and fl.get("floor_s_perfect_cache") is not None:
             ax2.axhline(fl["floor_s_perfect_cache"], color="k", ls=":", lw=1.2,
                         label=f"floor {fl['floor_s_perfect_cache']:.2f} s (no queueing)")  # fmt: skip
-    ax2.set_ylim(bottom=0)
+    a2.set_ylim(0, 125)  # room above the bars for the two legends
+    ax2.set_ylim(0, 1.6 * max([targets[key], *(y + h for y, h in zip(ys, hi, strict=True))]))
     ax2.set_ylabel(f"{key} (s)")
-    a2.legend(loc="upper left", fontsize=8)
-    ax2.legend(loc="upper right", fontsize=8)
+    a2.legend(loc="upper left", fontsize=8, ncol=2)
+    ax2.legend(loc="upper right", fontsize=8, ncol=2)
     fr = kv["fewest_replicas"]
     names = list(fr["by_variant"])
     for j, pol in enumerate(("always-local", "session-sticky")):
@@ -748,7 +749,7 @@ def plot_spec(ax: Any, spec: dict[str, Any]) -> None:
         (r.get("speedup_short_step_p95_interval") or {}).get("hi") or r["speedup_short_step_p95"] or 1.0
         for r in sp
     )
-    ax.set_ylim(0, top * 1.25)
+    ax.set_ylim(0, top * 1.45)  # room for the legend above the labelled bars
     seeds = spec.get("seeds") or 1
     ax.set(
         ylabel=f"speed-up vs plain decoding (bars {100 * lvl:.0f}% paired interval)",

@@ -49,6 +49,13 @@ def _report_module() -> Any:
     return mod
 
 
+def _pp(x: float) -> str:
+    v = 100 * x
+    if abs(v) < 0.05:
+        return "0"
+    return f"{v:+.1f}" if abs(v) < 1 else f"{round(v):+d}"
+
+
 def _within(m: dict[str, Any]) -> None:
     assert m["lo"] is not None and m["hi"] is not None, m
     assert m["lo"] <= m["value"] <= m["hi"], m
@@ -174,7 +181,7 @@ def test_breakeven_picture_draws_each_cells_interval(breakeven: dict[str, Any], 
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     for r in breakeven["rows"]:
         g = r["goodput_gain_interval"]
-        assert any(f"[{100 * g['lo']:+.0f}, {100 * g['hi']:+.0f}]" in t for t in texts), g
+        assert any(f"[{_pp(g['lo'])}, {_pp(g['hi'])}]" in t for t in texts), g
     trace_ax = next(ax for ax in fig.axes if ax.get_title().startswith("synthetic-trace on 2 GPUs"))
     bars = [c for c in trace_ax.containers if isinstance(c, ErrorbarContainer)]
     assert len(bars) == 2 * len(breakeven["trace"]["rows"])

@@ -345,6 +345,14 @@ def _err(m: dict[str, Any], k: float = 100.0) -> tuple[float, list[float], list[
     return k * v, [k * max(v - lo, 0.0)], [k * max(hi - v, 0.0)]
 
 
+def _pp(x: float) -> str:
+    """A share difference in percentage points, signed: whole points, tenths under 1 point, 0 unsigned."""
+    v = 100 * x
+    if abs(v) < 0.05:
+        return "0"
+    return f"{v:+.1f}" if abs(v) < 1 else f"{round(v):+d}"
+
+
 def _pct_iv(m: dict[str, Any]) -> str:
     if m.get("value") is None:
         return "-"
@@ -404,12 +412,8 @@ def breakeven_figure(result: dict[str, Any], title: str | None = None) -> Any:
                     ax.add_patch(
                         Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", ec="0.45", lw=0)
                     )
-                iv = (
-                    f"[{100 * g['lo']:+.0f}, {100 * g['hi']:+.0f}]"
-                    if g.get("lo") is not None
-                    else "[no interval]"
-                )
-                ax.text(j, i, f"{'= ' if same else ''}{100 * r['goodput_gain']:+.0f} pp\n{iv}\nsplit {d['prefill_replicas']}:{d['decode_replicas']}",
+                iv = f"[{_pp(g['lo'])}, {_pp(g['hi'])}]" if g.get("lo") is not None else "[no interval]"
+                ax.text(j, i, f"{'= ' if same else ''}{_pp(r['goodput_gain'])} pp\n{iv}\nsplit {d['prefill_replicas']}:{d['decode_replicas']}",
                         ha="center", va="center", fontsize=8,
                         bbox={"boxstyle": "round", "fc": "white", "alpha": 0.75, "lw": 0})  # fmt: skip
             ax.set_xticks(range(len(ctxs)), [f"{c // 1024}k" for c in ctxs])
@@ -435,9 +439,12 @@ def breakeven_figure(result: dict[str, Any], title: str | None = None) -> Any:
                 v, lo, hi = _err(m["intervals"]["goodput_share"])
                 ax.bar([k + off], [v], w, color=col, alpha=0.7, label=lab if k == 0 else None)
                 ax.errorbar([k + off], [v], yerr=[lo, hi], fmt="none", ecolor="k", capsize=4)
+                ax.text(k + off, v / 2, _pct_iv(m["intervals"]["goodput_share"]), rotation=90, ha="center",
+                        va="center", fontsize=8)  # fmt: skip
             top = 100 * max((m["intervals"]["goodput_share"].get("hi") or 0.0) for m in (c, d))
-            gc, gd = c["intervals"]["goodput_share"], d["intervals"]["goodput_share"]
-            ax.text(k, min(top + 2, 100), f"{r['winner']}\nco {_pct_iv(gc)}\nsplit {d['prefill_replicas']}:{d['decode_replicas']} {_pct_iv(gd)}",
+            g = r.get("goodput_gain_interval") or {}
+            gain = f"{_pp(g['value'])} pp [{_pp(g['lo'])}, {_pp(g['hi'])}]" if g.get("lo") is not None else ""
+            ax.text(k, min(top + 2, 100), f"{r['winner']}\nsplit {d['prefill_replicas']}:{d['decode_replicas']}\n{gain}",
                     ha="center", va="bottom", fontsize=7)  # fmt: skip
         ax.set_xticks(range(len(trace)), [f"{r['link_gbps']:g} GB/s" for r in trace])
         ax.set_ylim(0, 118)
