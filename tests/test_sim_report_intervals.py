@@ -234,6 +234,9 @@ def test_spec_rows_carry_paired_speedups_with_intervals_and_the_panel_draws_them
         off[n + "_interval"] == {"value": 1.0, "lo": 1.0, "hi": 1.0} for _, n in rep.SPEC_FIGURES.values()
     )
     assert fast["speedup_short_step_p95_interval"]["lo"] > 1.0 and fast["indistinguishable"] == []
+    for r in (fast, slow):  # measured intervals, not value = lo = hi
+        assert all(r[n + "_interval"]["hi"] > r[n + "_interval"]["lo"] for _, n in rep.SPEC_FIGURES.values())
+        assert all(r["intervals"][f]["hi"] > r["intervals"][f]["lo"] for f in rep.SPEC_FIGURES)
     for r in (fast, slow):
         assert r["indistinguishable"] == [
             f
