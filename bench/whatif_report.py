@@ -46,6 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MOONCAKE_FULL = Path("/work/shared/data/mooncake/conversation_trace.jsonl")
 
+# the speculative-decoding figures: row key -> (measured key, speed-up key); run p50 is an extra target
+SPEC_FIGURES = {
+    "short_step_latency_s_p95": ("short_p95", "speedup_short_step_p95"),
+    "run_completion_s_p50": ("run_p50", "speedup_run_completion_p50"),
+    "run_completion_s_p95": ("run_p95", "speedup_run_completion_p95"),
+}
+
 
 def load_mooncake(quick: bool) -> tuple[Any, str]:
     from features.runlog import RunLog, read_runlog
@@ -70,6 +77,13 @@ def main() -> None:
     ap.add_argument("--slo2", default=None, help="the SLO of the per-variant searches (default --slo)")
     ap.add_argument("--boot", type=int, default=200, help="run-bootstrap replicates per simulation")
     ap.add_argument("--level", type=float, default=0.9, help="the intervals' coverage")
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        help="arrival seeds of the sections with random arrivals (3: break-even cells, 4: spec decoding); "
+        "sections 1-2 replay the trace's fixed start times (one seed)",
+    )
     ap.add_argument("--kv-replicas", type=int, nargs="*", default=None)
     ap.add_argument("--spec-load", type=float, default=0.5)
     ap.add_argument("--quick", action="store_true")
@@ -93,7 +107,7 @@ def main() -> None:
     from router.sim.search import find, indistinguishable
     from router.sim.search_report import precheck_lines, render_search
     from router.sim.simconfig import kv_quant_note
-    from router.sim.slo import floor_lines, floors, parse_slo
+    from router.sim.slo import SLO, Target, floor_lines, floors, parse_slo
     from router.sim.specdec import eagle, load_acceptance, prompt_lookup
     from router.sim.whatif import SimConfig, Workload
 
@@ -225,16 +239,17 @@ def main() -> None:
 
         # 3. disaggregation break-even ---------------------------------------------------------------
         if 3 in secs:
+            be_unc = {"seeds": args.seeds, "n_boot": args.boot, "level": args.level}
             sc = (
-                SweepConfig(requests=120, contexts=(2048, 32768), link_gbps=(1.0, 100.0))
+                SweepConfig(requests=120, contexts=(2048, 32768), link_gbps=(1.0, 100.0), **be_unc)
                 if args.quick
-                else SweepConfig()
+                else SweepConfig(**be_unc)
             )
             be = sweep(base, sc, progress=tick)
             gpus = 16 if not args.quick else 4
             be["trace"] = trace_cells(
                 work, starts, replace(base, slo_ttft_s=5.0, slo_tpot_s=0.1), gpus, [gpus // 4, gpus // 2, 3 * gpus // 4],
-                sc.link_gbps, "mooncake", progress=tick,
+                sc.link_gbps, "mooncake", n_boot=args.boot, level=args.level, progress=tick,
             )  # fmt: skip
             report["disaggregation"] = be
 
@@ -254,6 +269,8 @@ def main() -> None:
                 )  # GPU-seconds of the whole workload
                 rate = args.spec_load * len(w.runs) / gpu_s
                 st = run_starts(f"rate={rate}", len(w.runs), seed=0)
+                more = tuple(run_starts(f"rate={rate}", len(w.runs), seed=k) for k in range(1, args.seeds))
+                spec_slo = SLO(targets=(Target("run", 50.0, 1.0),))  # run p50 with an interval
                 modes = {
                     "off": None,
                     "prompt-lookup": prompt_lookup(),
@@ -261,34 +278,27 @@ def main() -> None:
                     "eagle-0.8": eagle(0.8),
                 }
                 ps = [
-                    Point(w, replace(base, replicas=1, spec=m), pols["always-local"], name, st, tag=sample)
+                    Point(
+                        w,
+                        replace(base, replicas=1, spec=m),
+                        pols["always-local"],
+                        name,
+                        st,
+                        tag=sample,
+                        slo=spec_slo,
+                        seed_starts=more,
+                        keep_replicates=True,
+                        **unc,
+                    )  # fmt: skip
                     for name, m in modes.items()
                 ]
                 res = run_points(ps, progress=tick)
-                off = res[0].scorecard
-                for p, r in zip(ps, res, strict=True):
-                    c = r.scorecard
-                    spec_rows.append(
-                        {
-                            "trace": sample,
-                            "mode": p.label,
-                            "run_starts_per_s": round(rate, 5),
-                            "short_step_latency_s_p95": c["short_step_latency_s_p95"],
-                            "run_completion_s_p50": c["run_completion_s_p50"],
-                            "run_completion_s_p95": c["run_completion_s_p95"],
-                            "speedup_short_step_p95": _ratio(
-                                off["short_step_latency_s_p95"], c["short_step_latency_s_p95"]
-                            ),
-                            "speedup_run_completion_p50": _ratio(
-                                off["run_completion_s_p50"], c["run_completion_s_p50"]
-                            ),
-                            "speedup_run_completion_p95": _ratio(
-                                off["run_completion_s_p95"], c["run_completion_s_p95"]
-                            ),
-                        }
-                    )
+                spec_rows += spec_table(sample, rate, ps, res, args.level)
             cfg0 = acc["configs"][acc["default"]]
             report["speculative_decoding"] = {
+                "seeds": args.seeds,
+                "interval_level": args.level,
+                "boot": args.boot,
                 "prompt_lookup_acceptance": {
                     "params": {
                         k: cfg0[k]
@@ -313,6 +323,62 @@ def main() -> None:
     con.print(
         f"wrote {js}, {args.out.with_suffix('.png')}, {args.out.parent / (args.out.name + '_breakeven.png')}"
     )
+
+
+def spec_table(sample: str, rate: float, ps: list[Any], res: list[Any], level: float) -> list[dict[str, Any]]:
+    """One row per decoding mode of one trace: each figure (short-step p95, run completion p50 / p95)
+    with its interval (seeds + run bootstrap: the value is the median over seeds), its speed-up over
+    plain decoding with a paired interval (the same runs, start times and draws:
+    :func:`router.sim.slo.paired`), ``indistinguishable``: the figures whose speed-up interval holds
+    1 (no change), and ``intervals_overlap``: those whose interval overlaps plain decoding's (the
+    unpaired rule, :func:`router.sim.slo.overlap`; it ignores that both served the same runs)."""
+    from router.sim.slo import overlap, paired
+
+    def ivs(r: Any) -> dict[str, dict[str, Any]]:
+        d = r.details
+        slo_m = d.get("slo") or {}
+        out = {}
+        for fig, (key, _) in SPEC_FIGURES.items():
+            m = slo_m.get(key) or (d.get("intervals") or {}).get(fig) or {}
+            v = m.get("value") if m else r.scorecard[fig]
+            out[fig] = {"value": v, "lo": m.get("lo", v), "hi": m.get("hi", v)}
+        return out
+
+    off_r = res[0]
+    off = ivs(off_r)
+    rows = []
+    for p, r in zip(ps, res, strict=True):
+        mine = ivs(r)
+        row: dict[str, Any] = {"trace": sample, "mode": p.label, "run_starts_per_s": round(rate, 5)}
+        row.update({fig: m["value"] for fig, m in mine.items()})
+        row["intervals"] = mine
+        for fig, (key, name) in SPEC_FIGURES.items():
+            if off_r.replicates and r.replicates:
+                sp = paired([s[key] for s in off_r.replicates], [s[key] for s in r.replicates], _div, level)
+            else:  # no replicates: the point values, no interval
+                v = _ratio(off[fig]["value"], mine[fig]["value"])
+                sp = {"value": v, "lo": v, "hi": v}
+            row[name] = sp["value"]
+            row[name + "_interval"] = sp
+        same = p.label == off_r.label
+        # indistinguishable: the paired speed-up's interval holds 1 (no change); intervals_overlap: the
+        # unpaired rule (the two figures' intervals overlap), which ignores that both served the same runs
+        row["indistinguishable"] = (
+            []
+            if same
+            else [
+                f
+                for f, (_, n) in SPEC_FIGURES.items()
+                if (iv := row[n + "_interval"])["lo"] is not None and iv["lo"] <= 1.0 <= iv["hi"]
+            ]
+        )
+        row["intervals_overlap"] = [] if same else [f for f in SPEC_FIGURES if overlap(off[f], mine[f])]
+        rows.append(row)
+    return rows
+
+
+def _div(a: Any, b: Any) -> Any:
+    return a / b
 
 
 def _answer_text(e: dict[str, Any]) -> str:
@@ -341,6 +407,25 @@ def _answer_text(e: dict[str, Any]) -> str:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a and b else None
+
+
+def _fig(row: dict[str, Any], key: str, nd: int = 2, pct: bool = False) -> str:
+    """A row's figure with its interval: ``row["intervals"][key]`` or ``row[key + "_interval"]``."""
+    v = row.get(key)
+    m = (row.get("intervals") or {}).get(key) or row.get(key + "_interval") or {}
+    if v is None:
+        return "-"
+    k = 100.0 if pct else 1.0
+    out = f"{k * v:.{1 if pct else nd}f}{'%' if pct else ''}"
+    if m.get("lo") is None:
+        return out
+    return out + f" [{k * m['lo']:.{1 if pct else nd}f}, {k * m['hi']:.{1 if pct else nd}f}]"
+
+
+def _gain(r: dict[str, Any]) -> str:
+    g = r.get("goodput_gain_interval") or {}
+    out = f"{100 * r['goodput_gain']:+.1f}"
+    return out if g.get("lo") is None else out + f" [{100 * g['lo']:+.1f}, {100 * g['hi']:+.1f}]"
 
 
 def _pct(v: float | None) -> str:
@@ -404,23 +489,23 @@ def print_report(rep: dict[str, Any], con: Any, precheck_lines: Any, render_sear
         title=f"3. Disaggregation break-even ({be['sweep']['gpus']} GPUs, {be['simulations']} simulations)"
     )
     for c in ("ctx", "CV", "link GB/s", "TPOT SLO", "co goodput", "co TTFT p95", "co TPOT p95", "best P:D",
-              "dis goodput", "dis TTFT p95", "dis TPOT p95", "winner"):  # fmt: skip
+              "dis goodput", "dis TTFT p95", "dis TPOT p95", "gain pp", "winner"):  # fmt: skip
         t.add_column(c, justify="right")
     for r in be["rows"]:
         c, d = r["colocated"], r["disagg_best"]
         t.add_row(
             str(r["context_tokens"]), f"{r['burstiness_cv']:g}", f"{r['link_gbps']:g}", f"{r['slo_tpot_s']:g}",
-            _pct(c["goodput_share"]), f"{c['ttft_s_p95']:.2f}", f"{c['tpot_s_p95']:.3f}",
-            f"{d['prefill_replicas']}:{d['decode_replicas']}", _pct(d["goodput_share"]), f"{d['ttft_s_p95']:.2f}",
-            f"{d['tpot_s_p95']:.3f}", r["winner"],
+            _fig(c, "goodput_share", pct=True), _fig(c, "ttft_s_p95"), _fig(c, "tpot_s_p95", 3),
+            f"{d['prefill_replicas']}:{d['decode_replicas']}", _fig(d, "goodput_share", pct=True), _fig(d, "ttft_s_p95"),
+            _fig(d, "tpot_s_p95", 3), _gain(r), r["winner"],
         )  # fmt: skip
     con.print(t)
     for r in be["trace"]["rows"]:
         c, d = r["colocated"], r["disagg_best"]
         con.print(
-            f"Mooncake trace on {r['gpus']} GPUs, link {r['link_gbps']:g} GB/s: co-located goodput {_pct(c['goodput_share'])} "
-            f"(short p95 {c['short_step_latency_s_p95']:.2f} s) vs best split {d['prefill_replicas']}:{d['decode_replicas']} "
-            f"{_pct(d['goodput_share'])} (short p95 {d['short_step_latency_s_p95']:.2f} s): {r['winner']}",
+            f"Mooncake trace on {r['gpus']} GPUs, link {r['link_gbps']:g} GB/s: co-located goodput {_fig(c, 'goodput_share', pct=True)} "
+            f"(short p95 {_fig(c, 'short_step_latency_s_p95')} s) vs best split {d['prefill_replicas']}:{d['decode_replicas']} "
+            f"{_fig(d, 'goodput_share', pct=True)} (short p95 {_fig(d, 'short_step_latency_s_p95')} s), gain {_gain(r)} pp: {r['winner']}",
             highlight=False,
         )
     sp = rep["speculative_decoding"]
@@ -445,15 +530,22 @@ def print_report(rep: dict[str, Any], con: Any, precheck_lines: Any, render_sear
         "x short p95",
         "x run p50",
         "x run p95",
+        "indistinguishable from off",
     ):
         t.add_column(c, justify="left" if c in ("trace", "mode") else "right")
     for r in sp["rows"]:
         t.add_row(
-            r["trace"], r["mode"], f"{r['short_step_latency_s_p95']:.3f}", f"{r['run_completion_s_p50']:.1f}",
-            f"{r['run_completion_s_p95']:.1f}", f"{r['speedup_short_step_p95']:.2f}", f"{r['speedup_run_completion_p50']:.2f}",
-            f"{r['speedup_run_completion_p95']:.2f}",
+            r["trace"], r["mode"], _fig(r, "short_step_latency_s_p95", 3), _fig(r, "run_completion_s_p50", 1),
+            _fig(r, "run_completion_s_p95", 1), _fig(r, "speedup_short_step_p95"), _fig(r, "speedup_run_completion_p50"),
+            _fig(r, "speedup_run_completion_p95"), ", ".join(r.get("indistinguishable") or []) or "-",
         )  # fmt: skip
     con.print(t)
+    con.print(
+        f"intervals: {100 * (sp.get('interval_level') or 0.9):.0f}%, {sp.get('seeds', 1)} arrival seeds x "
+        f"{sp.get('boot', 0)} run-bootstrap replicates; speed-ups paired (same runs, starts and draws); "
+        "indistinguishable: the figures whose speed-up interval holds 1.0",
+        highlight=False,
+    )
     con.print(f"report wall time {rep['wall_s']} s", highlight=False)
 
 
@@ -556,9 +648,15 @@ def plot_report(rep: dict[str, Any], path: Path) -> None:
         list(x), ys, yerr=[lo, hi], fmt="ro-", capsize=4, label=f"{key} (s, {100 * lvl:.0f}% interval)"
     )
     ax2.axhline(targets[key], color="r", ls="--", lw=1, label=f"SLO {targets[key]:g} s")
+    for fl in f.get("slo_floors", []):  # the target's no-queueing floor: no KV variant gets below it
+        if fl.get("target") == key and fl.get("floor_s_perfect_cache") is not None:
+            ax2.axhline(fl["floor_s_perfect_cache"], color="k", ls=":", lw=1.2,
+                        label=f"floor {fl['floor_s_perfect_cache']:.2f} s (no queueing)")  # fmt: skip
+    a2.set_ylim(0, 125)  # room above the bars for the two legends
+    ax2.set_ylim(0, 1.6 * max([targets[key], *(y + h for y, h in zip(ys, hi, strict=True))]))
     ax2.set_ylabel(f"{key} (s)")
-    a2.legend(loc="upper left", fontsize=8)
-    ax2.legend(loc="upper right", fontsize=8)
+    a2.legend(loc="upper left", fontsize=8, ncol=2)
+    ax2.legend(loc="upper right", fontsize=8, ncol=2)
     fr = kv["fewest_replicas"]
     names = list(fr["by_variant"])
     for j, pol in enumerate(("always-local", "session-sticky")):
@@ -582,33 +680,82 @@ def plot_report(rep: dict[str, Any], path: Path) -> None:
     )
     a4.legend(fontsize=8)
     a4.grid(True, axis="x", alpha=0.3)
-    sp = rep["speculative_decoding"]["rows"]
-    traces = sorted({r["trace"] for r in sp})
-    modes = [m for m in dict.fromkeys(r["mode"] for r in sp) if m != "off"]
-    w = 0.8 / max(len(modes), 1)
-    for i, m in enumerate(modes):
-        vals = [
-            next(r["speedup_short_step_p95"] for r in sp if r["trace"] == t and r["mode"] == m)
-            for t in traces
-        ]
-        runs = [
-            next(r["speedup_run_completion_p50"] for r in sp if r["trace"] == t and r["mode"] == m)
-            for t in traces
-        ]
-        a3.bar([j + i * w for j in range(len(traces))], vals, w, label=f"{m}: short p95")
-        a3.scatter([j + i * w for j in range(len(traces))], runs, color="k", marker="x", zorder=3)
-    a3.axhline(1.0, color="grey", lw=1)
-    a3.set_xticks(
-        [j + w * (len(modes) - 1) / 2 for j in range(len(traces))], [t.split(".")[0] for t in traces]
-    )
-    a3.set(
-        ylabel="speed-up vs plain decoding (x: run completion p50)", title="4. Speculative decoding speed-up"
-    )
-    a3.legend(fontsize=8)
+    plot_spec(a3, rep["speculative_decoding"])
     fig.suptitle(f"runroute what-if report ({rep['node_profile']}, {rep['kv_cache_gb']:g} GB KV per replica)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _yerr(ms: list[dict[str, Any]]) -> list[list[float]]:
+    """``errorbar``'s yerr of intervals ``{value, lo, hi}`` (none measured: zero length)."""
+    lo = [max(m["value"] - (m["lo"] if m.get("lo") is not None else m["value"]), 0.0) for m in ms]
+    hi = [max((m["hi"] if m.get("hi") is not None else m["value"]) - m["value"], 0.0) for m in ms]
+    return [lo, hi]
+
+
+def plot_spec(ax: Any, spec: dict[str, Any]) -> None:
+    """Panel 4: per trace and mode the short-step p95 speed-up over plain decoding (bar) and the run
+    completion p50 speed-up (x), each with its paired interval; a hatched bar is a mode whose short-step
+    p95 speed-up interval holds 1 (indistinguishable from plain decoding), a hollow o the same for run p50."""
+    sp = spec["rows"]
+    traces = sorted({r["trace"] for r in sp})
+    modes = [m for m in dict.fromkeys(r["mode"] for r in sp) if m != "off"]
+    w = 0.8 / max(len(modes), 1)
+    lvl = spec.get("interval_level") or 0.9
+    for i, m in enumerate(modes):
+        rs = [next(r for r in sp if r["trace"] == t and r["mode"] == m) for t in traces]
+        xs = [j + i * w for j in range(len(traces))]
+        bars = [
+            r.get("speedup_short_step_p95_interval") or {"value": r["speedup_short_step_p95"]} for r in rs
+        ]
+        runs = [
+            r.get("speedup_run_completion_p50_interval") or {"value": r["speedup_run_completion_p50"]}
+            for r in rs
+        ]
+        same = ["short_step_latency_s_p95" in (r.get("indistinguishable") or []) for r in rs]
+        b = ax.bar(xs, [m_["value"] for m_ in bars], w, label=f"{m}: short-step p95", alpha=0.85)
+        for rect, eq in zip(b, same, strict=True):
+            if eq:
+                rect.set_hatch("//")
+                rect.set_edgecolor("0.3")
+        ax.errorbar(xs, [m_["value"] for m_ in bars], yerr=_yerr(bars), fmt="none", ecolor="k", capsize=3)
+        xr = [x + w / 4 for x in xs]
+        ax.errorbar(
+            xr, [m_["value"] for m_ in runs], yerr=_yerr(runs), fmt="none", ecolor="0.35", capsize=2, lw=1
+        )
+        for x, m_, r in zip(xr, runs, rs, strict=True):
+            eq = "run_completion_s_p50" in (r.get("indistinguishable") or [])
+            ax.scatter([x], [m_["value"]], marker="x" if not eq else "o", s=30, zorder=4,
+                       color="k", facecolors="none" if eq else "k")  # fmt: skip
+        for x, m_ in zip(xs, bars, strict=True):
+            if m_.get("hi") is not None:
+                ax.text(x, m_["hi"] + 0.04, f"{m_['value']:.2f}\n[{m_['lo']:.2f},\n{m_['hi']:.2f}]",
+                        ha="center", va="bottom", fontsize=6)  # fmt: skip
+    ax.axhline(1.0, color="grey", lw=1, ls="--", label="1.0: plain decoding")
+    ax.scatter([], [], marker="x", color="k", label="x: run completion p50 speed-up")
+    ax.scatter(
+        [],
+        [],
+        marker="o",
+        color="k",
+        facecolors="none",
+        label="o / hatched: interval holds 1.0 (indistinguishable)",
+    )
+    ax.set_xticks(
+        [j + w * (len(modes) - 1) / 2 for j in range(len(traces))], [t.split(".")[0] for t in traces]
+    )
+    top = max(
+        (r.get("speedup_short_step_p95_interval") or {}).get("hi") or r["speedup_short_step_p95"] or 1.0
+        for r in sp
+    )
+    ax.set_ylim(0, top * 1.45)  # room for the legend above the labelled bars
+    seeds = spec.get("seeds") or 1
+    ax.set(
+        ylabel=f"speed-up vs plain decoding (bars {100 * lvl:.0f}% paired interval)",
+        title=f"4. Speculative decoding speed-up (1 replica; {seeds} arrival seed{'s' if seeds > 1 else ''} x run bootstrap)",
+    )
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
 
 
 if __name__ == "__main__":

@@ -18,15 +18,22 @@ the cache hit rates — overall, GPU and per lower KV tier, the global CPU pool'
 :func:`~router.sim.slo.measure_hit_rates`, and the ``slo`` targets in ``details["slo"]``) holds the median over seeds and the pooled ``level``
 interval. The scorecard is the first seed's, so a point without extra seeds reports what it did before.
 
+Comparisons (a speed-up, a goodput gain) pair two points of the same runs replicate by replicate: a
+point with ``keep_replicates`` returns every seed's value and replicates (``PointResult.replicates``)
+for :func:`~router.sim.slo.paired`; ``goodput`` names (TTFT, TPOT) SLO pairs whose goodput share
+(:func:`~router.sim.slo.measure_goodput`) gets an interval in ``details["goodput"]``, several SLOs from
+one simulation.
+
 Knobs: ``map`` (how points are mapped), ``progress`` (a callback per finished point); per point
-``seed_starts``, ``n_boot`` (0 = no intervals), ``level`` (0.9), ``slo``.
+``seed_starts``, ``n_boot`` (0 = no intervals), ``level`` (0.9), ``slo``, ``goodput``,
+``keep_replicates``.
 """
 
 from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,7 +42,7 @@ from router.policy.types import Policy
 from router.sim.scorecard import details, scorecard
 from router.sim.simconfig import SimConfig
 from router.sim.simulator import Simulator
-from router.sim.slo import SLO, Target, measure, measure_hit_rates, pool
+from router.sim.slo import SLO, Target, measure, measure_goodput, measure_hit_rates, pool
 from router.sim.workload import Workload
 
 if TYPE_CHECKING:
@@ -61,6 +68,8 @@ class Point:
     seed_starts: tuple[np.ndarray, ...] = ()  # start times of the extra arrival seeds (seed + 1, + 2, ...)
     n_boot: int = 0  # run-bootstrap replicates per simulation (0: no intervals)
     level: float = 0.9  # the intervals' coverage
+    goodput: tuple[tuple[float, float], ...] = ()  # (TTFT s, TPOT s) goodput shares into details["goodput"]
+    keep_replicates: bool = False  # every seed's replicates in PointResult.replicates (paired comparisons)
 
 
 @dataclass
@@ -72,6 +81,8 @@ class PointResult:
     steps: int
     wall_s: float
     cpu_s: float
+    # per arrival seed, figure -> {"value", "raw"} (Point.keep_replicates): for router.sim.slo.paired
+    replicates: list[dict[str, dict[str, Any]]] = field(default_factory=list)
 
 
 # the scorecard's figures that get an interval when a point asks for them (n_boot > 0)
@@ -93,6 +104,8 @@ def simulate_point(p: Point) -> PointResult:
     per_std: list[dict[str, dict[str, Any]]] = []
     per_slo: list[dict[str, dict[str, Any]]] = []
     per_hit: list[dict[str, dict[str, Any]]] = []
+    per_good: list[dict[str, dict[str, Any]]] = []
+    reps: list[dict[str, dict[str, Any]]] = []
     wall = cpu = 0.0
     steps = 0
     for k, st in enumerate((p.starts, *p.seed_starts)):
@@ -110,11 +123,23 @@ def simulate_point(p: Point) -> PointResult:
         cpu += res.cpu_s
         if k == 0:
             card, det, steps = scorecard(res), details(res), len(res.outcome)
+        if p.goodput:  # a share needs no interval to be measured: without one, lo = hi = the value
+            per_good.append(measure_goodput(res, p.goodput, p.n_boot, boot_seed=k))
         if p.n_boot > 0 or p.seed_starts:
-            per_std.append(measure(res, std, p.n_boot, boot_seed=k))
+            keep = p.keep_replicates
+            per_std.append(measure(res, std, p.n_boot, boot_seed=k, keep_raw=keep))
             per_hit.append(measure_hit_rates(res, p.n_boot, boot_seed=k))
             if p.slo is not None:
-                per_slo.append(measure(res, p.slo, p.n_boot, boot_seed=k))
+                per_slo.append(measure(res, p.slo, p.n_boot, boot_seed=k, keep_raw=keep))
+            if keep:
+                ms = {
+                    **per_std[-1],
+                    **(per_slo[-1] if p.slo is not None else {}),
+                    **(per_good[-1] if p.goodput else {}),
+                }
+                reps.append({key: {"value": m["value"], "raw": m.get("raw")} for key, m in ms.items()})
+                for m in ms.values():
+                    m.pop("raw", None)  # the pooled details carry no replicates
     if per_std:
         pooled = pool(per_std, p.level)
         det["intervals"] = {name: pooled[t.key] for name, t in INTERVAL_TARGETS.items()}
@@ -125,7 +150,9 @@ def simulate_point(p: Point) -> PointResult:
         det["interval_level"] = p.level
     if per_slo:
         det["slo"] = pool(per_slo, p.level)
-    return PointResult(p.label, p.tag, card, det, steps, wall, cpu)
+    if per_good:
+        det["goodput"] = pool(per_good, p.level)
+    return PointResult(p.label, p.tag, card, det, steps, wall, cpu, reps)
 
 
 def run_points(

@@ -7,7 +7,8 @@
 - :func:`plot`: a PNG with three panels, matplotlib's Agg backend (no display needed):
   p95 short-step latency (s, log scale, the SLO as a dashed line) vs local replicas, one line per
   policy; cost (USD) vs local replicas per policy; cross-turn cache hit rate vs KV cache size (GB) per
-  policy at the largest replica count, with the run-prefix upper bound dashed.
+  policy at the largest replica count, with the run-prefix upper bound dashed. The latency and hit
+  rate carry their interval as error bars when the points measured one (``details["intervals"]``).
 """
 
 from __future__ import annotations
@@ -169,6 +170,17 @@ def write_json(result: dict[str, object], path: str | os.PathLike[str]) -> Path:
     return p
 
 
+def _yerr(vals: list[tuple[float, dict[str, Any] | None]], k: float = 1.0) -> list[list[float]]:
+    """``errorbar``'s yerr for figures with their intervals (none measured: no bar)."""
+    lo, hi = [], []
+    for v, iv in vals:
+        m = iv or {}
+        ok = m.get("lo") is not None and m.get("hi") is not None
+        lo.append(k * max(v - m["lo"], 0.0) if ok else 0.0)
+        hi.append(k * max(m["hi"] - v, 0.0) if ok else 0.0)
+    return [lo, hi]
+
+
 def plot(result: dict[str, Any], path: str | os.PathLike[str], title: str | None = None) -> Path:
     import matplotlib
 
@@ -176,6 +188,8 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str], title: str | None
     import matplotlib.pyplot as plt
 
     cards = result["scorecards"]
+    dets = result.get("details") or [{}] * len(cards)
+    ivs = {id(c): (d.get("intervals") or {}) for c, d in zip(cards, dets, strict=True)}
     slo = result.get("answers", {}).get("slo_short_step_s")
     policies = list(dict.fromkeys(c["policy"] for c in cards))
     kvs = sorted({c["kv_cache_gb"] for c in cards})
@@ -185,16 +199,30 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str], title: str | None
     ax1, ax2, ax3 = axes
     for pol in policies:
         pts = sorted((c["replicas"], c) for c in cards if c["policy"] == pol and c["kv_cache_gb"] == kv0)
-        xs = [x for x, c in pts if c["short_step_latency_s_p95"] is not None]
-        ys = [c["short_step_latency_s_p95"] for _, c in pts if c["short_step_latency_s_p95"] is not None]
-        if xs:
-            ax1.plot(xs, ys, marker="o", label=pol)
+        ok = [(x, c) for x, c in pts if c["short_step_latency_s_p95"] is not None]
+        if ok:
+            ax1.errorbar(
+                [x for x, _ in ok],
+                [c["short_step_latency_s_p95"] for _, c in ok],
+                yerr=_yerr(
+                    [
+                        (c["short_step_latency_s_p95"], ivs[id(c)].get("short_step_latency_s_p95"))
+                        for _, c in ok
+                    ]
+                ),
+                marker="o",
+                capsize=3,
+                label=pol,
+            )
         ax2.plot([x for x, _ in pts], [c["cost_usd"] for _, c in pts], marker="o", label=pol)
     if slo is not None:
         ax1.axhline(slo, color="grey", linestyle="--", linewidth=1, label=f"SLO {slo:g} s")
     ax1.set_yscale("log")
     ax1.set_xlabel("local replicas")
-    ax1.set_ylabel("p95 short-step latency (s, log scale)")
+    lvl = next((d.get("interval_level") for d in dets if d.get("interval_level")), None)
+    ax1.set_ylabel(
+        "p95 short-step latency (s, log scale" + (f"; bars {100 * lvl:.0f}% interval)" if lvl else ")")
+    )
     ax1.set_title(f"Short-step latency vs replicas (KV {kv0:g} GB/replica)")
     costs = [c["cost_usd"] for c in cards if c["cost_usd"] > 0]
     if costs and max(costs) / min(costs) > 50:
@@ -219,8 +247,13 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str], title: str | None
         if not pts:
             continue
         any3 = True
-        line = ax3.plot(
-            [x for x, _ in pts], [100 * c["cache_hit_rate"] for _, c in pts], marker="o", label=pol
+        line = ax3.errorbar(
+            [x for x, _ in pts],
+            [100 * c["cache_hit_rate"] for _, c in pts],
+            yerr=_yerr([(c["cache_hit_rate"], ivs[id(c)].get("cache_hit_rate")) for _, c in pts], 100.0),
+            marker="o",
+            capsize=3,
+            label=pol,
         )
         ax3.plot(
             [x for x, _ in pts],

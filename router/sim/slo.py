@@ -17,6 +17,12 @@ Algorithm:
   the arrival-to-arrival spread and the sampling error of the percentile). A point *holds* the SLO when
   every target's **upper bound** meets it (:meth:`SLO.holds`; no interval: the value) and admission
   rejected no run.
+- **Comparisons** (:func:`paired`): a speed-up or a gain between two simulations of the same runs at
+  the same seeds (each :func:`measure` / :func:`measure_goodput` with ``keep_raw``: the replicates in
+  draw order) is computed replicate by replicate, so its interval holds only the noise the two do not
+  share; :func:`overlap` says whether two figures' intervals overlap (indistinguishable at this
+  noise). :func:`measure_goodput` measures DistServe's goodput share (steps within a TTFT and a TPOT
+  target) with the same run bootstrap.
 - **Floors** (:func:`floors`): each target's value with no queueing at all — every step alone on one
   replica of the profile (prefill in ``token_budget`` chunks, then batch-1 decode), with a cold cache
   and with a perfect prefix cache (the run's earlier prefix, ``StepSpec.upper``, cached). No number of
@@ -32,6 +38,7 @@ Knobs: ``n_boot`` (200 replicates per simulation), ``level`` (0.9, the interval'
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +51,21 @@ from router.sim.workload import SimError, Workload
 if TYPE_CHECKING:
     from router.sim.scorecard import SimResult
 
-__all__ = ["Target", "SLO", "parse_slo", "measure", "pool", "floors", "floor_lines", "prefill_s", "METRICS"]
+__all__ = [
+    "Target",
+    "SLO",
+    "parse_slo",
+    "measure",
+    "measure_goodput",
+    "goodput_key",
+    "pool",
+    "paired",
+    "overlap",
+    "floors",
+    "floor_lines",
+    "prefill_s",
+    "METRICS",
+]
 
 METRICS: dict[str, str] = {
     "short": "short-step latency",
@@ -272,8 +293,12 @@ def _metric_arrays(res: SimResult, t: Target) -> tuple[np.ndarray, np.ndarray]:
     return itl, res.run_of_step[m]
 
 
-def measure(res: SimResult, slo: SLO, n_boot: int = 200, boot_seed: int = 0) -> dict[str, dict[str, Any]]:
-    """Per target: value, n (steps or runs measured) and ``n_boot`` run-bootstrap replicates."""
+def measure(
+    res: SimResult, slo: SLO, n_boot: int = 200, boot_seed: int = 0, keep_raw: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Per target: value, n (steps or runs measured) and ``n_boot`` run-bootstrap replicates; with
+    ``keep_raw`` also ``raw``, every replicate in draw order (NaN where a draw held no step of the
+    class), so two simulations of the same runs pair replicate by replicate (:func:`paired`)."""
     n_runs = len(res.run_completion_s)
     rng = np.random.default_rng(boot_seed)
     w = rng.multinomial(n_runs, np.full(n_runs, 1.0 / n_runs), size=n_boot) if n_boot and n_runs else None
@@ -282,11 +307,109 @@ def measure(res: SimResult, slo: SLO, n_boot: int = 200, boot_seed: int = 0) -> 
         v, runs = _metric_arrays(res, t)
         if v.size == 0:
             out[t.key] = {"value": None, "n": 0, "boot": []}
+            if keep_raw:
+                out[t.key]["raw"] = np.full(n_boot if w is not None else 0, np.nan)
             continue
         val = float(np.percentile(v, t.q))
         boot = _weighted_quantiles(v, runs, w, t.q) if w is not None else np.array([])
         out[t.key] = {"value": val, "n": int(v.size), "boot": [float(x) for x in boot if np.isfinite(x)]}
+        if keep_raw:
+            out[t.key]["raw"] = boot
     return out
+
+
+def goodput_key(ttft_s: float, tpot_s: float) -> str:
+    """The name of a goodput share measured by :func:`measure_goodput`."""
+    return f"goodput_share@ttft<={ttft_s:g}s,tpot<={tpot_s:g}s"
+
+
+def measure_goodput(
+    res: SimResult, pairs: tuple[tuple[float, float], ...], n_boot: int = 200, boot_seed: int = 0
+) -> dict[str, dict[str, Any]]:
+    """DistServe's goodput share (served steps with TTFT <= ``ttft_s`` and time per output token <=
+    ``tpot_s``; the scorecard's ``goodput_share``) for each ``(ttft_s, tpot_s)`` of ``pairs``, with
+    run-bootstrap replicates in :func:`measure`'s shape (``value``, ``n``, ``boot``, and ``raw``: the
+    replicates in draw order). A replicate reweights whole runs (a ratio of sums) with the same draws
+    as :func:`measure` at the same ``boot_seed``: one simulation's SLOs need one simulation."""
+    from router.sim.scorecard import SERVED_FRONTIER, SERVED_LOCAL, SPILLED
+
+    n_runs = len(res.run_completion_s)
+    rng = np.random.default_rng(boot_seed)
+    w = rng.multinomial(n_runs, np.full(n_runs, 1.0 / n_runs), size=n_boot) if n_boot and n_runs else None
+    oc = res.outcome
+    served = (oc == SERVED_LOCAL) | (oc == SERVED_FRONTIER) | (oc == SPILLED)
+    comp = (res.completion if res.completion is not None else np.ones_like(res.prompt))[served]
+    per = np.where(comp > 1, (res.latency[served] - res.ttft[served]) / np.maximum(comp - 1, 1), 0.0)
+    ttft = res.ttft[served]
+    runs = res.run_of_step[served]
+    den = np.bincount(runs, minlength=n_runs).astype(float)
+    out: dict[str, dict[str, Any]] = {}
+    for ttft_s, tpot_s in pairs:
+        key = goodput_key(ttft_s, tpot_s)
+        good = (ttft <= ttft_s) & (per <= tpot_s)
+        if not good.size:
+            out[key] = {
+                "value": None,
+                "n": 0,
+                "boot": [],
+                "raw": np.full(n_boot if w is not None else 0, np.nan),
+            }
+            continue
+        raw = np.array([])
+        if w is not None:
+            num = np.bincount(runs, weights=good.astype(float), minlength=n_runs)
+            d = w @ den
+            with np.errstate(invalid="ignore", divide="ignore"):
+                raw = np.where(d > 0, (w @ num) / d, np.nan)
+        out[key] = {
+            "value": float(good.mean()),
+            "n": int(good.size),
+            "boot": [float(x) for x in raw if np.isfinite(x)],
+            "raw": raw,
+        }
+    return out
+
+
+def paired(
+    a: list[dict[str, Any]],
+    b: list[dict[str, Any]],
+    op: Callable[[Any, Any], Any],
+    level: float = 0.9,
+) -> dict[str, Any]:
+    """A comparison of two simulations of the same runs (a speed-up ``a / b``, a gain ``b - a``) with
+    its interval: ``a[k]`` and ``b[k]`` are one figure's measurements at arrival seed ``k`` (the same
+    start times and bootstrap draws for both, keep_raw), so replicate ``i`` of ``a`` and of ``b`` weight
+    the same runs. The value is the median over seeds of ``op`` on the two values; the interval the
+    ``level`` range of ``op`` over every seed's paired replicates (and the seeds' values), as in
+    :func:`pool`. ``None`` figures (no step measured) give ``None``."""
+    vals = [
+        float(op(x["value"], y["value"]))
+        for x, y in zip(a, b, strict=True)
+        if x["value"] is not None and y["value"] is not None
+    ]
+    if not vals:
+        return {"value": None, "lo": None, "hi": None}
+    boot: list[float] = list(vals)
+    for x, y in zip(a, b, strict=True):
+        rx, ry = np.asarray(x.get("raw", [])), np.asarray(y.get("raw", []))
+        if rx.size and rx.size == ry.size:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r = op(rx, ry)
+            boot += [float(v) for v in np.asarray(r) if np.isfinite(v)]
+    lo_q, hi_q = (1 - level) / 2 * 100, (1 + level) / 2 * 100
+    return {
+        "value": round(float(np.median(vals)), 6),
+        "lo": round(float(np.percentile(boot, lo_q)), 6),
+        "hi": round(float(np.percentile(boot, hi_q)), 6),
+    }
+
+
+def overlap(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool | None:
+    """Whether two intervals (``lo``, ``hi``) overlap: the figures are indistinguishable at this
+    noise (the rule the search answers use); ``None`` when either has no interval."""
+    if not a or not b or a.get("lo") is None or b.get("lo") is None:
+        return None
+    return bool(a["lo"] <= b["hi"] and b["lo"] <= a["hi"])
 
 
 def measure_hit_rates(res: SimResult, n_boot: int = 200, boot_seed: int = 0) -> dict[str, dict[str, Any]]:
