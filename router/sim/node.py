@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from operator import attrgetter
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
@@ -84,8 +85,7 @@ from router.sim.profiles import NodeProfile
 __all__ = ["Request", "Replica"]
 
 
-def _seq(r: Request) -> int:
-    return r.seq
+_SEQ = attrgetter("seq")  # a request's admission order (the sort key of Replica._due)
 
 
 class Request:
@@ -269,12 +269,14 @@ class Replica:
     # ------------------------------------------------------------------ arrivals
     def submit(self, req: Request) -> bool:
         """Queue a request; False if its prompt can never fit this replica's KV cache."""
-        if not self.fits(req.prompt):
+        if -(-req.prompt // self.block_tokens) + 1 > self.capacity:  # not self.fits(req.prompt)
             return False
         t = self.loop.now
         self.waiting.append(req)
         self.owed += req.prompt
-        self._touch()
+        if not self.marked and self.watch is not None:  # self._touch()
+            self.marked = True
+            self.watch.append(self)
         self._reap_gen += 1
         if self.state == "off":
             self.state = "waking"
@@ -380,7 +382,9 @@ class Replica:
 
     # ------------------------------------------------------------------ iterations
     def _start(self, t: float) -> None:
-        self._touch()
+        if not self.marked and self.watch is not None:  # self._touch()
+            self.marked = True
+            self.watch.append(self)
         p = self.p
         budget = p.token_budget
         running = self.running
@@ -490,7 +494,7 @@ class Replica:
             self._dec_s -= r.prompt - r.base
             done.append(r)
         if len(done) > 1:
-            done.sort(key=_seq)
+            done.sort(key=_SEQ)
         return done
 
     def _end_chunk(self, gen: int) -> None:
@@ -530,9 +534,11 @@ class Replica:
     def _finish(self, done: list[Request], t: float) -> None:
         if done:
             running = self.running
+            kv = self.kv
             for r in done:
                 r.end_t = t
-                self._release(r)
+                self._releases += 1  # self._release(r)
+                kv.release(r.chain, r.n_hashed, r.n_private)
                 del running[r]
         self._start(t)
         for r in done:
