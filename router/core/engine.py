@@ -541,12 +541,11 @@ class StepEngine:
             track.last_tokens = prompt + res.completion_tokens
         track.last_end_s = now
         local = tier == "local"
+        at = replica if local else track.cache_replica  # the replica whose counter is read
         track.mark_cache(
             replica,
             local,
-            self.cache_reader(track.cache_replica if not local else replica)
-            if self.cache_reader is not None and (replica if local else track.cache_replica) is not None
-            else None,
+            self.cache_reader(at) if self.cache_reader is not None and at is not None else None,
             plan.cache_start,
             prompt - (cached or 0) if ok else 0,
         )

@@ -72,9 +72,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from operator import attrgetter
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from router.core.prefix_cache import Chain, PrefixCache

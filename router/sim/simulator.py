@@ -371,7 +371,9 @@ class Simulator:
         # cached one the next step sees: clear it once the step is committed (the commit reads it:
         # the prefix index's reading on the chosen replica, StepPlan.warm_tokens)
         warm_i = self._local_pos.get(pin) if pin is not None and not self.cfg.scale_to_zero else None
-        if turn.stage is not PLANNED and turn.needs_claim:  # a limited claim (a first local step), or a late-local run counted
+        if (
+            turn.stage is not PLANNED and turn.needs_claim
+        ):  # a limited claim (a first local step), or a late-local run counted
             limit = plan.claim_limit
             ok = limit is None or self.slots < limit
             if ok:
