@@ -514,7 +514,10 @@ class Replica:
                 if r.prefilled >= r.prompt:
                     r.decoded = 1
                     r.first_token_t = t
-                    self._decoding(r, tick - 1)
+                    base = r.base = tick - 1  # self._decoding(r, tick - 1)
+                    self._n_dec += 1
+                    self._dec_s += r.prompt - base
+                    heapq.heappush(self._fin, (base + r.it_target, r.seq, r))
                     continue
             still.append(r)
         self.owed = owed

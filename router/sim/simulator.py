@@ -197,6 +197,7 @@ class Simulator:
         # count and the warm prefix the engine sets change between steps); None outside the loop
         self._front: BackendState | None = None
         self._looping = False
+        self._arrive_h = self._arrive  # bound once: scheduled at every step
 
     def _engine(self, admission: AdmissionController | AdmissionConfig | None) -> StepEngine:
         B = self.cfg.block_tokens
@@ -487,7 +488,7 @@ class Simulator:
         run.out_n += 1
         run.k += 1
         if run.k < len(run.spec.steps):
-            self.loop.schedule(t + run.spec.steps[run.k].pause, self._arrive, run)
+            self.loop.schedule(t + run.spec.steps[run.k].pause, self._arrive_h, run)
         else:
             self.run_completion[run.idx] = t - run.start_t
             self._run_ended(run)
