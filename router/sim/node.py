@@ -317,18 +317,18 @@ class Replica:
         else:
             k1 = math.ceil(x / a_term)
         k1 = max(1, k1)
-
-        def tk(j: int) -> float:
-            return j * a_term + dn * j * (j - 1) / 2
-
-        while k1 > 1 and tk(k1 - 1) >= x:
-            k1 -= 1
-        while tk(k1) < x:
+        # T(j) = j * a_term + dn * j * (j - 1) / 2, written out (no closure per call)
+        while k1 > 1:
+            j = k1 - 1
+            if j * a_term + dn * j * (j - 1) / 2 < x:
+                break
+            k1 = j
+        while k1 * a_term + dn * k1 * (k1 - 1) / 2 < x:
             k1 += 1
         if k1 < k:
             self.gen += 1
             self._ep = (t0, k1, a_term, dn)
-            self.loop.schedule(t0 + tk(k1), self._end_epoch, self.gen)
+            self.loop.schedule(t0 + (k1 * a_term + dn * k1 * (k1 - 1) / 2), self._end_epoch, self.gen)
 
     # ------------------------------------------------------------------ KV cache
     def _try_admit(self, req: Request) -> bool:
