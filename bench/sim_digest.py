@@ -93,10 +93,13 @@ def main() -> None:
         ref = json.loads(Path(args.compare).read_text())
     elif args.compare_tree:
         tree = Path(args.compare_tree).resolve()
+        # this file's import puts its own tree first on sys.path: put the base tree back in front
+        # after it, and check that the base tree's simulator is the one that ran
         code = (
-            f"import sys, json; sys.path.insert(0, {str(tree)!r}); "
-            f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
-            f"import sim_digest; print(json.dumps(sim_digest.digests({args.runs})))"
+            f"import sys, json; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
+            f"import sim_digest; sys.path.insert(0, {str(tree)!r}); "
+            f"d = sim_digest.digests({args.runs}); import router.sim.simulator as s; "
+            f"assert s.__file__.startswith({str(tree)!r}), s.__file__; print(json.dumps(d))"
         )
         p = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True)
         ref = json.loads(p.stdout.strip().splitlines()[-1])

@@ -97,12 +97,19 @@ class StepTurn:
     def _enter(self, call: str) -> StepPlan | None:
         needs = _NEEDS[call]
         if self.stage not in needs:
+            self._refuse(call)
+        return self._plan
+
+    def _refuse(self, call: str) -> None:
+        """Raise the :class:`StepOrderError` of ``call`` at this stage (the hot stages check their
+        one allowed stage inline and call this only when it is wrong)."""
+        needs = _NEEDS[call]
+        if self.stage not in needs:
             where = f"run {self.run.run_id}" + (f" step {self._plan.step}" if self._plan is not None else "")
             raise StepOrderError(
                 f"{where}: {call}() called at stage {self.stage!r}; it needs stage "
                 + " or ".join(repr(s) for s in needs)
             )
-        return self._plan
 
     @property
     def planned(self) -> StepPlan:
@@ -142,7 +149,8 @@ class StepTurn:
         active_local_runs: int = 0,
     ) -> StepPlan:
         """Engine stages 1-5; ``backends`` is a fresh list the engine may mutate."""
-        self._enter("plan")
+        if self.stage != BEGUN:
+            self._refuse("plan")
         p = self._plan = self.engine._plan(
             self.run,
             self.track,
@@ -180,13 +188,20 @@ class StepTurn:
 
     def commit(self) -> BackendState | None:
         """Engine stage 6; returns the chosen backend's state (None: nothing can serve the step)."""
-        p = self._enter("commit")
+        if self.stage != PLANNED:
+            self._refuse("commit")
+        p = self._plan
         assert p is not None
         backends = p.snapshot.backends
         name = p.decision.backend
         chosen = None
-        if any(b.healthy for b in backends):  # every backend marked down: nothing serves it
-            chosen = next((b for b in backends if b.name == name), None)
+        for b in backends:
+            if b.healthy:  # some backend is up (every one marked down: nothing serves the step)
+                for c in backends:
+                    if c.name == name:
+                        chosen = c
+                        break
+                break
         self.engine._commit(p, self.run, self.track, chosen)
         self.stage = COMMITTED
         self._slot = False
@@ -230,7 +245,9 @@ class StepTurn:
         record: bool = True,
     ) -> Step | None:
         """Engine stage 8 (and the unserved start of 9); returns the record when ``record``."""
-        p = self._enter("finish")
+        if self.stage != COMMITTED:
+            self._refuse("finish")
+        p = self._plan
         assert p is not None
         self.stage = FINISHED
         rec = self.engine._finish(

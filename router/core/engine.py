@@ -176,6 +176,13 @@ class StepEngine:
         self.spec_version = FEATURE_SPEC_VERSION
         self.explore_budgets: dict[str, ExploreBudget] = {}  # policy name -> its budget
         self.frontier_budgets = BudgetTracker()  # router.core.budget: the budget's online quantiles
+        # the latest policy asked for its frontier budget and the answer (budget_of looks through
+        # attributes a policy usually lacks: asked once per policy object, not at every step)
+        self._fb_of: tuple[Policy | None, FrontierBudget | None] = (None, None)
+        # the latest predictions given a cache-index reading and the copies made of them, by
+        # reading (Predictions are frozen: a constant predictor's are the same object every step)
+        self._ci_of: Predictions | None = None
+        self._ci: dict[float, Predictions] = {}
 
     # ------------------------------------------------------------------ the call order
     def begin(self, run: RunState, track: RunTrack) -> StepTurn:
@@ -251,7 +258,11 @@ class StepEngine:
             new_n_tools_offered=req.n_tools_offered,
             new_wants_json=req.wants_json,
             local_cache_pressure=(
-                track.cache_pressure(self._reading(track.cache_replica))
+                track.cache_pressure(
+                    self.cache_reader(track.cache_replica)
+                    if self.cache_reader is not None and track.cache_replica is not None
+                    else None
+                )
                 if track.cache_mark is not None
                 else None
             ),
@@ -275,7 +286,8 @@ class StepEngine:
         active_local_runs: int = 0,
     ) -> StepPlan:
         """Steps 1-5 of the module docstring. ``backends`` is a fresh list the engine may mutate."""
-        step = track.claim_step(run.steps_seen)
+        step = run.steps_seen if run.steps_seen > track.next_step else track.next_step  # claim_step
+        track.next_step = step + 1
         prefix = self.prefix(track, req, now)
         x: np.ndarray | None = None
         # a predictor that does not say is assumed to read the vector (correct, only slower)
@@ -307,10 +319,12 @@ class StepEngine:
             exact = False
         if idx is not None and chain is not None:
             bt = idx.block_tokens
-            n = min(req.chain_lookup, len(chain))
+            n = req.chain_lookup if req.chain_lookup < len(chain) else len(chain)
             if not exact:
-                n = min(n, max_hit_blocks(req.prompt_tokens, bt))
-            own = min(track.last_tokens, req.prompt_tokens)
+                cap = max_hit_blocks(req.prompt_tokens, bt)
+                if cap < n:
+                    n = cap
+            own = track.last_tokens if track.last_tokens < req.prompt_tokens else req.prompt_tokens
             loads = self.traffic.replicas if self.traffic is not None else None
             # every replica's match in one pass (PrefixIndex.lookup: one dictionary lookup for a
             # replica without the chain's first block, two more when the run's hint there is right)
@@ -345,10 +359,15 @@ class StepEngine:
             features=LazyFeatures(x, prefix),
             last_tool_repeated=track.newest_call_repeated,
         )
-        budget = self.explore_budget(policy)
+        budget = self.explore_budget(policy) if isinstance(policy, ExplorePolicy) else None
         if budget is not None and run.tier is None:
             snap.explore_allowed = budget.open(now)
-        fb = budget_of(policy)
+        fb_of = self._fb_of
+        if fb_of[0] is policy:
+            fb = fb_of[1]
+        else:
+            fb = budget_of(policy)
+            self._fb_of = (policy, fb)
         if fb is not None:
             snap.budget_threshold = self.frontier_budgets.threshold(policy.name, fb, track.domain)
         if run.admitted == "spill":
@@ -447,7 +466,14 @@ class StepEngine:
         if local and idx is not None and chain is not None:
             plan.warm_tokens = backend.warm_prefix_tokens
             # the index's cache-reuse prediction on the chosen replica, logged beside the model's
-            plan.predictions = plan.predictions.with_cache_index(float(plan.warm_tokens))
+            preds, tokens = plan.predictions, float(plan.warm_tokens)
+            if preds is not self._ci_of or len(self._ci) > 4096:
+                self._ci_of = preds
+                self._ci = {}
+            ci = self._ci.get(tokens)
+            if ci is None:
+                ci = self._ci[tokens] = preds.with_cache_index(tokens)
+            plan.predictions = ci
             hold = plan.request.chain_hold
             idx.record(backend.name, chain, hold, track.prefix_hints.get(backend.name, 0))
             track.prefix_hints[backend.name] = len(chain) if hold is None else min(hold, len(chain))
@@ -486,7 +512,9 @@ class StepEngine:
         prompt = res.prompt_tokens if res.prompt_tokens else req.prompt_tokens
         cached = res.cached_tokens
         if cached is not None:
-            cached = min(int(cached), prompt)
+            cached = int(cached)
+            if cached > prompt:
+                cached = prompt
         structured = (
             res.structured if res.structured is not None else (bool(res.tool_calls) or req.wants_json)
         )
@@ -513,10 +541,11 @@ class StepEngine:
             track.last_tokens = prompt + res.completion_tokens
         track.last_end_s = now
         local = tier == "local"
+        at = replica if local else track.cache_replica  # the replica whose counter is read
         track.mark_cache(
             replica,
             local,
-            self._reading(track.cache_replica if not local else replica),
+            self.cache_reader(at) if self.cache_reader is not None and at is not None else None,
             plan.cache_start,
             prompt - (cached or 0) if ok else 0,
         )

@@ -186,7 +186,10 @@ class ReplicaIndex:
             return
         held, parent, children = self.stamp, self.parent, self.children
         owners, bit = self.owners, self.bit
-        k = self.match(chain, n, hint)
+        if 0 < hint < n and chain[0] in held and chain[hint - 1] in held and chain[hint] not in held:
+            k = hint  # the hint is right (match's own first checks, inline)
+        else:
+            k = self.match(chain, n, hint)
         prev = chain[k - 1] if k > 0 else None
         for i in range(k, n):
             b = chain[i]
@@ -222,25 +225,31 @@ class ReplicaIndex:
             t, b = pop(heap)
             if held.get(b) != t or b in children:
                 continue  # stale: evicted, no longer a leaf, or touched since
-            del held[b]
-            m = owners[b] & keep
-            if m:
-                owners[b] = m
-            else:
-                del owners[b]
-            count -= 1
-            self.evictions += 1
-            p = parent.pop(b, None)
-            if p is not None:
+            while True:  # evict b, then its parent while that is the next leaf the heap would give
+                del held[b]
+                m = owners[b] & keep
+                if m:
+                    owners[b] = m
+                else:
+                    del owners[b]
+                count -= 1
+                self.evictions += 1
+                p = parent.pop(b, None)
+                if p is None:
+                    break
                 c = children[p] - 1
                 pt = held[p]
                 if t > pt:
                     held[p] = pt = t
                 if c:
                     children[p] = c
-                else:
-                    del children[p]
-                    push(heap, (pt, p))
+                    break
+                del children[p]
+                if count > 0 and (not heap or (pt, p) < heap[0]):
+                    t, b = pt, p  # what push then pop would give: skip both
+                    continue
+                push(heap, (pt, p))
+                break
         if count > 0:  # pragma: no cover - the heap always holds every leaf
             raise RuntimeError("prefix index: no leaf left to evict")
 

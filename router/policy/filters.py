@@ -210,6 +210,12 @@ def place(
     run = snap.run
     ctx = snap.context_tokens
     backends = snap.backends
+    pinned = run.replica
+    if sticky and pinned is not None and run.tier == tier:
+        # the pin passes the filter: kept (step 2), the same answer as filtering every backend first
+        for b in backends:
+            if b.name == pinned and b.tier == tier and b.healthy and b.max_context >= ctx:
+                return b, None
     cands = candidates(backends, tier, ctx)
     key = run.run_id + salt
     if cands:

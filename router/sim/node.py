@@ -74,6 +74,7 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from router.core.prefix_cache import Chain, PrefixCache
@@ -84,8 +85,7 @@ from router.sim.profiles import NodeProfile
 __all__ = ["Request", "Replica"]
 
 
-def _seq(r: Request) -> int:
-    return r.seq
+_SEQ = attrgetter("seq")  # a request's admission order (the sort key of Replica._due)
 
 
 class Request:
@@ -269,12 +269,14 @@ class Replica:
     # ------------------------------------------------------------------ arrivals
     def submit(self, req: Request) -> bool:
         """Queue a request; False if its prompt can never fit this replica's KV cache."""
-        if not self.fits(req.prompt):
+        if -(-req.prompt // self.block_tokens) + 1 > self.capacity:  # not self.fits(req.prompt)
             return False
         t = self.loop.now
         self.waiting.append(req)
         self.owed += req.prompt
-        self._touch()
+        if not self.marked and self.watch is not None:  # self._touch()
+            self.marked = True
+            self.watch.append(self)
         self._reap_gen += 1
         if self.state == "off":
             self.state = "waking"
@@ -315,18 +317,18 @@ class Replica:
         else:
             k1 = math.ceil(x / a_term)
         k1 = max(1, k1)
-
-        def tk(j: int) -> float:
-            return j * a_term + dn * j * (j - 1) / 2
-
-        while k1 > 1 and tk(k1 - 1) >= x:
-            k1 -= 1
-        while tk(k1) < x:
+        # T(j) = j * a_term + dn * j * (j - 1) / 2, written out (no closure per call)
+        while k1 > 1:
+            j = k1 - 1
+            if j * a_term + dn * j * (j - 1) / 2 < x:
+                break
+            k1 = j
+        while k1 * a_term + dn * k1 * (k1 - 1) / 2 < x:
             k1 += 1
         if k1 < k:
             self.gen += 1
             self._ep = (t0, k1, a_term, dn)
-            self.loop.schedule(t0 + tk(k1), self._end_epoch, self.gen)
+            self.loop.schedule(t0 + (k1 * a_term + dn * k1 * (k1 - 1) / 2), self._end_epoch, self.gen)
 
     # ------------------------------------------------------------------ KV cache
     def _try_admit(self, req: Request) -> bool:
@@ -380,7 +382,9 @@ class Replica:
 
     # ------------------------------------------------------------------ iterations
     def _start(self, t: float) -> None:
-        self._touch()
+        if not self.marked and self.watch is not None:  # self._touch()
+            self.marked = True
+            self.watch.append(self)
         p = self.p
         budget = p.token_budget
         running = self.running
@@ -490,7 +494,7 @@ class Replica:
             self._dec_s -= r.prompt - r.base
             done.append(r)
         if len(done) > 1:
-            done.sort(key=_seq)
+            done.sort(key=_SEQ)
         return done
 
     def _end_chunk(self, gen: int) -> None:
@@ -510,7 +514,10 @@ class Replica:
                 if r.prefilled >= r.prompt:
                     r.decoded = 1
                     r.first_token_t = t
-                    self._decoding(r, tick - 1)
+                    base = r.base = tick - 1  # self._decoding(r, tick - 1)
+                    self._n_dec += 1
+                    self._dec_s += r.prompt - base
+                    heapq.heappush(self._fin, (base + r.it_target, r.seq, r))
                     continue
             still.append(r)
         self.owed = owed
@@ -530,9 +537,11 @@ class Replica:
     def _finish(self, done: list[Request], t: float) -> None:
         if done:
             running = self.running
+            kv = self.kv
             for r in done:
                 r.end_t = t
-                self._release(r)
+                self._releases += 1  # self._release(r)
+                kv.release(r.chain, r.n_hashed, r.n_private)
                 del running[r]
         self._start(t)
         for r in done:

@@ -51,8 +51,8 @@ from features.schema import Step
 from models.predictor import ConstantPredictor, Predictor
 from router.core.accounting import gpu_usd
 from router.core.admission import AdmissionGate
-from router.core.driver import StepTurn
-from router.core.engine import StepEngine
+from router.core.driver import PLANNED, StepTurn
+from router.core.engine import StepEngine, StepPlan
 from router.core.prefix_index import PrefixIndex
 from router.core.record import StepRequest, StepResult
 from router.core.runs import CacheReading, RunTrack
@@ -99,6 +99,7 @@ class _Run:
         "status",
         "frontier_steps",
         "turn",
+        "plan",
         "out_sum",
         "out_n",
         "context_charged",
@@ -116,6 +117,7 @@ class _Run:
         self.status = 0
         self.frontier_steps = 0
         self.turn: StepTurn | None = None
+        self.plan: StepPlan | None = None  # the plan of the step in flight (turn.planned)
         self.out_sum = 0  # output tokens of the run's steps served so far (the router saw them)
         self.out_n = 0
         self.context_charged = 0  # the context charged to its replica for the step in flight
@@ -158,10 +160,12 @@ class Simulator:
         self.local_max_context = min(config.profile.max_context, cap * config.block_tokens)
         self.engine = self._engine(admission)
         n = workload.n_steps
-        self.outcome = np.zeros(n, dtype=np.int8)
-        self.latency = np.full(n, np.nan)
-        self.ttft = np.full(n, np.nan)
-        self.cached = np.zeros(n, dtype=np.int64)
+        # per-step results, kept as lists while the loop runs (a list item is written several times
+        # faster than a numpy element) and turned into the SimResult's arrays by run()
+        self.outcome: list[int] = [0] * n
+        self.latency: list[float] = [np.nan] * n
+        self.ttft: list[float] = [np.nan] * n
+        self.cached: list[int] = [0] * n
         n_tiers = len(self.replicas[0].tiers.tiers) if self.replicas and self.replicas[0].tiers else 0
         self.tier_cached = np.zeros((n_tiers, n), dtype=np.int64) if n_tiers else None
         self.records: list[Step] | None = [] if config.log_steps else None
@@ -189,6 +193,11 @@ class Simulator:
         for r in self.all_replicas:
             r.watch = self._changed
         self._keeps_pin = bool(getattr(policy, "keeps_local_pin", False))
+        # the frontier's backend state, one object reused while the loop runs (only its running
+        # count and the warm prefix the engine sets change between steps); None outside the loop
+        self._front: BackendState | None = None
+        self._looping = False
+        self._arrive_h = self._arrive  # bound once: scheduled at every step
 
     def _engine(self, admission: AdmissionController | AdmissionConfig | None) -> StepEngine:
         B = self.cfg.block_tokens
@@ -249,7 +258,7 @@ class Simulator:
             max_context=self.local_max_context,
             running=len(rep.running) if scrape else len(rep.running) + len(rep.waiting),
             waiting=len(rep.waiting) if scrape else 0,
-            kv_usage=(rep.used - len(rep.lru)) / rep.capacity if scrape else 0.0,
+            kv_usage=(rep.kv.occupied - len(rep.lru)) / rep.capacity if scrape else 0.0,
             prefill_s_per_token=prof.b,
             ttft_base_s=prof.a if rep.state == "on" else prof.a + rep.wake_remaining(t),
             gpu_usd_per_hour=self._gpu_price,
@@ -301,22 +310,27 @@ class Simulator:
                             cache[i] = self._local_state(rep, t)
                 changed.clear()
             out = self._local_cache.copy()
-        fc = self.cfg.frontier
-        out.append(
-            BackendState(
+        fs = self._front
+        if fs is None:
+            fc = self.cfg.frontier
+            fs = BackendState(
                 name=fc.name,
                 tier="frontier",
                 model=fc.model,
                 healthy=True,
                 max_context=fc.max_context,
-                running=self.frontier.running(t),
                 price_in_per_m=fc.price_in_per_m,
                 price_cached_in_per_m=fc.price_cached_in_per_m,
                 price_out_per_m=fc.price_out_per_m,
                 prefill_s_per_token=fc.prefill_s_per_token,
                 ttft_base_s=fc.ttft_p50_s,
             )
-        )
+            if self._looping:  # one object for the whole loop (set afresh per step, below)
+                self._front = fs
+        # what the engine may have set at the previous step is set afresh (as in a new state)
+        fs.running = self.frontier.running(t)
+        fs.warm_prefix_tokens = 0
+        out.append(fs)
         return out
 
     # ------------------------------------------------------------------ events
@@ -346,7 +360,7 @@ class Simulator:
         state = run.state
         pin = state.replica
         turn = run.turn = eng.begin(state, run.track)
-        plan = turn.plan(
+        plan = run.plan = turn.plan(
             req,
             self._backends(run, t, self._pin_only(run, s.prompt) if req.requested_model is None else None),
             now=t,
@@ -358,13 +372,15 @@ class Simulator:
         # cached one the next step sees: clear it once the step is committed (the commit reads it:
         # the prefix index's reading on the chosen replica, StepPlan.warm_tokens)
         warm_i = self._local_pos.get(pin) if pin is not None and not self.cfg.scale_to_zero else None
-        if turn.needs_claim:  # a limited claim (a first local step), or a late-local run counted
+        if (
+            turn.stage is not PLANNED and turn.needs_claim
+        ):  # a limited claim (a first local step), or a late-local run counted
             limit = plan.claim_limit
             ok = limit is None or self.slots < limit
             if ok:
                 self.slots += 1
             turn.claim(ok)
-        if turn.rejected:
+        if turn.stage is not PLANNED and turn.rejected:
             if warm_i is not None:
                 self._local_cache[warm_i].warm_prefix_tokens = 0
             run.status = 2
@@ -403,9 +419,9 @@ class Simulator:
     def _reject_rest(self, run: _Run) -> None:
         g = run.g0 + run.k
         end = run.g0 + len(run.spec.steps)
-        if np.any(self.outcome[g:end] != 0):
+        if any(self.outcome[g:end]):
             raise SimError(f"run {run.spec.run_id}: a step was accounted twice")
-        self.outcome[g:end] = REJECTED
+        self.outcome[g:end] = [REJECTED] * (end - g)
         self._run_ended(run)
 
     def _run_ended(self, run: _Run) -> None:
@@ -421,9 +437,9 @@ class Simulator:
         run: _Run = req.key
         if req.tier_t is not None and self.tier_cached is not None:
             self.tier_cached[:, run.g0 + run.k] = req.tier_t
-        turn = run.turn
-        if turn is not None:
-            name = turn.planned.decision.backend
+        plan = run.plan
+        if plan is not None:
+            name = plan.decision.backend
             if name in self._inflight_ctx:  # its replica is on the change list: the request ended
                 self._inflight_ctx[name] -= run.context_charged
         run.context_charged = 0
@@ -444,9 +460,10 @@ class Simulator:
         self.ttft[g] = ttft
         self.cached[g] = cached
         s: StepSpec = run.spec.steps[run.k]
-        turn = run.turn
-        assert turn is not None
-        d = turn.planned.decision
+        turn, plan = run.turn, run.plan
+        assert turn is not None and plan is not None
+        d = plan.decision
+        t = self.loop.now
         rec = turn.finish(
             StepResult(
                 status=200,
@@ -459,7 +476,7 @@ class Simulator:
                 latency_s=lat,
                 structured=s.structured,
             ),
-            now=self.loop.now,
+            now=t,
             tier=tier,
             replica=d.backend,
             model=d.model,
@@ -470,9 +487,8 @@ class Simulator:
         run.out_sum += s.completion
         run.out_n += 1
         run.k += 1
-        t = self.loop.now
         if run.k < len(run.spec.steps):
-            self.loop.schedule(t + run.spec.steps[run.k].pause, self._arrive, run)
+            self.loop.schedule(t + run.spec.steps[run.k].pause, self._arrive_h, run)
         else:
             self.run_completion[run.idx] = t - run.start_t
             self._run_ended(run)
@@ -489,10 +505,13 @@ class Simulator:
         thresholds = gc.get_threshold()
         if 0 < thresholds[0] < GC_GEN0:
             gc.set_threshold(GC_GEN0, *thresholds[1:])
+        self._looping = True
         try:
             self.loop.run()
         finally:
             gc.set_threshold(*thresholds)
+            self._looping = False
+            self._front = None
         makespan = max(self._last_end, float(self.starts.max()) if len(self.starts) else 0.0)
         if self.cfg.scale_to_zero:
             for r in self.replicas:
@@ -501,8 +520,9 @@ class Simulator:
         else:  # replicas x their tensor-parallel degree (each 1 by default)
             gpu_s = makespan * sum(self.cfg.pool_tp(r.role) for r in self.all_replicas)
         gpu_hours = gpu_s / 3600 * self.cfg.profile.gpus_per_replica
-        if np.any(self.outcome == 0):
-            missing = int(np.sum(self.outcome == 0))
+        outcome = np.array(self.outcome, dtype=np.int8)
+        if np.any(outcome == 0):
+            missing = int(np.sum(outcome == 0))
             raise SimError(f"{missing} step(s) were never served, spilled or rejected (simulator bug)")
         w = self.workload
         ns = w.n_steps
@@ -521,10 +541,10 @@ class Simulator:
         return SimResult(
             policy=str(getattr(self.policy, "name", type(self.policy).__name__)),
             config=self.cfg,
-            outcome=self.outcome,
-            latency=self.latency,
-            ttft=self.ttft,
-            cached=self.cached,
+            outcome=outcome,
+            latency=np.array(self.latency, dtype=float),
+            ttft=np.array(self.ttft, dtype=float),
+            cached=np.array(self.cached, dtype=np.int64),
             prompt=prompt,
             upper=upper,
             short=short,
