@@ -11,7 +11,8 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
 - ``context`` (:mod:`router.server.runs.context`): how a run's domain is known (``domain_header``,
   ``tenant_domains``, ``agent_header``, ``agent_domains``; else ``metadata.domain``, else a hash of
   the system prompt) and its task embedding (``embed``: auto / on / off, ``embed_executor``,
-  ``embed_nice``, ``embed_wait_ms``, ``embed_queue``, ``embed_max_per_s``).
+  ``embed_sched``, ``embed_nice``, ``embed_cache``, ``embed_wait_ms``, ``embed_queue``,
+  ``embed_max_per_s``).
 - ``local``: the local tier: ``urls`` (one vLLM server root per replica, e.g. ``http://10.0.0.5:8000``;
   a trailing ``/v1`` is accepted), ``model`` (the served model name sent upstream), ``names`` (replica
   ids, default ``local-0..``), ``max_context``, ``kv_cache_tokens`` (one replica's KV cache size in
