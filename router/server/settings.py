@@ -257,6 +257,9 @@ class ServerSettings(_Strict):
     metrics_keys_env: str | None = None
     run_history_steps: int = Field(default=1000, gt=0)
     run_history_runs: int = Field(default=10000, gt=0)
+    # incremental body parse (router.server.protocols.incremental): conversations kept, their bytes
+    parse_cache_runs: int = Field(default=2048, ge=0)
+    parse_cache_mb: float = Field(default=256.0, ge=0)
     # connection limits (router.server.limits; docs/server-limits.md)
     header_timeout_s: float = Field(default=10.0, gt=0)  # first byte of a request -> end of its headers
     idle_timeout_s: float = Field(default=15.0, gt=0)  # a connection with no request in progress
