@@ -8,8 +8,10 @@ directly on the app (no uvicorn, no aiohttp), with the bodies of ``bench/realist
 (``--runs`` runs of ``--steps`` steps, 2-200 KB, a tool result in every step): every run is first
 primed up to a spread-out step (as the realistic bench does), then ``--requests`` steps are sent
 round robin over the runs, ``--concurrency`` at a time. Printed: CPU microseconds per request
-(``time.process_time`` of the measured phase: the loop's thread and the sidecar's own threads; it
-includes building each body, the same for every tree), wall microseconds and the garbage collector's
+(``time.process_time`` of the measured phase: the loop's thread and the sidecar's own threads, plus
+the CPU of this process's child processes over the phase from ``/proc``: the task-embedding worker
+when ``--embed on`` runs it in a process; it includes building each body, the same for every tree),
+the chat parse cache's hits and misses when the tree has one, the process's peak RSS, wall microseconds and the garbage collector's
 time per request (``gc.callbacks``, with the count of collections per generation); with ``--profile N`` the top ``N`` functions of a cProfile of the measured phase
 by own time and by cumulative time (cProfile slows Python code about 2x: read its shares, not its
 times).
@@ -42,6 +44,19 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+
+
+def _children_cpu() -> float:
+    """utime + stime (s) of this process's descendants, from ``/proc`` (0 without /proc)."""
+    from sut_procs import cpu_seconds
+
+    me = os.getpid()
+    try:
+        st = Path(f"/proc/{me}/stat").read_text()
+    except OSError:
+        return 0.0
+    f = st[st.rindex(")") + 2 :].split()
+    return cpu_seconds(me) - (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -255,7 +270,7 @@ async def _run(a: argparse.Namespace) -> int:
     for _ in range(a.repeat):
         reqs = [next_request() for _ in range(a.requests)]
         # one request of a run at a time (an agent waits for its answer); runs interleave
-        c0, w0 = time.process_time(), time.perf_counter()
+        c0, w0, k0 = time.process_time(), time.perf_counter(), _children_cpu()
         gct.reset()
         if prof is not None:
             prof.enable()
@@ -263,8 +278,14 @@ async def _run(a: argparse.Namespace) -> int:
             await asyncio.gather(*(one(*x) for x in reqs[i : i + a.concurrency]))
         if prof is not None:
             prof.disable()
-        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        cpu, wall = time.process_time() - c0 + _children_cpu() - k0, time.perf_counter() - w0
         results.append((cpu * 1e6 / a.requests, wall * 1e6 / a.requests, gct.report(a.requests)))
+    chat = getattr(getattr(app.state, "proxy", None), "adapters", {}).get("chat")
+    pc = getattr(chat, "parse_cache", None)
+    cache = f"; parse cache hits {pc.hits} misses {pc.misses}" if pc is not None else "; no parse cache"
+    import resource
+
+    cache += f"; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
     await inbox.put({"type": "lifespan.shutdown"})
     await asyncio.wait_for(task, 30)
     mode = "stream" if a.stream else "plain"
@@ -278,7 +299,7 @@ async def _run(a: argparse.Namespace) -> int:
     print(
         f"hotpath {mode} tree={a.tree.name} runs={a.runs} requests={a.requests}x{a.repeat} "
         f"concurrency={a.concurrency} embed={a.embed}: CPU {best[0]:.0f} us/req (best; all: {cpus}), "
-        f"wall {best[1]:.0f} us/req, non-200 {bad}; garbage collector in the best: {best[2]}"
+        f"wall {best[1]:.0f} us/req, non-200 {bad}; garbage collector in the best: {best[2]}{cache}"
     )
     if prof is not None:
         for key in ("tottime", "cumulative"):
