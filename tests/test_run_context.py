@@ -218,6 +218,8 @@ def test_real_task_embedding_is_the_first_user_messages_vector(tmp_path, fakes, 
     s = make_settings(tmp_path, fakes, context=ctx)
     app = create_app(s, bundle=SignalPredictor())
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=20) as c:
+        emb = app.state.proxy.context.embedder
+        _settle(lambda: emb.ready, 120)  # the worker's start-up (spawn, imports, weights)
         for k in range(2):
             step_request(c, "r-real", k)
         c.post("/v1/runs/r-real/end", json={})

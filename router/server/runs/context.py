@@ -66,7 +66,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -194,11 +194,13 @@ def idle_priority(sched: str = "idle", nice: int = 0) -> str:
 
 
 def _load_model(sched: str = "nice", nice: int = 0) -> None:
-    """Worker-process initialiser: lower its priority, load the model's weights once."""
+    """Worker-process initialiser: load the model's weights once (at start-up, at the normal
+    priority: under ``SCHED_IDLE`` on a busy host the load could take minutes), then lower its
+    priority for the embeddings."""
     from features.embed import get_embedder
 
-    idle_priority(sched, nice)
     get_embedder().load()
+    idle_priority(sched, nice)
 
 
 def _worker_policy() -> str:
@@ -240,6 +242,7 @@ class TaskEmbedder:
         self._fn = embed_fn
         self.process = embed_fn is None and cfg.embed_executor == "process"
         self._pool: Executor | None = None
+        self._warming: Future[Any] | None = None
         self.submitted = 0  # written on the event loop only
         self.finished = 0  # written on the executor's thread only
         self.dropped = 0
@@ -326,6 +329,12 @@ class TaskEmbedder:
         fut = self._submit(int) if self.process else self._submit(_load_model)
         if fut is not None:
             fut.add_done_callback(_log_failure)
+        self._warming = fut
+
+    @property
+    def ready(self) -> bool:
+        """Whether the background start-up (:meth:`warm`) has finished (or none was started)."""
+        return self._warming is None or self._warming.done()
 
     def _take(self) -> bool:
         """One token of the rate bucket (always, without a cap)."""
