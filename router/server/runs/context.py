@@ -28,7 +28,9 @@ always runs on a thread. The worker process runs under Linux's ``SCHED_IDLE`` po
 (``context.embed_sched: idle``, the default; it gets the CPU only when nothing else of normal
 priority wants it, so on a saturated core every step is served before any embedding) or, where
 that is refused and with ``embed_sched: nice``, at ``context.embed_nice`` more niceness. Its CPU is
-the sidecar's (a child process: the benches' CPU per request counts the process tree).
+the sidecar's (a child process: the benches' CPU per request counts the process tree); it loads the
+model at the normal priority first, and exits with the sidecar however that ends
+(``PR_SET_PDEATHSIG`` and a check of its parent's pid every second).
 
 Embeddings are cached by a hash (BLAKE2b, 16 bytes) of the embedded text (``context.embed_cache``
 vectors, least recently used first out; 384 float32 each, 1.5 KB): runs of one agent often open
@@ -193,12 +195,35 @@ def idle_priority(sched: str = "idle", nice: int = 0) -> str:
     return "nice"
 
 
-def _load_model(sched: str = "nice", nice: int = 0) -> None:
-    """Worker-process initialiser: load the model's weights once (at start-up, at the normal
-    priority: under ``SCHED_IDLE`` on a busy host the load could take minutes), then lower its
-    priority for the embeddings."""
+def _die_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """Worker process: exit when the sidecar is gone, however it ended (a killed sidecar must not
+    leave its embedding worker behind): ``PR_SET_PDEATHSIG`` on Linux, and a daemon thread that
+    checks the parent's pid every ``every_s`` (the signal follows the spawning *thread*)."""
+    import signal
+
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux: the thread below only
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="runroute-embed-parent", daemon=True).start()
+
+
+def _load_model(sched: str = "nice", nice: int = 0, parent: int | None = None) -> None:
+    """Worker-process initialiser: follow the parent's death (``parent``: its pid, in a worker
+    process), load the model's weights once (at start-up, at the normal priority: under
+    ``SCHED_IDLE`` on a busy host the load could take minutes), then lower its priority."""
     from features.embed import get_embedder
 
+    if parent is not None:
+        _die_with_parent(parent)
     get_embedder().load()
     idle_priority(sched, nice)
 
@@ -300,7 +325,7 @@ class TaskEmbedder:
                     max_workers=1,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_load_model,
-                    initargs=(self.sched, self.nice),
+                    initargs=(self.sched, self.nice, os.getpid()),
                 )
             else:
                 self._pool = ThreadPoolExecutor(
