@@ -28,9 +28,9 @@ always runs on a thread. The worker process runs under Linux's ``SCHED_IDLE`` po
 (``context.embed_sched: idle``, the default; it gets the CPU only when nothing else of normal
 priority wants it, so on a saturated core every step is served before any embedding) or, where
 that is refused and with ``embed_sched: nice``, at ``context.embed_nice`` more niceness. Its CPU is
-the sidecar's (a child process: the benches' CPU per request counts the process tree); it loads the
-model at the normal priority first, and exits with the sidecar however that ends
-(``PR_SET_PDEATHSIG`` and a check of its parent's pid every second).
+the sidecar's (a child process: the benches' CPU per request counts the process tree); one per
+process, shared by the apps it builds; it loads the model at the normal priority first, and exits with the sidecar however that ends
+(it checks its parent's pid every second).
 
 Embeddings are cached by a hash (BLAKE2b, 16 bytes) of the embedded text (``context.embed_cache``
 vectors, least recently used first out; 384 float32 each, 1.5 KB): runs of one agent often open
@@ -197,16 +197,9 @@ def idle_priority(sched: str = "idle", nice: int = 0) -> str:
 
 def _die_with_parent(parent: int, every_s: float = 1.0) -> None:
     """Worker process: exit when the sidecar is gone, however it ended (a killed sidecar must not
-    leave its embedding worker behind): ``PR_SET_PDEATHSIG`` on Linux, and a daemon thread that
-    checks the parent's pid every ``every_s`` (the signal follows the spawning *thread*)."""
-    import signal
-
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # pragma: no cover - not Linux: the thread below only
-        pass
+    leave its embedding worker behind): a daemon thread checks the parent's pid every ``every_s``.
+    (Not ``PR_SET_PDEATHSIG``: it follows the spawning *thread*, and the worker outlives the app
+    thread that first used it.)"""
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -226,6 +219,34 @@ def _load_model(sched: str = "nice", nice: int = 0, parent: int | None = None) -
         _die_with_parent(parent)
     get_embedder().load()
     idle_priority(sched, nice)
+
+
+_pools: dict[tuple[str, int], ProcessPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _worker_pool(sched: str, nice: int) -> ProcessPoolExecutor:
+    """The process's embedding worker (one per priority setting, shared by every app the process
+    builds: a test session builds hundreds; a sidecar one), spawned on first use."""
+    with _pools_lock:
+        pool = _pools.get((sched, nice))
+        if pool is None:
+            import multiprocessing
+
+            pool = _pools[(sched, nice)] = ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_load_model,
+                initargs=(sched, nice, os.getpid()),
+            )
+        return pool
+
+
+def _drop_worker_pool(pool: Executor) -> None:
+    with _pools_lock:
+        for k, v in list(_pools.items()):
+            if v is pool:
+                del _pools[k]
 
 
 def _worker_policy() -> str:
@@ -319,14 +340,7 @@ class TaskEmbedder:
     def _executor(self) -> Executor:
         if self._pool is None:
             if self.process:
-                import multiprocessing
-
-                self._pool = ProcessPoolExecutor(
-                    max_workers=1,
-                    mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_load_model,
-                    initargs=(self.sched, self.nice, os.getpid()),
-                )
+                self._pool = _worker_pool(self.sched, self.nice)
             else:
                 self._pool = ThreadPoolExecutor(
                     max_workers=1,
@@ -343,6 +357,8 @@ class TaskEmbedder:
             log.warning("task embedding: executor failed (%s); restarting it", e)
             pool, self._pool = self._pool, None
             if pool is not None:
+                if self.process:
+                    _drop_worker_pool(pool)
                 pool.shutdown(wait=False, cancel_futures=True)
             return None
 
@@ -445,9 +461,11 @@ class TaskEmbedder:
         return self.result(fut)
 
     def close(self) -> None:
-        if self._pool is not None:
+        """Stop this embedder's thread; the process's shared worker (:func:`_worker_pool`) stays
+        for the process's other apps and exits with the process."""
+        if self._pool is not None and not self.process:
             self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        self._pool = None
 
 
 class RunContext:
