@@ -256,8 +256,8 @@ class ParseCache:
         self.field = key.strip(b'"').decode()
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._bytes = 0
-        self.hits = 0
-        self.misses = 0
+        self.hits = 0  # bodies read incrementally
+        self.misses = 0  # bodies with a conversation key read whole
 
     @property
     def enabled(self) -> bool:
@@ -302,7 +302,6 @@ class ParseCache:
             body[k] = v
         if p is not None:
             h.update(mv[ent.p : p])
-        self.hits += 1
         return ck, Parsed(body, new, ent.depth, True, p, h.intdigest())
 
     def remember(self, ck: int, raw: bytes, parsed: Parsed, depth: int) -> None:
@@ -312,6 +311,7 @@ class ParseCache:
         if not isinstance(items, list):
             return
         if parsed.incremental:
+            self.hits += 1  # an accepted incremental read
             old = self._entries.get(ck)
             if old is None or parsed.p is None:  # the last element is not an object: start over
                 self._drop(ck)
