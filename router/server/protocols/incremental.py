@@ -9,26 +9,28 @@ the same body ``orjson.loads`` of the whole would.
 
 Algorithm (:class:`ParseCache`, one per protocol adapter, used by ``Adapter.read``):
 
-1. Layout (:func:`scan_list`): a string-aware scan of the raw bytes (a regular expression matching a
-   whole JSON string or one bracket; strings are skipped in C) finds the top-level key naming the
-   message list (``messages``, written exactly so; any other spelling is simply not incremental),
-   the offset ``M`` of the list's ``[``, the end ``P`` of its last element (an object) and the offset
-   ``E`` of its ``]``. The *key* of a conversation is an xxh3 hash of the bytes up to the end of the
-   list's second element (its opening: system prompt and task; the first element when there is
-   one), found by scanning only that far.
-2. A body is parsed in three pieces whose concatenation is the body: the head ``raw[:M] + b"[]}"``
-   (the fields before the list), the list ``raw[M:E+1]`` and the tail ``{"\\u0000":0`` + ``raw[E+1:]``
-   (the fields after it; refused when the tail holds the text ``\\u0000``, so no client key can be
-   the sentinel). JSON's grammar is unambiguous, so when the three parse, the body is valid and its
-   value is ``head`` with ``messages`` set to the list and then each tail field set in order: the
-   same dict, key order and duplicate-key outcome (last value, first position) as one
-   ``orjson.loads``. The entry kept for the conversation: ``P``, an xxh3 hash of ``raw[:P]``, the
-   head, the parsed elements and their deepest nesting.
+1. Layout (:func:`scan_list`): a scan for quotes and brackets (``re`` finds the next one, strings
+   are skipped with ``bytes.find``) finds the top-level key naming the message list (``messages``,
+   written exactly so; any other spelling is simply not incremental) and the offset ``M`` of the
+   list's ``[``; orjson finds the list's ``]`` (``E``) itself: parsing ``raw[M:]`` it stops with
+   "unexpected content after document" right after the list; ``P`` is the end of the list's last
+   element when that is an object. The *key* of a conversation is an xxh3 hash of the bytes up to
+   the end of the list's second element (its opening: system prompt and task; the first element
+   when there is one), found by scanning only that far.
+2. A body read whole (one ``orjson.loads`` and every check) that passed is kept for its
+   conversation: ``P``, an xxh3 hash of ``raw[:P]``, the fields before the list (the head:
+   ``raw[:M] + b"[]}"`` parsed alone), the list's parsed elements and their deepest nesting; not
+   when the fields after the list (``{"\\u0000":0`` + ``raw[E+1:]``, refused when they hold the text
+   ``\\u0000``, so no client key can be the sentinel) repeat the list's key.
 3. The next body of the conversation (same key, longer than ``P``, the same hash of its first ``P``
-   bytes) is parsed as the kept head, the kept elements plus ``[0`` + ``raw[P:E'+1]`` (its new
-   elements; ``E'`` found by scanning from ``P`` only) and its own tail. Only the new elements are
-   validated (by the adapter); the fields outside the list are validated whole, as before, and the
-   nesting depth is the kept elements' depth combined with the new parts'.
+   bytes) is parsed in pieces whose concatenation is the body: the kept head and elements for
+   ``raw[:P]``, ``[0`` + ``raw[P:E'+1]`` (its new elements; ``E'`` found by orjson from ``P``) and
+   the tail ``{"\\u0000":0`` + ``raw[E'+1:]``. JSON's grammar is unambiguous, so when the pieces
+   parse the body is valid and its value is the head with the list set and then each tail field set
+   in order: the same dict, key order and duplicate-key outcome (last value, first position) as one
+   ``orjson.loads``. Only the new elements are validated (by the adapter); the fields outside the
+   list are validated whole, as before, and the nesting depth is the kept elements' depth combined
+   with the new parts'.
 4. Anything else (no entry, another prefix: a client that edited an earlier message, a layout the
    scan does not follow, a piece that does not parse, any validation error) takes the full path:
    one ``orjson.loads`` and the whole validation, so errors are exactly those of the full parse.
@@ -37,7 +39,7 @@ The kept elements are shared with the bodies built from them: the request path n
 parsed body in place (the forwarders splice the raw bytes; translations build new objects).
 
 Cost: the conversation's bytes are hashed once per step (xxh3, ~10 GB/s); the scan touches only the
-new messages. Memory: each entry keeps its conversation's parsed messages (about the raw size, plus
+opening, orjson only the new messages and the fields after them. Memory: each entry keeps its conversation's parsed messages (about the raw size, plus
 ~100 bytes per JSON container); bounded by ``server.parse_cache_runs`` entries and
 ``server.parse_cache_mb`` (the sum of the kept prefixes' raw sizes), least recently used out.
 
@@ -235,7 +237,7 @@ class _Entry:
 
 @dataclass(slots=True)
 class Parsed:
-    """A body parsed by :meth:`ParseCache.parse`: the body, the list's elements the caller has
+    """A body parsed by :meth:`ParseCache.try_incremental` (or whole): the body, the list's elements the caller has
     not validated yet (``new``: all of them after a full parse) and the elements' depth so far."""
 
     body: dict[str, Any]
