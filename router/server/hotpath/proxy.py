@@ -189,6 +189,9 @@ class Proxy(StepIO):
             "responses": ResponsesAdapter(ResponseStore(ident.response_store_entries)),
             "messages": MessagesAdapter(ident.session_header),
         }
+        srv = settings.server
+        for a in self.adapters.values():  # incremental parse of a run's growing body
+            a.use_parse_cache(srv.parse_cache_runs, int(srv.parse_cache_mb * (1 << 20)))
         if engine.cache_reader is None:
             engine.cache_reader = self.cache_reading
 

@@ -12,7 +12,11 @@ forward/fallback -> finish -> record). An :class:`Adapter`:
   (:func:`router.server.protocols.validate.check_depth`), the protocol's ``validate`` (every field the router
   reads), the model (:func:`resolve_model`: 404 ``model_not_found``), then the protocol's
   ``validate_options`` (fields whose errors rank below an unknown model; chat's options). Bad
-  input: :class:`~router.server.errors.ProxyError`, a 4xx, rendered by ``error_response``;
+  input: :class:`~router.server.errors.ProxyError`, a 4xx, rendered by ``error_response``. An
+  adapter with an ``incremental_list`` (chat: ``messages``) and a parse cache
+  (``server.parse_cache_runs``) parses a run's next body from where its previous one's list
+  ended and validates the new elements only (:mod:`router.server.protocols.incremental`; the same
+  request, and every error from the full parse);
 - ``step_request(req, previous_total, priority=, tenant=)``: the engine's protocol-free
   :class:`~router.core.record.StepRequest`. Shared: the tool results are those of the turns after
   the last assistant turn (:func:`since_assistant`; the protocol's ``tool_results`` gives each one's
@@ -68,8 +72,9 @@ from features.tokens import content_chars, text_tokens
 from router.core.prefix_index import Segments
 from router.core.record import StepRequest
 from router.server.errors import ProxyError, error_body
+from router.server.protocols.incremental import ParseCache, Parsed
 from router.server.protocols.sse import JSONObject, looks_error, parse_event
-from router.server.protocols.validate import DEFAULT_MAX_DEPTH, check_depth
+from router.server.protocols.validate import DEFAULT_MAX_DEPTH, check_depth, json_depth
 
 __all__ = [
     "PROTOCOLS",
@@ -235,6 +240,16 @@ class Adapter(ABC):
     not_object_status: int = 422  # the status of a body that is not a JSON object
 
     # ------------------------------------------------------------------ reading
+    #: the top-level list an agent's steps grow, as its key's exact JSON bytes (incremental parse,
+    #: :mod:`router.server.protocols.incremental`; None: always the full parse)
+    incremental_list: bytes | None = None
+    parse_cache: ParseCache | None = None
+
+    def use_parse_cache(self, runs: int, max_bytes: int) -> None:
+        """Turn the incremental parse on (``runs`` > 0 and a protocol that has one) or off."""
+        key = self.incremental_list
+        self.parse_cache = ParseCache(runs, max_bytes, key) if key and runs > 0 and max_bytes > 0 else None
+
     def read(
         self,
         raw: bytes,
@@ -242,7 +257,80 @@ class Adapter(ABC):
         aliases: AliasLookup | None = None,
         max_depth: int = DEFAULT_MAX_DEPTH,
     ) -> ClientRequest:
-        """Parse and validate (module docstring's order); raises :class:`ProxyError` (4xx)."""
+        """Parse and validate (module docstring's order); raises :class:`ProxyError` (4xx). With a
+        parse cache, a body that continues a conversation read before is parsed from where that one
+        ended (:mod:`router.server.protocols.incremental`); it gives the same request, and any
+        error comes from the full parse."""
+        cache = self.parse_cache
+        if cache is None:
+            return self.read_full(raw, models, aliases, max_depth)
+        ck, parsed = cache.try_incremental(raw)
+        if parsed is not None and ck is not None:
+            got = self._read_incremental(raw, parsed, models, aliases, max_depth)
+            if got is not None:
+                cache.remember(ck, raw, parsed, got[1])
+                return got[0]
+        req = self.read_full(raw, models, aliases, max_depth)
+        if ck is not None:
+            items = req.body.get(cache.field)
+            if isinstance(items, list):
+                depth = json_depth(items, max_depth) - 1
+                cache.remember(ck, raw, Parsed(req.body, items, depth, False), depth)
+        return req
+
+    def _read_incremental(
+        self,
+        raw: bytes,
+        parsed: Parsed,
+        models: Mapping[str, str],
+        aliases: AliasLookup | None,
+        max_depth: int,
+    ) -> tuple[ClientRequest, int] | None:
+        """The checks of :meth:`read_full` on an incrementally parsed body: the list's new elements
+        and every other field; None when any fails (the caller then reads the body whole). With
+        the request, the list elements' deepest nesting."""
+        cache = self.parse_cache
+        assert cache is not None
+        body, field_ = parsed.body, cache.field
+        d = parsed.kept_depth
+        for m in parsed.new:
+            dm = json_depth(m, max_depth)
+            if dm > d:
+                d = dm
+        depth = 1 + d  # the list's
+        for k, v in body.items():
+            if k != field_:
+                dv = json_depth(v, max_depth)
+                if dv > depth:
+                    depth = dv
+        if depth + 1 > max_depth:
+            return None
+        try:
+            if not self.validate_incremental(body, parsed.new):
+                return None
+            requested, alias = resolve_model(body.get("model"), models, aliases)
+            self.validate_options(body)
+        except ProxyError:
+            return None
+        stream = body.get("stream", False) is True
+        req = ClientRequest(
+            self.name, raw, body, requested, stream, model_alias=alias, strip_usage=self.strips_usage(body)
+        )
+        return req, d
+
+    def validate_incremental(self, body: Mapping[str, object], new: list[Any]) -> bool:
+        """:meth:`validate` of a body whose list elements before ``new`` were validated already;
+        False (or a :class:`ProxyError`) where :meth:`validate` would refuse it."""
+        return False
+
+    def read_full(
+        self,
+        raw: bytes,
+        models: Mapping[str, str],
+        aliases: AliasLookup | None = None,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+    ) -> ClientRequest:
+        """One ``orjson.loads`` of the whole body and every check (module docstring's order)."""
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:

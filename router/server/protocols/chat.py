@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import orjson
 from xxhash import xxh64_intdigest
@@ -301,6 +302,15 @@ class ChatAdapter(Adapter):
 
     name = "chat"
     path = "/v1/chat/completions"
+    incremental_list = b'"messages"'
+
+    def validate_incremental(self, body: Mapping[str, object], new: list[Any]) -> bool:
+        """:meth:`validate` of the new messages only (the earlier ones passed it already)."""
+        for m in new:
+            if not isinstance(m, dict):
+                return False
+        check_messages(new)
+        return isinstance(body.get("model", "auto"), str) and isinstance(body.get("stream", False), bool)
 
     def validate(self, body: Mapping[str, object]) -> None:
         msgs = body.get("messages")
