@@ -24,6 +24,7 @@ import pandas as pd
 
 __all__ = [
     "FlatChains",
+    "JoinedChains",
     "REPLAY_COLS",
     "ReplayPart",
     "capped_runs",
@@ -71,16 +72,31 @@ class FlatChains:
         return cls(flat, np.concatenate([[0], np.cumsum(lens)]), present)
 
     @classmethod
-    def join(cls, parts: list[FlatChains], order: np.ndarray) -> FlatChains:
-        """The chains of ``parts`` end to end, then rows taken in ``order``."""
-        flat = np.concatenate([p.flat for p in parts])
-        shift = np.cumsum([0, *[len(p.flat) for p in parts[:-1]]])
-        lo = np.concatenate([p.offsets[:-1] + s for p, s in zip(parts, shift, strict=True)])[order]
-        hi = np.concatenate([p.offsets[1:] + s for p, s in zip(parts, shift, strict=True)])[order]
-        lens = hi - lo
-        idx = np.repeat(lo - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(lens.sum())
-        present = np.concatenate([p.present for p in parts])[order]
-        return cls(flat[idx], np.concatenate([[0], np.cumsum(lens)]), present)
+    def join(cls, parts: list[FlatChains], order: np.ndarray) -> JoinedChains:
+        """The chains of ``parts`` end to end, then rows taken in ``order``: a view that copies no
+        chain (a copy and its gather index held ~230 bytes per step, 1.1 GB in a 5M-step replay)."""
+        sizes = [len(p) for p in parts]
+        part = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)[order]
+        row = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes] or [np.zeros(0, np.int64)])[order]
+        present = np.concatenate([p.present for p in parts] or [np.zeros(0, bool)])[order]
+        return JoinedChains(parts, part, row, present)
+
+
+@dataclass
+class JoinedChains:
+    """Rows of several :class:`FlatChains` in a new order, without copying them: row i is row
+    ``row[i]`` of ``parts[part[i]]``."""
+
+    parts: list[FlatChains]
+    part: np.ndarray
+    row: np.ndarray
+    present: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.present)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.parts[int(self.part[i])][int(self.row[i])]
 
 
 #: one partition's rows of one (source, replica) pair: scalar columns, chains, positions in the partition
