@@ -320,7 +320,12 @@ def train_on_dask(
     # each pair's part of every pack, apart: a replay task fetches its own pair's steps only
     by_key = [[client.submit(_pick, p, k, pure=False) for p in packs] for k in range(len(keys))]
     del packs
-    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    # the workers that answer now (client.run asks each; the scheduler_info cache was once empty)
+    addrs = sorted(client.run(_peak_rss_mb))
+    place = [
+        {"workers": [addrs[k % len(addrs)]], "allow_other_workers": True} if addrs else {}
+        for k in range(len(keys))
+    ]
     replays = [
         client.submit(
             replay_packed,
@@ -332,8 +337,7 @@ def train_on_dask(
             node_gpu=cfg.node_gpu,
             kv_cache_gb=cfg.kv_cache_gb,
             pure=False,
-            workers=[addrs[k % len(addrs)]] if addrs else None,
-            allow_other_workers=True,
+            **place[k],
         )
         for k in range(len(keys))
     ]
