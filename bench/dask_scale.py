@@ -174,9 +174,14 @@ def train_case(
             r["holdout"] = report.get("holdout", {})
             r["timings"] = report.get("timings", {})
             th = report.get("thresholds", {})
-            r["frontier_share"] = {  # of runs: the target, out-of-fold, held-out (same in both modes)
+            r["frontier_share"] = {  # of runs: the target, where set, held-out (same in both modes)
                 k: th.get(f"{k}_frontier_share") for k in ("target", "expected", "holdout")
             }
+            # where the thresholds were set (the calibration slice above calibration_max_rows) and
+            # what the out-of-fold rule would have escalated there: the folds' bias, if any
+            r["threshold_source"] = th.get("source", "out-of-fold")
+            r["slice_share_at_oof_up"] = th.get("slice_share_at_oof_up")
+            r["oof_expected_frontier_share"] = th.get("oof_expected_frontier_share")
             if "dask" in report:  # each worker's peak RSS (MB) as each stage ended: which stage set it
                 r["worker_peak_by_stage_mb"] = report["dask"].get("worker_peak_rss_mb", {})
         res[mode] = r
@@ -274,7 +279,14 @@ def render(doc: dict[str, Any], png: Path) -> None:
             r = res.get(mode, {})
             if "frontier_share" in r:
                 fs = " / ".join("-" if v is None else f"{100 * v:.1f}%" for v in r["frontier_share"].values())
-                con.print(f"train {size} {mode}: frontier share of runs target / out-of-fold / held-out {fs}")
+                src = r.get("threshold_source", "out-of-fold")
+                con.print(f"train {size} {mode}: frontier share of runs target / {src} / held-out {fs}")
+                if r.get("slice_share_at_oof_up") is not None:
+                    con.print(
+                        f"  {mode} out-of-fold threshold: {100 * r['oof_expected_frontier_share']:.1f}% of the "
+                        f"out-of-fold runs, {100 * r['slice_share_at_oof_up']:.1f}% of the slice's runs "
+                        "under the final model"
+                    )
             for stage, mb in r.get("worker_peak_by_stage_mb", {}).items():
                 con.print(f"  {mode} worker peak RSS after {stage}: {', '.join(f'{x:.0f}' for x in mb)} MB")
     _plot(doc, png)

@@ -5,8 +5,10 @@ No cluster here: the pieces each Dask task runs, on one generated run log.
   ``steps_of`` gives back the same cells (numpy arrays, None) in the same rows.
 - the cache replay reads token counts a chunk at a time and the chains through a reordered view:
   the labels do not depend on the chunk size.
-- features built before the replay, with the replay's pressure filled in after
-  (``_rows_pre`` + ``_rows``), are ``build_dataset``'s rows with the replay's labels.
+- the replay split into one task per (source, replica) pair, over partitions, with the synthetic
+  cap decided from every task's counts, gives the serial replay's labels and pressure (cap biting).
+- a partition's rows (``_rows``: features with the replay's columns, narrowed training rows) are
+  ``build_dataset``'s rows with the replay's labels.
 """
 
 from __future__ import annotations
@@ -70,11 +72,38 @@ def test_replay_labels_do_not_depend_on_the_chunk(raw, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def test_features_before_the_replay_are_the_serial_rows(raw):
+def test_split_replay_is_the_serial_replay(raw):
+    import zlib
+
+    from training import dask_io, dataset
+    from training.dask_replay import cache_columns, capped_runs, pack_replay_input, replay_keys, replay_packed
+
+    steps = dask_io.steps_of(dask_io.clean_partition(raw.copy()))
+    ids = sorted(set(steps["run_id"].astype(str)))
+    # two of three runs synthetic: the cap (synthetic labels up to the real labelled steps) bites
+    run_src = {r: ("synthetic" if i % 3 else "real") for i, r in enumerate(ids)}
+    y_ser, pr_ser = dataset.replay_cache_labels(steps, run_src, 64, 512, replicas=2)
+    assert np.isfinite(y_ser).any() and np.isfinite(pr_ser).any()
+    keys = replay_keys(run_src, 2)
+    assert len(keys) == 6  # sources "", real, synthetic x 2 replicas
+    part_of = np.array([zlib.crc32(r.encode()) % 3 for r in steps["run_id"].astype(str)])
+    parts = [steps[part_of == p].reset_index(drop=True) for p in range(3)]
+    packs = [pack_replay_input(p, run_src, keys, 2) for p in parts]
+    replays = [replay_packed([pk[k] for pk in packs], run_src, 64, 512, replicas=2) for k in range(len(keys))]
+    drop = capped_runs(replays)
+    assert drop and all(run_src[r] == "synthetic" for r in drop)
+    for p, part in enumerate(parts):
+        y, pr = cache_columns(part, [r[0][p] for r in replays], drop)
+        np.testing.assert_array_equal(y, y_ser[part_of == p])
+        np.testing.assert_array_equal(pr, pr_ser[part_of == p])
+
+
+def test_partition_rows_are_the_serial_rows(raw):
     from features.runlog import RunLog
     from training import dask_io
     from training.config import TrainConfig
-    from training.dask_train import META_COLS, _rows, _rows_pre
+    from training.dask_replay import pack_replay_input, replay_keys, replay_packed
+    from training.dask_train import META_COLS, _rows
     from training.dataset import build_dataset, replay_cache_labels
     from training.train import holdout_mask
 
@@ -83,7 +112,10 @@ def test_features_before_the_replay_are_the_serial_rows(raw):
     run_src = dict(zip(runs["run_id"].astype(str), runs["source"].astype(str), strict=True))
     cache = replay_cache_labels(steps, run_src, 64, 512)
     cfg = TrainConfig(runs=[Path("x")], out=Path("y"), cache_capacity_blocks=64)
-    train, held, _ = _rows(_rows_pre(steps, runs, cfg), cache, cfg)
+    keys = replay_keys(run_src, 1)
+    packs = pack_replay_input(steps, run_src, keys, 1)
+    slices = [replay_packed([packs[k]], run_src, 64, 512)[0][0] for k in range(len(keys))]
+    train, held, _ = _rows(cleaned, runs, cfg, slices, [])
     empty = steps.iloc[:0]
     ds = build_dataset(
         RunLog(runs=runs, steps=steps, arrivals=empty, rates=empty),

@@ -286,3 +286,51 @@ def test_cli_train_writes_bundle_and_report(log_path, tmp_path):
 
     assert isinstance(bad.exception, CliError) and bad.exception.exit_code == 2
     assert "target_frontier_share" in str(bad.exception) and "\n" not in str(bad.exception)
+
+
+def test_threshold_slice_only_above_the_cap_and_the_same_groups_each_time():
+    from training.calibration import threshold_slice
+
+    g = np.array([f"t{i % 50}" for i in range(1000)], dtype=object)
+    assert threshold_slice(g, 1000, None, 0.2, 0) is None
+    assert threshold_slice(g, 1000, 1000, 0.2, 0) is None  # folds not capped: out-of-fold scores
+    assert threshold_slice(g, 1000, 100, 0.0, 0) is None
+    a = threshold_slice(g, 1000, 100, 0.2, 0)
+    assert a is not None and len(a) == 5  # 50 groups x min(100 / 1000, 0.2)
+    assert a.tolist() == sorted(a.tolist()) and set(a) <= set(g)
+    # rows or distinct groups, in any order: the same slice (serial passes rows, Dask groups)
+    np.testing.assert_array_equal(a, threshold_slice(np.unique(g)[::-1], 1000, 100, 0.2, 0))
+    assert len(threshold_slice(g, 1000, 900, 0.2, 0)) == 10  # at most the share
+
+
+def test_thresholds_from_a_calibration_slice_above_the_cap(tmp_path):
+    """Above calibration_max_rows the final escalation model is fit without a slice of the groups and
+    the thresholds are set on its scores of them (its out-of-fold scores came from folds fit on at
+    most the cap, sharper final scores escalated more runs than asked); below, out-of-fold as before."""
+    from training.calibration import run_share_at, threshold_slice
+
+    path = tmp_path / "runs.parquet"
+    write_frame(records_to_frame(_log(120, seed=3)), path)
+    base = dict(runs=[path], mlflow=False, evaluate=False, n_estimators=20, escalation_n_estimators=20)
+    off = run_training(TrainConfig(out=tmp_path / "a", calibration_max_rows=None, **base))
+    assert off.report["thresholds"]["source"] == "out-of-fold"
+    lab = off.dataset.meta["y_frontier"].notna().to_numpy()
+    assert len(off.bundle.escalation.oof_raw_) == lab.sum()
+
+    res = run_training(TrainConfig(out=tmp_path / "b", calibration_max_rows=200, **base))
+    th, esc, m = res.report["thresholds"], res.bundle.escalation, res.dataset.meta
+    g = m["group"].to_numpy(dtype=object)[lab]
+    cut = threshold_slice(g, int(lab.sum()), 200, 0.2, 0)
+    assert cut is not None
+    inside = np.isin(g, cut)
+    assert th["source"] == "calibration slice" and 0 < inside.sum() < len(g)
+    assert len(esc.oof_raw_) == (~inside).sum()  # fit without the slice
+    rows = np.flatnonzero(lab)[inside]
+    X = res.dataset.escalation_X()[rows]
+    p = esc.predict_proba(X)[:, 1]
+    ids = m["run_id"].to_numpy()[rows]
+    assert th["slice_runs"] == len(set(ids.tolist()))
+    again = choose_thresholds(ids, m["step"].to_numpy()[rows], p, target_frontier_share=0.3)
+    assert th["p_frontier_up"] == again["p_frontier_up"]
+    assert th["expected_frontier_share"] == pytest.approx(run_share_at(ids, p, th["p_frontier_up"]))
+    assert th["slice_share_at_oof_up"] == pytest.approx(run_share_at(ids, p, th["oof_p_frontier_up"]))

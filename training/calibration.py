@@ -24,7 +24,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["reliability_curve", "expected_calibration_error", "choose_thresholds"]
+__all__ = [
+    "reliability_curve",
+    "expected_calibration_error",
+    "choose_thresholds",
+    "threshold_slice",
+    "run_share_at",
+]
 
 
 def reliability_curve(y: np.ndarray, p: np.ndarray, n_bins: int = 10) -> pd.DataFrame:
@@ -99,3 +105,31 @@ def choose_thresholds(
         "target_frontier_share": float(target_frontier_share),
         "expected_frontier_share": float(np.mean(mx >= up)),
     }
+
+
+def threshold_slice(
+    groups: np.ndarray, n_rows: int, cap: int | None, share: float, seed: int | None
+) -> np.ndarray | None:
+    """The groups (sorted) whose rows the final escalation model is NOT fit on, so that the
+    thresholds are set on its scores of rows it never saw (the held-out split is never used for
+    this); None when the out-of-fold scores serve (``cap`` None or ``n_rows`` <= ``cap``).
+
+    Why: above ``cap`` rows (``calibration_max_rows``) the calibration folds train on a subset of
+    about ``cap`` rows while the final model trains on all rows, so its scores are sharper than the
+    fold models' and a threshold set on the out-of-fold scores escalated more runs than asked (1M
+    steps: 30% asked, 34.7% of the held-out runs serially, 32.6% on Dask). A random subset of the
+    groups (``groups``: one entry per row or the distinct groups; seeded) holding about
+    ``min(cap, share * n_rows)`` rows; the same groups in serial and Dask training."""
+    if cap is None or n_rows <= cap or share <= 0.0:
+        return None
+    ug = np.unique(np.asarray(groups, dtype=object))
+    rng = np.random.default_rng(seed)
+    k = max(2, int(len(ug) * min(cap / n_rows, share)))
+    return np.sort(ug[rng.permutation(len(ug))[:k]])
+
+
+def run_share_at(run_ids: np.ndarray, p: np.ndarray, up: float) -> float:
+    """Share of runs whose maximum ``p`` over their rows reaches ``up`` (a run-stable policy's
+    escalated share: the rule :func:`choose_thresholds` sets ``up`` by)."""
+    mx = pd.Series(np.asarray(p, dtype=np.float64)).groupby(np.asarray(run_ids).astype(str)).max()
+    return float((mx.to_numpy() >= up).mean()) if len(mx) else float("nan")

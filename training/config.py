@@ -74,6 +74,11 @@ class TrainConfig(BaseModel):
     calibration_max_rows: int | None = Field(
         default=200_000, ge=2, description="rows for the OOF calibration"
     )
+    # above calibration_max_rows labelled rows the final escalation model is fit without a random
+    # subset of the groups holding at most this share of those rows (and at most
+    # calibration_max_rows), and the thresholds are set on its scores of them
+    # (training.calibration.threshold_slice: the capped folds' scores did not transfer); 0 = off
+    threshold_slice_share: float = Field(default=0.2, ge=0.0, lt=1.0)
     random_state: int = 0
     # LightGBM threads per fit. 1 by default: on a busy 2-core machine OpenMP threads spin-wait for
     # each other (measured 300k rows: 1 thread 5.2 s, 2 threads 12.9 s); use processes instead.

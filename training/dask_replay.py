@@ -1,12 +1,17 @@
-"""The prefix-cache replay of a Dask training job (:mod:`training.dask_train`, step 3), compact.
+"""The prefix-cache replay of a Dask training job (:mod:`training.dask_train`, step 3), compact and split.
 
-The replay behind the cache-reuse labels and the ``local_cache_pressure`` feature runs every step of
-a source through one cache in arrival order, so it is one task over the whole log. To keep that
-task's memory near the size of the data, each partition packs its replay columns where its steps
-are (:func:`pack_replay_input`: the scalar columns, and the block-hash chains as one int64 array + offsets,
-:class:`FlatChains`, instead of a Python object per step); the task joins the packs in the serial
-row order (every step by run, then step) and calls the serial
-:func:`training.dataset.replay_cache_labels` with the packed chains. No knobs.
+The replay behind the cache-reuse labels and the ``local_cache_pressure`` feature runs the steps of
+one (source, replica) pair through one cache in arrival order (:func:`training.dataset.replay_cache_labels`:
+each run goes to one replica by a crc32 of its id, and the pairs never share a cache). So the job
+runs one task per pair (:func:`replay_keys`), not one over the whole log: each holds only its pair's
+steps, and the tasks run on different workers at once. Each partition packs its replay columns where
+its steps are, already split by pair (:func:`pack_replay_input`: the scalar columns, the block-hash
+chains as one int64 array + offsets, :class:`FlatChains`, instead of a Python object per step, and
+each row's position in the partition); a task joins its pair's packs in the serial row order (by
+run, then step) and calls the serial replay with the synthetic-label cap off. The cap (keep
+synthetic labels for whole runs up to a share of the real labelled steps, lowest crc32 first) needs
+every pair's counts, so each task returns its per-run counts and the client decides which runs lose
+their labels (:func:`capped_runs`), as the serial ``_cap_synthetic_labels`` does. No knobs.
 """
 
 from __future__ import annotations
@@ -17,7 +22,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["FlatChains", "REPLAY_COLS", "pack_replay_input", "replay_packed"]
+__all__ = [
+    "FlatChains",
+    "JoinedChains",
+    "REPLAY_COLS",
+    "ReplayPart",
+    "capped_runs",
+    "pack_replay_input",
+    "replay_keys",
+    "replay_packed",
+    "cache_columns",
+]
 
 REPLAY_COLS = (
     "run_id",
@@ -57,57 +72,142 @@ class FlatChains:
         return cls(flat, np.concatenate([[0], np.cumsum(lens)]), present)
 
     @classmethod
-    def join(cls, parts: list[FlatChains], order: np.ndarray) -> FlatChains:
-        """The chains of ``parts`` end to end, then rows taken in ``order``."""
-        flat = np.concatenate([p.flat for p in parts])
-        shift = np.cumsum([0, *[len(p.flat) for p in parts[:-1]]])
-        lo = np.concatenate([p.offsets[:-1] + s for p, s in zip(parts, shift, strict=True)])[order]
-        hi = np.concatenate([p.offsets[1:] + s for p, s in zip(parts, shift, strict=True)])[order]
-        lens = hi - lo
-        idx = np.repeat(lo - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(lens.sum())
-        present = np.concatenate([p.present for p in parts])[order]
-        return cls(flat[idx], np.concatenate([[0], np.cumsum(lens)]), present)
+    def join(cls, parts: list[FlatChains], order: np.ndarray) -> JoinedChains:
+        """The chains of ``parts`` end to end, then rows taken in ``order``: a view that copies no
+        chain (a copy and its gather index held ~230 bytes per step, 1.1 GB in a 5M-step replay)."""
+        sizes = [len(p) for p in parts]
+        part = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)[order]
+        row = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes] or [np.zeros(0, np.int64)])[order]
+        present = np.concatenate([p.present for p in parts] or [np.zeros(0, bool)])[order]
+        return JoinedChains(parts, part, row, present)
 
 
-def pack_replay_input(steps: pd.DataFrame) -> tuple[pd.DataFrame, FlatChains]:
-    """One partition's replay input, compact: the scalar columns and the packed hash chains."""
+@dataclass
+class JoinedChains:
+    """Rows of several :class:`FlatChains` in a new order, without copying them: row i is row
+    ``row[i]`` of ``parts[part[i]]``."""
+
+    parts: list[FlatChains]
+    part: np.ndarray
+    row: np.ndarray
+    present: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.present)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.parts[int(self.part[i])][int(self.row[i])]
+
+
+#: one partition's rows of one (source, replica) pair: scalar columns, chains, positions in the partition
+_Pack = tuple[pd.DataFrame, FlatChains, np.ndarray]
+#: one replay task's answer: per partition (positions, y_cache, pressure); the labelled synthetic
+#: steps per run; the real labelled steps (the cap's inputs)
+ReplayPart = tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], pd.Series, int]
+
+
+def replay_keys(run_src: dict[str, str], replicas: int) -> list[tuple[str, int]]:
+    """The replay's independent (source, replica) pairs, one task each (source "" holds steps whose
+    run has no run record, as the serial replay reads them)."""
+    return sorted({(s, r) for s in {"", *run_src.values()} for r in range(max(1, replicas))})
+
+
+def _key_of_rows(
+    run_ids: pd.Series, run_src: dict[str, str], keys: list[tuple[str, int]], replicas: int
+) -> np.ndarray:
+    from training.dataset import _replica_of
+
+    codes, uniq = pd.factorize(run_ids.astype(str))
+    ids = [str(u) for u in uniq]
+    rep = _replica_of(ids, replicas)
+    index = {k: i for i, k in enumerate(keys)}
+    per_run = np.array(
+        [index[(run_src.get(r, ""), int(p))] for r, p in zip(ids, rep, strict=True)], dtype=np.int64
+    )
+    return per_run[codes] if len(codes) else np.zeros(0, dtype=np.int64)
+
+
+def pack_replay_input(
+    steps: pd.DataFrame, run_src: dict[str, str], keys: list[tuple[str, int]], replicas: int
+) -> list[_Pack]:
+    """One partition's replay input, compact, split by (source, replica) pair (``keys``): per pair
+    the scalar columns, the packed hash chains and the rows' positions in ``steps``."""
     cols = [c for c in REPLAY_COLS if c != "hash_ids"]
-    chains = FlatChains.pack(steps["hash_ids"] if "hash_ids" in steps else pd.Series([None] * len(steps)))
-    return steps[cols].reset_index(drop=True), chains
+    key = _key_of_rows(steps["run_id"], run_src, keys, replicas)
+    hl = steps["hash_ids"] if "hash_ids" in steps else pd.Series([None] * len(steps))
+    out = []
+    for k in range(len(keys)):
+        pos = np.flatnonzero(key == k)
+        out.append((steps[cols].iloc[pos].reset_index(drop=True), FlatChains.pack(hl.iloc[pos]), pos))
+    return out
 
 
 def replay_packed(
-    packs: list[tuple[pd.DataFrame, FlatChains]],
+    mine: list[_Pack],
     run_src: dict[str, str],
     capacity: int | None,
     block: int,
     **deployment: Any,
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The cache replay over all partitions' steps at once (step 3), in the serial row order (all
-    steps by run, then step: each partition already is, and runs never straddle partitions);
-    returns each partition's slice. ``deployment``: the serial replay's node knobs (replicas,
-    node_gpu, kv_cache_gb)."""
-    from training.dataset import replay_cache_labels
+) -> ReplayPart:
+    """The cache replay of one (source, replica) pair over every partition's steps of that pair
+    (``mine``: each partition's part of :func:`pack_replay_input` for the pair), in the serial row order (by run, then step: each
+    partition already is, and runs never straddle partitions), the synthetic cap off; returns each
+    partition's slice (positions, labels, pressure) and the cap's inputs. ``deployment``: the
+    serial replay's node knobs (replicas, node_gpu, kv_cache_gb)."""
+    from training.dataset import SYNTHETIC_SOURCES, replay_cache_labels
 
-    sizes = [len(f) for f, _ in packs]
-    allsteps = pd.concat([f for f, _ in packs], ignore_index=True)
+    sizes = [len(f) for f, _, _ in mine]
+    allsteps = pd.concat([f for f, _, _ in mine], ignore_index=True)
     # the serial order (by run id, stable) from sorted codes: no string per step is made
-    codes, _ = pd.factorize(allsteps["run_id"].astype(str), sort=True)
+    codes, uniq = pd.factorize(allsteps["run_id"].astype(str), sort=True)
     order = np.argsort(codes, kind="stable")
-    del codes
-    chains = FlatChains.join([c for _, c in packs], order)
+    chains = FlatChains.join([c for _, c, _ in mine], order)
     y_o, pr_o = replay_cache_labels(
         allsteps.iloc[order].reset_index(drop=True),
         run_src,
         capacity,
         block,
         hash_chains=chains,
+        synthetic_sources=(),
         **deployment,
     )
+    del chains, allsteps
     y, pr = np.empty_like(y_o), np.empty_like(pr_o)
     y[order], pr[order] = y_o, pr_o
+    del y_o, pr_o, order
+    ids = np.asarray([str(u) for u in uniq], dtype=object)
+    synthetic = np.isin(np.array([run_src.get(r, "") for r in ids], dtype=object), list(SYNTHETIC_SOURCES))[
+        codes
+    ]
+    labelled = ~np.isnan(y)
+    lab = synthetic & labelled
+    per_run = pd.Series(np.ones(int(lab.sum()))).groupby(ids[codes[lab]]).sum()
+    n_real = int((labelled & ~synthetic).sum())
     out, lo = [], 0
-    for n in sizes:
-        out.append((y[lo : lo + n], pr[lo : lo + n]))
+    for (_, _, pos), n in zip(mine, sizes, strict=True):
+        out.append((pos, y[lo : lo + n], pr[lo : lo + n]))
         lo += n
-    return out
+    return out, per_run, n_real
+
+
+def capped_runs(parts: list[ReplayPart], share: float = 1.0) -> list[str]:
+    """Runs whose synthetic cache labels the cap drops, from every replay task's counts
+    (:func:`training.dataset.capped_synthetic_runs`, the serial rule)."""
+    from training.dataset import capped_synthetic_runs
+
+    per_run = pd.concat([p[1] for p in parts]) if parts else pd.Series([], dtype=np.float64)
+    return sorted(capped_synthetic_runs(per_run, sum(p[2] for p in parts), share))
+
+
+def cache_columns(
+    steps: pd.DataFrame, slices: list[tuple[np.ndarray, np.ndarray, np.ndarray]], drop: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """One partition's (y_cache, pressure) in its row order, from its slice of every replay task,
+    with the cap's dropped runs' synthetic labels removed."""
+    n = len(steps)
+    y, pr = np.full(n, np.nan), np.full(n, np.nan)
+    for pos, ys, ps in slices:
+        y[pos], pr[pos] = ys, ps
+    if drop:  # only labelled synthetic runs are counted, so these runs are synthetic
+        y[steps["run_id"].astype(str).isin(drop).to_numpy()] = np.nan
+    return y, pr

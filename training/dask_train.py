@@ -48,7 +48,7 @@ import pandas as pd
 from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES
 from training.config import TrainConfig, TrainResult
 from training.dask_io import clean_partition, parquet_rows, read_partitioned, runs_of, steps_of, to_client
-from training.dask_replay import pack_replay_input, replay_packed
+from training.dask_replay import cache_columns, capped_runs, pack_replay_input, replay_keys, replay_packed
 from training.dataset import Dataset
 
 if TYPE_CHECKING:
@@ -63,8 +63,6 @@ _T = TypeVar("_T")
 
 __all__ = ["train_on_dask", "read_partitioned", "PartitionedDataset"]
 
-_Pre = tuple[np.ndarray, pd.DataFrame, np.ndarray]  # a partition's rows before the replay (_rows_pre)
-_PRESS = FEATURE_NAMES.index("local_cache_pressure")
 TRAIN_DTYPE = np.float32  # the training rows' features on the workers (LightGBM bins them anyway)
 META_COLS = ("run_id", "group", "source", "step", "y_frontier", "y_cache", "y_rem_steps", "y_rem_tokens")
 RUN_COLS = ("run_id", "source", "task_id", "needs_frontier", "outcome")
@@ -106,56 +104,45 @@ def _pick(xs: list[_T], i: int) -> _T:
     return xs[i]
 
 
-def _rows_pre(steps: pd.DataFrame, runs: pd.DataFrame, cfg: TrainConfig) -> _Pre:
-    """One partition's feature rows before the cache replay (step 4, first half): (features as
-    float64, the META_COLS with ``y_cache`` missing, which rows carry a logged feature vector). The
-    replay's two columns (``y_cache``, the ``local_cache_pressure`` feature) come in :func:`_rows`;
-    no other feature reads them."""
-    from features.runlog import RunLog
-    from training.dataset import build_dataset, logged_feature_rows
+def _slice(part: Any, i: int) -> Any:
+    """Partition ``i``'s slice of one replay task's answer (:data:`training.dask_replay.ReplayPart`)."""
+    return part[0][i]
 
-    if steps.empty:
-        return np.zeros((0, N_FEATURES)), _META0.copy(), np.zeros(0, dtype=bool)
-    empty = steps.iloc[:0]
-    log = RunLog(runs=runs, steps=steps, arrivals=empty, rates=empty)
-    none = np.full(len(steps), np.nan)
-    ds = build_dataset(
-        log,
-        cache_capacity_blocks=cfg.cache_capacity_blocks,
-        block_tokens=cfg.block_tokens,
-        cache_labels=(none, none),
-    )
-    # build_dataset's row order (clean_partition already sorted the steps so)
-    order = steps.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
-    logged, _ = logged_feature_rows(order)
-    return ds.X, ds.meta[list(META_COLS)], logged
+
+def _cap_counts(part: Any) -> Any:
+    """A replay task's answer without its slices: the synthetic cap's inputs only."""
+    return ([], part[1], part[2])
 
 
 def _rows(
-    pre: _Pre, cache: tuple[np.ndarray, np.ndarray], cfg: TrainConfig
+    cleaned: Any, runs: pd.DataFrame, cfg: TrainConfig, slices: list[Any], drop: list[str]
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """One partition's rows (step 4, second half): the replay's cache labels and pressure filled in
-    as :func:`training.dataset.build_dataset` fills them (the pressure feature where no logged
-    vector gives it), then (training rows, features as float32; held-out rows, features as float64,
-    as the serial held-out set has them; the training rows' :func:`_digest`, taken on the float64
-    features before they are narrowed)."""
+    """One partition's rows (step 4): :func:`training.dataset.build_dataset` (the one feature code
+    path) on its validated steps with the replay's cache labels (its ``slices`` of every replay
+    task, the cap's ``drop`` runs: :func:`training.dask_replay.cache_columns`), then (training rows,
+    features as float32; held-out rows, features as float64, as the serial held-out set has them;
+    the training rows' :func:`_digest`, taken on the float64 features before they are narrowed).
+    Only the narrowed rows outlive the task."""
+    from features.runlog import RunLog
+    from training.dataset import build_dataset
     from training.train import holdout_mask
 
-    X, meta, logged = pre
-    if not len(meta):
+    steps = steps_of(cleaned)
+    if steps.empty:
         return _empty_rows(TRAIN_DTYPE), _empty_rows(np.float64), _digest(np.zeros((0, N_FEATURES)), _META0)
-    y_cache, pressure = cache
-    meta = meta.assign(y_cache=np.asarray(y_cache, dtype=np.float64))
-    fill = ~logged & ~np.isnan(pressure)
+    empty = steps.iloc[:0]
+    ds = build_dataset(
+        RunLog(runs=runs, steps=steps, arrivals=empty, rates=empty),
+        cache_capacity_blocks=cfg.cache_capacity_blocks,
+        block_tokens=cfg.block_tokens,
+        cache_labels=cache_columns(steps, slices, drop),  # steps are in build_dataset's row order
+    )
+    del steps
+    X, meta = ds.X, ds.meta[list(META_COLS)]
     held = holdout_mask(meta["group"].to_numpy(dtype=object), cfg.holdout_share)
-    out = []
-    for m in (~held, held):
-        Xm = X[m]  # a copy (a boolean mask): the filled column is written into it, not into ``pre``
-        Xm[fill[m], _PRESS] = pressure[m][fill[m]]
-        out.append((Xm, meta[m]))
-    (Xt, mt), (Xh, mh) = out
+    Xt, mt = X[~held], meta[~held]
     digest = _digest(Xt, mt)
-    return _frame(Xt.astype(TRAIN_DTYPE), mt), _frame(Xh, mh), digest
+    return _frame(Xt.astype(TRAIN_DTYPE), mt), _frame(X[held], meta[held]), digest
 
 
 def _frame(X: np.ndarray, meta: pd.DataFrame) -> pd.DataFrame:
@@ -315,40 +302,56 @@ def train_on_dask(
     run_src = dict(zip(runs["run_id"].astype(str), runs["source"].astype(str), strict=True))
     t = lap("read_s", t0)
 
-    say(f"building features on the workers ({len(runs)} runs; cache replay as one task)")
-    runs_f = client.submit(_identity, runs, pure=False)  # a task: recomputed if its worker dies
-    # features first, without the replay's two columns, and the replay's input packed, where the
-    # steps are (one graph: each partition's steps are unpacked once for both); the client lets go
-    # of the validated partitions now, so each leaves its worker as soon as its two tasks are done,
-    # and all have left before the replay (one task over all steps, the longest) runs: they held
-    # more than the rows built from them
-    steps = [dask.delayed(steps_of)(c) for c in cleaned]
-    both = client.compute(
+    keys = replay_keys(run_src, cfg.cache_replicas)
+    say(
+        f"cache replay: {len(keys)} task(s), one per (source, replica); then features on the workers ({len(runs)} runs)"
+    )
+    # the replay first, while the workers hold only the validated partitions (the features held
+    # float64 rows of every step beside the replay's one task, which took a worker past 9 GB at 10M
+    # steps); one task per (source, replica) pair, each on the next worker, each holding its pair's
+    # steps only
+    src_f = client.submit(_identity, run_src, pure=False)  # a task: recomputed if its worker dies
+    packs = client.compute(
         [
-            *(dask.delayed(_rows_pre)(s, runs_f, cfg) for s in steps),
-            *(dask.delayed(pack_replay_input)(s) for s in steps),
+            dask.delayed(pack_replay_input)(dask.delayed(steps_of)(c), src_f, keys, cfg.cache_replicas)
+            for c in cleaned
         ]
     )
-    del cleaned, steps, runs_f
-    pre, packs = both[: len(both) // 2], both[len(both) // 2 :]
-    del both
-    wait([*pre, *packs])
-    t = lap("features_pre_s", t)
-    replay = client.submit(
-        replay_packed,
-        packs,
-        run_src,
-        cfg.cache_capacity_blocks,
-        cfg.block_tokens,
-        replicas=cfg.cache_replicas,
-        node_gpu=cfg.node_gpu,
-        kv_cache_gb=cfg.kv_cache_gb,
-        pure=False,
-    )
-    wait(replay)
+    # each pair's part of every pack, apart: a replay task fetches its own pair's steps only
+    by_key = [[client.submit(_pick, p, k, pure=False) for p in packs] for k in range(len(keys))]
     del packs
+    # the workers that answer now (client.run asks each; the scheduler_info cache was once empty)
+    addrs = sorted(client.run(_peak_rss_mb))
+    place = [
+        {"workers": [addrs[k % len(addrs)]], "allow_other_workers": True} if addrs else {}
+        for k in range(len(keys))
+    ]
+    replays = [
+        client.submit(
+            replay_packed,
+            by_key[k],
+            src_f,
+            cfg.cache_capacity_blocks,
+            cfg.block_tokens,
+            replicas=cfg.cache_replicas,
+            node_gpu=cfg.node_gpu,
+            kv_cache_gb=cfg.kv_cache_gb,
+            pure=False,
+            **place[k],
+        )
+        for k in range(len(keys))
+    ]
+    wait(replays)
+    del by_key, src_f
+    # the synthetic-label cap over every pair's counts (small: one number per labelled run)
+    drop = capped_runs(client.gather(client.map(_cap_counts, replays, pure=False)))
     t = lap("replay_s", t)
-    built = [dask.delayed(_rows)(p, dask.delayed(_pick)(replay, i), cfg) for i, p in enumerate(pre)]
+    runs_f = client.submit(_identity, runs, pure=False)
+    drop_f = client.submit(_identity, drop, pure=False)
+    built = [
+        dask.delayed(_rows)(c, runs_f, cfg, [dask.delayed(_slice)(r, i) for r in replays], drop_f)
+        for i, c in enumerate(cleaned)
+    ]
     train = dd.from_delayed(
         [dask.delayed(_pick)(b, 0) for b in built], meta=_empty_rows(TRAIN_DTYPE), verify_meta=False
     ).persist()
@@ -356,11 +359,13 @@ def train_on_dask(
         [dask.delayed(_pick)(b, 1) for b in built], meta=_empty_rows(np.float64), verify_meta=False
     ).persist()
     digests_f = client.compute([dask.delayed(_pick)(b, 2) for b in built])
+    # the client lets go of the validated partitions and the replay's answers now: each leaves its
+    # worker as soon as the rows built from it are done (the rows stay on the workers)
+    del cleaned, replays, built, runs_f, drop_f
     futs = futures_of(train)
     for k, _ in enumerate(as_completed(futs), 1):
         if on_task is not None:
             on_task(k, len(futs))
-    del pre, replay, built  # the rows stay on the workers
     n_train, n_held = (int(x) for x in dask.compute(train.shape[0], held_rows.shape[0]))
     n = n_train + n_held
     if n == 0:
@@ -417,7 +422,7 @@ def train_on_dask(
         say(f"{len(bad)} bad row(s) left out, e.g. {bad[0]}")
 
     say("fitting the escalation model (calibration folds, then final) with DaskLGBMClassifier")
-    esc, cal = _fit_escalation(client, cfg, esc_rows, int(n_esc))
+    esc, cal, sliced = _fit_escalation(client, cfg, esc_rows, int(n_esc))
     t = lap("fit_escalation_s", t)
     say("fitting the cache-reuse and remaining-work models with DaskLGBMRegressor")
     cache_est = cfg.make_cache()
@@ -483,6 +488,13 @@ def train_on_dask(
         say,
         all_runs,
         benefit_train,
+        threshold_rows=(
+            cal["run_id"].to_numpy(),
+            cal["step"].to_numpy(),
+            lambda: esc.predict_proba(cal[list(FEATURE_NAMES)].to_numpy(dtype=np.float64))[:, 1],
+        )
+        if sliced
+        else None,
     )
 
 
@@ -523,12 +535,16 @@ def _target_meta(kind: str) -> pd.DataFrame:
 
 def _fit_escalation(
     client: Client, cfg: TrainConfig, esc_rows: dd.DataFrame, n_esc: int
-) -> tuple[EscalationClassifier, pd.DataFrame]:
+) -> tuple[EscalationClassifier, pd.DataFrame, bool]:
     """The escalation estimator with Dask-trained boosters: out-of-fold calibration on the groups and
     folds :class:`models.escalation.EscalationClassifier` picks (a random subset of groups holding
     about ``calibration_max_rows`` rows; groups dealt to folds by mean label), then the final fit on
-    all labelled training rows. Returns (estimator, calibration rows with their raw OOF scores)."""
+    all labelled training rows. Above ``calibration_max_rows`` rows, the serial job's calibration
+    slice (:func:`training.calibration.threshold_slice`) is the calibration subset and the final
+    fit leaves it out, so the thresholds are set on the final model's scores of it. Returns
+    (estimator, calibration rows with their raw OOF scores, whether they are such a slice)."""
     from models.escalation import fit_calibration_map, group_folds
+    from training.calibration import threshold_slice
 
     est = cfg.make_escalation()
     by_group = esc_rows.groupby("group")["_z"].agg(["sum", "count"]).compute()
@@ -536,7 +552,10 @@ def _fit_escalation(
     by_group = by_group.loc[ug]
     cal_groups = ug
     cap = est.calibration_max_rows
-    if cap is not None and n_esc > cap:
+    cut = threshold_slice(ug, n_esc, cap, cfg.threshold_slice_share, cfg.random_state)
+    if cut is not None:  # the serial slice: the folds on it, the final model without it
+        cal_groups = cut
+    elif cap is not None and n_esc > cap:
         rng = np.random.default_rng(est.random_state)
         keep = rng.permutation(len(ug))[: max(2, int(len(ug) * cap / n_esc))]
         cal_groups = np.sort(ug[keep])
@@ -566,6 +585,7 @@ def _fit_escalation(
         method = "none"
     est.calibration_used_, est.oof_raw_ = method, oof
     est.calib_x_, est.calib_y_ = fit_calibration_map(method, oof[ok], yc[ok])
-    est.booster_ = _dask_fit(client, est, esc_rows[list(FEATURE_NAMES)], esc_rows["_z"], "binary")
+    fit = esc_rows if cut is None else esc_rows[~esc_rows["group"].isin(cut.tolist())]
+    est.booster_ = _dask_fit(client, est, fit[list(FEATURE_NAMES)], fit["_z"], "binary")
     est.classes_, est.n_features_in_ = np.array([0, 1]), N_FEATURES
-    return est, cal
+    return est, cal, cut is not None

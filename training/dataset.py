@@ -114,6 +114,7 @@ class ChainSeq(Protocol):
 __all__ = [
     "Dataset",
     "build_dataset",
+    "capped_synthetic_runs",
     "lru_replay",
     "logged_feature_rows",
     "node_cache_blocks",
@@ -295,6 +296,16 @@ def _cap_synthetic_labels(
     if n_real == 0 or not lab.any():
         return
     per_run = pd.Series(np.ones(int(lab.sum()))).groupby(run_ids[lab]).sum()
+    drop = lab & np.isin(run_ids, list(capped_synthetic_runs(per_run, n_real, share)))
+    y[drop] = np.nan
+
+
+def capped_synthetic_runs(per_run: pd.Series, n_real: int, share: float) -> set[Any]:
+    """The runs (index of ``per_run``: labelled synthetic steps per run) whose synthetic labels
+    :func:`_cap_synthetic_labels` drops: runs are kept lowest crc32 first while the kept steps stay
+    within ``share`` x ``n_real``; none is dropped when no real label exists."""
+    if n_real == 0 or not len(per_run):
+        return set()
     order = sorted(per_run.index, key=lambda r: (zlib.crc32(str(r).encode()), str(r)))
     keep, total = set(), 0
     for r in order:
@@ -303,8 +314,7 @@ def _cap_synthetic_labels(
             break
         keep.add(r)
         total += n
-    drop = lab & ~np.isin(run_ids, list(keep))
-    y[drop] = np.nan
+    return set(order) - keep
 
 
 def _frontier_labels(runs: pd.DataFrame, outcome_fallback: bool) -> dict[str, float]:

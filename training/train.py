@@ -271,8 +271,24 @@ def train_on_log(
         t = lap("cv_remaining_s", t)
 
     say("fitting the final models")
+    # above calibration_max_rows: the escalation model is fit without a slice of the groups, and
+    # the thresholds are set on its scores of that slice (training.calibration.threshold_slice)
+    from training.calibration import threshold_slice
+
+    g_esc = groups[esc_rows]
+    cut = threshold_slice(
+        g_esc, len(g_esc), cfg.calibration_max_rows, cfg.threshold_slice_share, cfg.random_state
+    )
+    in_slice = np.zeros(len(g_esc), dtype=bool) if cut is None else np.isin(g_esc, cut)
+    fit_rows = np.flatnonzero(esc_rows)[~in_slice]  # rows of train the escalation model is fit on
+    slice_rows = np.flatnonzero(esc_rows)[in_slice]
     jobs: list[FitJob] = [
-        ("escalation", cfg.make_escalation(), (X_esc[esc_rows], y_esc), {"groups": groups[esc_rows]}),
+        (
+            "escalation",
+            cfg.make_escalation(),
+            (X_esc[fit_rows], y_esc[~in_slice]),
+            {"groups": g_esc[~in_slice]},
+        ),
         ("remaining_steps", cfg.make_remaining(), (train.X, m["y_rem_steps"].to_numpy()), {}),
         ("remaining_tokens", cfg.make_remaining(), (train.X, m["y_rem_tokens"].to_numpy()), {}),
     ]
@@ -299,14 +315,21 @@ def train_on_log(
         t0,
         t,
         Fitted(esc, cache, rem_s, rem_t),
-        m["run_id"].to_numpy()[esc_rows],
-        m["step"].to_numpy()[esc_rows],
-        lambda: esc.predict_proba(X_esc[esc_rows])[:, 1],
+        m["run_id"].to_numpy()[fit_rows],
+        m["step"].to_numpy()[fit_rows],
+        lambda: esc.predict_proba(X_esc[fit_rows])[:, 1],
         train,
         held,
         oof,
         say,
         log.runs,
+        threshold_rows=None
+        if cut is None
+        else (
+            m["run_id"].to_numpy()[slice_rows],
+            m["step"].to_numpy()[slice_rows],
+            lambda: esc.predict_proba(X_esc[slice_rows])[:, 1],
+        ),
     )
 
 
@@ -336,12 +359,19 @@ def finish_training(
     say: Progress,
     runs: pd.DataFrame,
     benefit_train: Dataset | None = None,
+    threshold_rows: tuple[np.ndarray, np.ndarray, Callable[[], np.ndarray]] | None = None,
 ) -> TrainResult:
     """After the final fits (serial or Dask: :mod:`training.dask_train`): thresholds from the
     escalation model's out-of-fold calibrated probabilities (``oof_run_ids``/``oof_steps`` align with
     its ``oof_raw_``; ``fallback_p`` when it has none), the per-domain benefit model (from ``runs``,
     the run records, and ``benefit_train``: the training rows of the paired runs, ``train`` when
-    None), held-out scores, the bundle saved with its manifest, the report, MLflow."""
+    None), held-out scores, the bundle saved with its manifest, the report, MLflow.
+
+    ``threshold_rows`` (run ids, steps, the final model's calibrated p): the calibration slice the
+    final escalation model was not fit on (:func:`training.calibration.threshold_slice`); when
+    given, the thresholds are set on it, and the report keeps what the out-of-fold rule would have
+    set (``oof_p_frontier_up``) and the share of the slice's runs that would have escalated at it
+    (``slice_share_at_oof_up``: the out-of-fold scores' bias, on rows the final model never saw)."""
 
     def lap(name: str, since: float) -> float:
         now = time.perf_counter()
@@ -360,7 +390,7 @@ def finish_training(
     ok = ~np.isnan(raw)
     p_oof = esc.calibrate(raw[ok]) if ok.any() else fallback_p()
     sel = ok if ok.any() else np.ones(len(raw), dtype=bool)
-    from training.calibration import choose_thresholds
+    from training.calibration import choose_thresholds, run_share_at
 
     th = choose_thresholds(
         oof_run_ids[sel],
@@ -369,7 +399,21 @@ def finish_training(
         target_frontier_share=cfg.target_frontier_share,
         band=cfg.threshold_band,
     )
-    th_report: dict[str, float | None] = dict(th)
+    th_report: dict[str, float | str | None] = {**th, "source": "out-of-fold"}
+    if threshold_rows is not None:
+        s_ids, s_steps, s_p = threshold_rows[0], threshold_rows[1], threshold_rows[2]()
+        oof_up, oof_share = th["p_frontier_up"], th["expected_frontier_share"]
+        th = choose_thresholds(
+            s_ids, s_steps, s_p, target_frontier_share=cfg.target_frontier_share, band=cfg.threshold_band
+        )
+        th_report = {
+            **th,
+            "source": "calibration slice",
+            "slice_runs": int(len(np.unique(np.asarray(s_ids).astype(str)))),
+            "oof_p_frontier_up": oof_up,
+            "oof_expected_frontier_share": oof_share,
+            "slice_share_at_oof_up": run_share_at(s_ids, s_p, oof_up),
+        }
     report["thresholds"] = th_report
     bundle = ModelBundle(
         escalation=esc,
