@@ -209,7 +209,9 @@ def _train_dask(
 def summary_lines(r: dict[str, Any], version: str, bundle_dir: Any) -> list[str]:
     """The summary ``runroute train`` prints. The same figures carry the same labels in serial and
     ``--dask`` runs: the held-out split's (both modes have it) and the frontier share of runs
-    (target, out-of-fold, held-out); the grouped CV's only where it ran (serial with evaluation),
+    (target, where the thresholds were set: ``out-of-fold`` or, above the calibration cap, the
+    ``calibration slice`` the final model never saw, held-out); the grouped CV's only where it ran
+    (serial with evaluation),
     labelled ``CV``."""
     lines = [
         f"bundle {version} -> {bundle_dir}",
@@ -242,8 +244,8 @@ def summary_lines(r: dict[str, Any], version: str, bundle_dir: Any) -> list[str]
         lines.append(f"remaining steps held-out pinball p50 {held['remaining_steps']['pinball_p50']:.3f}")
     th = r["thresholds"]
     lines.append(f"thresholds up {th['p_frontier_up']:.3f} down {th['p_frontier_down']:.3f}")
-    share = "frontier share of runs: target {:.1%}  out-of-fold {:.1%}".format(
-        th["target_frontier_share"], th["expected_frontier_share"]
+    share = "frontier share of runs: target {:.1%}  {} {:.1%}".format(
+        th["target_frontier_share"], th.get("source", "out-of-fold"), th["expected_frontier_share"]
     )
     if th.get("holdout_frontier_share") is not None:
         share += "  held-out {:.1%}".format(th["holdout_frontier_share"])
