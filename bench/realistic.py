@@ -90,7 +90,7 @@ from sut_procs import (  # noqa: E402
     wait_ready,
 )
 
-__all__ = ["System", "main"]
+__all__ = ["System", "main", "sidecar_config"]
 
 ROOT = HERE.parent
 PEERS = ROOT.parent / "shared" / "bench-peers"
@@ -129,7 +129,10 @@ def _parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
     return label, out
 
 
-def _config(a: argparse.Namespace, bport: int, bundle: Path, logs: Path, overrides: dict[str, Any]) -> dict:
+def sidecar_config(
+    a: argparse.Namespace, bport: int, bundle: Path, logs: Path, overrides: dict[str, Any]
+) -> dict:
+    """The benches' sidecar config (``a.max_body`` sizes the body limit); ``overrides``: dotted keys."""
     backend = f"http://127.0.0.1:{bport}"
     cfg: dict[str, Any] = {
         "local": {"urls": [backend], "model": "fake-model"},
@@ -188,7 +191,7 @@ def _start_sidecar(
     if tree.resolve() == ROOT and not a.no_stalls:  # this checkout's sidecars: the stall monitor on
         ov = {"runtime.stall_monitor": True, "runtime.stall_path": str(work / f"stalls-{label}.json"), **ov}
     cfg = work / f"{label}.yaml"
-    cfg.write_text(yaml.safe_dump(_config(a, bport, bundle, work / f"logs-{label}", ov)))
+    cfg.write_text(yaml.safe_dump(sidecar_config(a, bport, bundle, work / f"logs-{label}", ov)))
     err = work / f"{label}.err"
     if workers > 1:
         proc = start_runroute(

@@ -62,6 +62,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+from realistic import sidecar_config  # noqa: E402
 from realistic_report import cell_stats  # noqa: E402
 from sut_procs import (  # noqa: E402
     core_busy,
@@ -153,19 +154,9 @@ def _redis_pids() -> list[int]:
 
 
 def _config(a: argparse.Namespace, bport: int, work: Path, label: str, prefix: str) -> Path:
-    backend = f"http://127.0.0.1:{bport}"
-    cfg = {
-        "local": {"urls": [backend], "model": "fake-model"},
-        "frontier": {"url": backend, "model": "fake-model-frontier", "allow_no_key": True},
-        "policy": {"kind": "learned"},
-        "bundle": {"path": str(a.bundle.resolve()), "watch_s": 2},
-        "runlog": {"dir": str(work / f"logs-{label}")},
-        "scrape": {"interval_s": 1},
-        "server": {"max_body_bytes": max(1 << 20, 4 * a.max_body)},
-        "store": {"kind": "redis", "redis_url": a.redis_url, "key_prefix": prefix},
-    }
+    store = {"store.kind": "redis", "store.redis_url": a.redis_url, "store.key_prefix": prefix}
     path = work / f"{label}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path.write_text(yaml.safe_dump(sidecar_config(a, bport, a.bundle, work / f"logs-{label}", store)))
     return path
 
 
