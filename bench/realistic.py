@@ -90,7 +90,7 @@ from sut_procs import (  # noqa: E402
     wait_ready,
 )
 
-__all__ = ["System", "main", "sidecar_config"]
+__all__ = ["System", "ensure_bundle", "main", "sidecar_config"]
 
 ROOT = HERE.parent
 PEERS = ROOT.parent / "shared" / "bench-peers"
@@ -152,7 +152,8 @@ def sidecar_config(
     return cfg
 
 
-def _ensure_bundle(path: Path) -> None:
+def ensure_bundle(path: Path) -> None:
+    """Train the default bundle at ``path`` once when it is missing."""
     if path.exists():
         return
     sys.path.insert(0, str(ROOT))
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="runroute-realistic-"))
     out = a.out or work
     out.mkdir(parents=True, exist_ok=True)
-    _ensure_bundle(a.bundle)
+    ensure_bundle(a.bundle)
     rates, modes = [float(r) for r in a.rates.split(",")], a.modes.split(",")
     bport = free_port()
     if a.backend == "proto":

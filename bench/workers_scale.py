@@ -62,7 +62,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from realistic import sidecar_config  # noqa: E402
+from realistic import ensure_bundle, sidecar_config  # noqa: E402
 from realistic_report import cell_stats  # noqa: E402
 from sut_procs import (  # noqa: E402
     core_busy,
@@ -312,14 +312,6 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def _ensure_bundle(path: Path) -> None:
-    if not path.exists():
-        sys.path.insert(0, str(ROOT))
-        from runroute.commands.serve import train_default_bundle
-
-        train_default_bundle(path)
-
-
 def _drop_keys(redis_url: str, prefix: str) -> None:
     try:
         import redis
@@ -386,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="runroute-workers-"))
     out = a.out or work
     out.mkdir(parents=True, exist_ok=True)
-    _ensure_bundle(a.bundle)
+    ensure_bundle(a.bundle)
     bport = free_port()
     load = CpuBudget(f"runroute-bench-{os.getpid()}-load", None)
     backend = start_backend(sys.executable, a.peers, bport, cores="0,1")
