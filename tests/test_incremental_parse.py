@@ -237,3 +237,19 @@ def test_any_conversation_parses_the_same_incrementally(opening, turns, style, e
         if ok and prev_ok and edits[i] != 3 and n_before >= 2:  # a continued conversation
             assert pc.hits == hits + 1
         prev_ok = ok
+
+
+def test_the_prefix_digest_is_seeded_per_cache():
+    """A kept prefix is matched by a digest nobody outside the process can compute: two caches fed
+    the same body keep different digests (a random seed each), and both still read the next body
+    incrementally."""
+    caches = []
+    for _ in range(2):
+        full, inc = _pair()
+        _same(full, inc, _body(OPEN + _turn(0)))
+        _same(full, inc, _body(OPEN + _turn(0) + _turn(1)))
+        pc = inc.parse_cache
+        assert pc is not None and pc.hits == 1
+        caches.append(pc)
+    (a,), (b,) = (list(c._entries.values()) for c in caches)
+    assert a.p == b.p and a.digest != b.digest

@@ -18,7 +18,7 @@ Algorithm (:class:`ParseCache`, one per protocol adapter, used by ``Adapter.read
    the end of the list's second element (its opening: system prompt and task; the first element
    when there is one), found by scanning only that far.
 2. A body read whole (one ``orjson.loads`` and every check) that passed is kept for its
-   conversation: ``P``, an xxh3 hash of ``raw[:P]``, the fields before the list (the head:
+   conversation: ``P``, a seeded 128-bit xxh3 hash of ``raw[:P]``, the fields before the list (the head:
    ``raw[:M] + b"[]}"`` parsed alone), the list's parsed elements and their deepest nesting; not
    when the fields after the list (``{"\\u0000":0`` + ``raw[E+1:]``, refused when they hold the text
    ``\\u0000``, so no client key can be the sentinel) repeat the list's key.
@@ -38,6 +38,11 @@ Algorithm (:class:`ParseCache`, one per protocol adapter, used by ``Adapter.read
 The kept elements are shared with the bodies built from them: the request path never modifies a
 parsed body in place (the forwarders splice the raw bytes; translations build new objects).
 
+Tenants: one cache serves every client key, and a kept prefix is reused only for a body whose
+first ``P`` bytes hash the same. That hash is 128-bit xxh3 with a seed drawn at random for each
+cache (``os.urandom``), so nobody outside the process can compute it, let alone craft bytes that
+collide with another client's conversation to have its messages substituted into their request.
+
 Cost: the conversation's bytes are hashed once per step (xxh3, ~10 GB/s); the scan touches only the
 opening, orjson only the new messages and the fields after them. Memory: each entry keeps its conversation's parsed messages (about the raw size, plus
 ~100 bytes per JSON container); bounded by ``server.parse_cache_runs`` entries and
@@ -48,6 +53,7 @@ Knobs: ``server.parse_cache_runs`` (0 turns the cache off), ``server.parse_cache
 
 from __future__ import annotations
 
+import os
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -257,6 +263,7 @@ class ParseCache:
         self.key = key
         self.field = key.strip(b'"').decode()
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._seed = int.from_bytes(os.urandom(8), "little")  # the prefix digest's (module docstring)
         self._bytes = 0
         self.hits = 0  # bodies read incrementally
         self.misses = 0  # bodies with a conversation key read whole
@@ -281,7 +288,7 @@ class ParseCache:
         ent = self._entries.get(ck)
         if ent is None or len(raw) <= ent.p:
             return ck, None
-        h = xxhash.xxh3_64()
+        h = xxhash.xxh3_128(seed=self._seed)
         mv = memoryview(raw)
         h.update(mv[: ent.p])
         if h.intdigest() != ent.digest:
@@ -334,7 +341,7 @@ class ParseCache:
             tail = _tail(raw, lay.e)
             if tail is None or self.field in tail or not isinstance(head, dict):
                 return
-            digest = xxhash.xxh3_64_intdigest(memoryview(raw)[:p])
+            digest = xxhash.xxh3_128_intdigest(memoryview(raw)[:p], seed=self._seed)
         self._drop(ck)
         self._entries[ck] = _Entry(p, digest, head, items, depth)
         self._bytes += p
