@@ -12,7 +12,8 @@ round robin over the runs, ``--concurrency`` at a time. Printed: CPU microsecond
 the CPU of this process's child processes over the phase from ``/proc``: the task-embedding worker
 when ``--embed on`` runs it in a process; it includes building each body, the same for every tree),
 the chat parse cache's hits and misses when the tree has one, the process's peak RSS, wall microseconds and the garbage collector's
-time per request (``gc.callbacks``, with the count of collections per generation); with ``--profile N`` the top ``N`` functions of a cProfile of the measured phase
+CPU time per request (``gc.callbacks``, with the count of collections per generation and the longest
+pause of each; also over the priming, while the heap grows to ``--runs`` runs); with ``--profile N`` the top ``N`` functions of a cProfile of the measured phase
 by own time and by cumulative time (cProfile slows Python code about 2x: read its shares, not its
 times).
 
@@ -27,7 +28,9 @@ alternated ``--repeat`` times: CPU microseconds per body, best of each.
 
 Knobs: ``--runs`` (300), ``--steps`` (50), ``--requests`` (3000), ``--concurrency`` (8),
 ``--stream``, ``--embed`` (off | on: the task embedding, default off: it is per run, not per
-request), ``--profile N``, ``--bundle`` (``runroute-bundle``), ``--seed``.
+request), ``--profile N``, ``--bundle`` (``runroute-bundle``), ``--seed``, ``--scrape-s`` (the
+replicas' ``/metrics`` scrape interval, 1 s: a cost per second, not per request;
+``bench/hotpath_instr.py`` sets it past the run, so that valgrind's slowdown does not multiply it).
 
 Usage: ``.venv/bin/python bench/hotpath_profile.py [--profile 30] [--tree ../other-checkout]``.
 """
@@ -75,6 +78,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--bundle", type=Path, default=HERE.parent / "runroute-bundle")
     ap.add_argument("--tree", type=Path, default=HERE.parent)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--scrape-s", type=float, default=1.0, help="the replicas' /metrics scrape interval")
     ap.add_argument("--repeat", type=int, default=1, help="measured phases (the best and all are printed)")
     ap.add_argument("--read-only", action="store_true", help="time only the chat body read, cache off vs on")
     return ap.parse_args(argv)
@@ -188,7 +192,8 @@ async def _lifespan(app: Any) -> tuple[asyncio.Task[None], asyncio.Queue[dict[st
 
 
 class _GcTimer:
-    """Wall time inside the garbage collector (``gc.callbacks``), per generation."""
+    """CPU time inside the garbage collector (``gc.callbacks``, ``time.thread_time``: a pause the
+    OS gave to other processes is not counted), per generation."""
 
     def __init__(self) -> None:
         import gc
@@ -200,18 +205,22 @@ class _GcTimer:
     def reset(self) -> None:
         self.n = [0, 0, 0]
         self.s = [0.0, 0.0, 0.0]
+        self.longest = [0.0, 0.0, 0.0]
 
     def _cb(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            self.t0 = time.perf_counter()
+            self.t0 = time.thread_time()
         else:
             g = info["generation"]
+            dt = time.thread_time() - self.t0
             self.n[g] += 1
-            self.s[g] += time.perf_counter() - self.t0
+            self.s[g] += dt
+            self.longest[g] = max(self.longest[g], dt)
 
     def report(self, requests: int) -> str:
         per = sum(self.s) * 1e6 / requests
-        return f"{per:.0f} us/req (collections gen0/1/2 {self.n[0]}/{self.n[1]}/{self.n[2]})"
+        n, ms = self.n, "/".join(f"{x * 1e3:.1f}" for x in self.longest)
+        return f"{per:.0f} us/req (collections gen0/1/2 {n[0]}/{n[1]}/{n[2]}, longest {ms} ms)"
 
 
 async def _run(a: argparse.Namespace) -> int:
@@ -227,7 +236,7 @@ async def _run(a: argparse.Namespace) -> int:
         "policy": {"kind": "learned"},
         "bundle": {"path": str(a.bundle.resolve()), "watch_s": 0},
         "runlog": {"dir": str(work / "logs")},
-        "scrape": {"interval_s": 1},
+        "scrape": {"interval_s": a.scrape_s},
         "server": {"max_body_bytes": 1 << 22},
         "context": {"embed": a.embed},
     }
@@ -254,7 +263,10 @@ async def _run(a: argparse.Namespace) -> int:
         for k in range(start[r]):
             await one(r, k, 0)
 
+    primed = sum(start)
+    gct = _GcTimer()
     await asyncio.gather(*(prime(r) for r in range(a.runs)))
+    priming_gc = gct.report(max(1, primed))
     order = list(range(a.runs))
     rng.shuffle(order)
     cursor = 0
@@ -270,7 +282,6 @@ async def _run(a: argparse.Namespace) -> int:
         return r, k, g
 
     results = []
-    gct = _GcTimer()
     prof = cProfile.Profile() if a.profile else None
     for _ in range(a.repeat):
         reqs = [next_request() for _ in range(a.requests)]
@@ -292,7 +303,7 @@ async def _run(a: argparse.Namespace) -> int:
 
     cache += f"; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
     await inbox.put({"type": "lifespan.shutdown"})
-    await asyncio.wait_for(task, 30)
+    await asyncio.wait_for(task, 600)  # the run log rolls into Parquet (slow under valgrind)
     mode = "stream" if a.stream else "plain"
     import router
 
@@ -305,6 +316,9 @@ async def _run(a: argparse.Namespace) -> int:
         f"hotpath {mode} tree={a.tree.name} runs={a.runs} requests={a.requests}x{a.repeat} "
         f"concurrency={a.concurrency} embed={a.embed}: CPU {best[0]:.0f} us/req (best; all: {cpus}), "
         f"wall {best[1]:.0f} us/req, non-200 {bad}; garbage collector in the best: {best[2]}{cache}"
+    )
+    print(
+        f"hotpath priming ({primed} requests, the heap growing to {a.runs} runs): garbage collector {priming_gc}"
     )
     if prof is not None:
         for key in ("tottime", "cumulative"):
