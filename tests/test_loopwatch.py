@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from router.server.loopwatch import RuntimeSettings, StallMonitor, tune_gc
+from router.server.loopwatch import RuntimeSettings, StallMonitor, refreezer, tune_gc, untune_gc
 
 
 def _blocking_step_work(seconds: float) -> None:
@@ -89,11 +89,53 @@ def test_top_keeps_the_longest(tmp_path: Path) -> None:
 def test_tune_gc_sets_threshold_and_freezes() -> None:
     before = gc.get_threshold()
     try:
-        got = tune_gc(RuntimeSettings(gc_threshold0=5000))
+        cfg = RuntimeSettings(gc_threshold0=5000)
+        got = tune_gc(cfg)
         assert gc.get_threshold()[0] == 5000 and got["frozen"] > 0
     finally:
+        untune_gc(cfg)
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other: object = None
+
+
+def test_refreeze_freezes_full_collection_survivors_and_the_periodic_full_collects_frozen_cycles() -> None:
+    """Survivors of a full collection are frozen (the next one does not walk them); an acyclic
+    frozen object is still freed by reference counting; a cycle that became garbage after its
+    freeze is collected by the periodic full collection (``Refreezer.full``)."""
+    import weakref
+
+    r = refreezer()
+
+    async def main() -> None:
+        acyclic, cyc_a, cyc_b = _Node(), _Node(), _Node()
+        cyc_a.other, cyc_b.other = cyc_b, cyc_a
+        w_acyclic, w_cycle = weakref.ref(acyclic), weakref.ref(cyc_a)
+        r.start(3600)
+        try:
+            assert r._cb in gc.callbacks
+            gc.unfreeze()
+            before = r.refreezes
+            gc.collect()  # a full collection: its survivors (our three nodes among them) are frozen
+            assert r.refreezes == before + 1 and gc.get_freeze_count() > 0
+            assert gc.get_count()[0] < 100  # the young generation was emptied into the frozen set
+            del acyclic
+            assert w_acyclic() is None  # reference counting still frees a frozen object
+            del cyc_a, cyc_b
+            gc.collect()  # walks only what survived since: the frozen cycle stays
+            assert w_cycle() is not None
+            r.full()  # everything unfrozen, collected once, survivors frozen again
+            assert w_cycle() is None and gc.get_freeze_count() > 0
+        finally:
+            r.stop()
+            gc.unfreeze()
+        assert r._cb not in gc.callbacks and r._task is None
+
+    asyncio.run(main())
 
 
 def test_runtime_settings_refuse_bad_values() -> None:

@@ -49,7 +49,7 @@ from router.server.errors import error_response
 from router.server.hotpath.proxy import Proxy
 from router.server.hotpath.upstream import AiohttpUpstream, Upstream
 from router.server.limits import BodyError, read_body_guarded, replay_receive, timed_receive, uvicorn_options
-from router.server.loopwatch import StallMonitor, tune_gc
+from router.server.loopwatch import StallMonitor, tune_gc, untune_gc
 from router.server.metrics.registry import RouterMetrics
 from router.server.metrics.scrape import Scraper
 from router.server.protocols.messages import anthropic_error
@@ -286,6 +286,7 @@ def create_app(
         try:
             yield
         finally:
+            untune_gc(s.runtime)
             if stalls is not None:
                 stalls.stop()
             await proxy.lifecycle.stop()

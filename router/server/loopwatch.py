@@ -34,11 +34,27 @@ load does not walk them, and the generation-0 threshold can be raised (``gc_thre
 default 700 collects every 700 net allocations of containers, which a 200 KB JSON body passes many
 times over) so that young collections run less often.
 
+Survivors refrozen (:class:`Refreezer`, ``gc_refreeze``): the state that grows under load (the parse
+cache's kept messages, the runs' histories, the Responses store: hundreds of thousands of containers
+with 1,000 live runs) is created after start-up, so the start-up freeze does not cover it and every
+automatic full collection walked all of it: one 200-600 ms pause of the loop each time the heap had
+grown by a quarter (``bench/hotpath_profile.py --runs 1000``: the longest pause of each generation).
+Instead, right after each full collection (the collector's ``stop`` callback for generation 2, when
+every tracked object has just been examined, so no unreachable cycle is left to freeze) the
+survivors are frozen too: the next full collection walks only what survived since, and the pause
+stays proportional to the recent growth, not to the heap. Frozen objects are still freed by
+reference counting (an evicted cache entry, an ended run's history); only a reference *cycle* among
+them that becomes garbage after its freeze waits for the periodic full collection: every
+``gc_full_s`` seconds (a background task) everything is unfrozen, collected once and frozen again,
+so such garbage lives at most that long (one long pause per period instead of one per 25% growth).
+
 Knobs (``runtime.*`` in the sidecar's settings): ``stall_monitor`` (bool, False), ``stall_threshold_ms``
 (20), ``stall_beat_ms`` (5), ``stall_check_ms`` (10), ``stall_top`` (20), ``stall_depth`` (12 frames),
 ``stall_path`` (JSON file, None; ``{pid}`` in it becomes the process id: one file per
 ``serve --workers`` process), ``stall_write_s`` (30; 0 = only at stop), ``gc_freeze`` (True),
-``gc_threshold0`` (None = Python's default), ``gc_threshold1`` / ``gc_threshold2`` (None = default).
+``gc_threshold0`` (None = Python's default), ``gc_threshold1`` / ``gc_threshold2`` (None = default),
+``gc_refreeze`` (True), ``gc_full_s`` (600; 0 = never: cyclic garbage among refrozen objects is
+then kept until the process ends).
 """
 
 from __future__ import annotations
@@ -58,7 +74,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RuntimeSettings", "StallMonitor", "tune_gc"]
+__all__ = ["Refreezer", "RuntimeSettings", "StallMonitor", "refreezer", "tune_gc", "untune_gc"]
 
 log = logging.getLogger("runroute.loopwatch")
 
@@ -83,6 +99,70 @@ class RuntimeSettings(BaseModel):
     gc_threshold0: int | None = Field(default=None, ge=1)
     gc_threshold1: int | None = Field(default=None, ge=1)
     gc_threshold2: int | None = Field(default=None, ge=1)
+    gc_refreeze: bool = True
+    gc_full_s: float = Field(default=600.0, ge=0)
+
+
+class Refreezer:
+    """Freeze the survivors of every full collection; a full collection of everything every
+    ``full_s`` (module docstring). One per process (:func:`refreezer`): apps of one process share it
+    (``start`` / ``stop`` count them); the callback is in ``gc.callbacks`` while any is started."""
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.refreezes = 0  # full collections whose survivors were frozen
+        self.full_runs = 0  # periodic full collections of everything
+        self._task: asyncio.Task[None] | None = None
+
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            gc.freeze()
+            self.refreezes += 1
+
+    def start(self, full_s: float) -> None:
+        """Install the callback (and, with ``full_s`` > 0, the periodic full collection on the running loop)."""
+        self.users += 1
+        if self._cb not in gc.callbacks:
+            gc.callbacks.append(self._cb)
+        t = self._task
+        if t is not None and (t.done() or t.get_loop().is_closed()):
+            t = self._task = None
+        if full_s > 0 and t is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no running loop (a script, a test): no periodic collection
+                return
+            self._task = loop.create_task(self._periodic(full_s))
+
+    def stop(self) -> None:
+        """One user fewer; the last removes the callback and the periodic task."""
+        self.users = max(0, self.users - 1)
+        if self.users:
+            return
+        if self._cb in gc.callbacks:
+            gc.callbacks.remove(self._cb)
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def full(self) -> None:
+        """Unfreeze everything and collect it once; the callback freezes the survivors again."""
+        gc.unfreeze()
+        gc.collect()
+        self.full_runs += 1
+
+    async def _periodic(self, full_s: float) -> None:
+        while True:
+            await asyncio.sleep(full_s)
+            self.full()
+
+
+_REFREEZER = Refreezer()
+
+
+def refreezer() -> Refreezer:
+    """The process's :class:`Refreezer`."""
+    return _REFREEZER
 
 
 def tune_gc(cfg: RuntimeSettings) -> dict[str, Any]:
@@ -97,7 +177,15 @@ def tune_gc(cfg: RuntimeSettings) -> dict[str, Any]:
         gc.collect()
         gc.freeze()
         frozen = gc.get_freeze_count()
-    return {"threshold": tuple(t), "frozen": frozen}
+    if cfg.gc_refreeze:  # needs a running loop for the periodic full collection (the lifespan's)
+        _REFREEZER.start(cfg.gc_full_s)
+    return {"threshold": tuple(t), "frozen": frozen, "refreeze": cfg.gc_refreeze}
+
+
+def untune_gc(cfg: RuntimeSettings) -> None:
+    """Undo what :func:`tune_gc` started (the refreeze callback and its task) at shutdown."""
+    if cfg.gc_refreeze:
+        _REFREEZER.stop()
 
 
 def _site(stack: list[str]) -> str:
