@@ -91,6 +91,43 @@ def test_an_edited_earlier_message_takes_the_full_parse():
     assert pc.hits == 2
 
 
+def test_the_fields_after_the_list_are_reused_only_when_their_bytes_repeat():
+    """Steps that send the same fields after the list reuse the accepted body's parsed fields,
+    depth and checks (``same_outside``); changed fields (bad tools, a deeper value) and another
+    depth limit are parsed and checked afresh: every outcome is the full parse's."""
+    full, inc = _pair()
+    pc = inc.parse_cache
+    assert pc is not None
+    deep_tool = {"type": "function", "function": {"name": "f", "parameters": {"a": {"b": {"c": [1]}}}}}
+    extra = {"tools": [deep_tool], "temperature": 0}
+    msgs = OPEN + _turn(0)
+    _same(full, inc, _body(msgs, **extra))  # read whole: the outside fields are not kept yet
+    for k in range(1, 4):
+        msgs = msgs + _turn(k)
+        ck, parsed = pc.try_incremental(_body(msgs, **extra))
+        assert parsed is not None and parsed.same_outside == (k > 1)
+        _same(full, inc, _body(msgs, **extra))
+    assert pc.hits == 3
+    depth = _outcome(full, _body(msgs, **extra))
+    # the same bytes under a lower depth limit: counted again, the full parse's error
+    for limit in (7, 6, 64):
+        _same(full, inc, _body(msgs + _turn(9), **extra), max_depth=limit)
+    assert depth[0] == "ok"
+    bad = {"tools": [{"type": "function", "function": {}}], "temperature": 0}
+    got = _same(full, inc, _body(msgs + _turn(10), **bad))
+    assert got[0] == "error" and got[2] == "invalid_tools"
+    deeper = {"tools": [deep_tool, {"x": [[[[[[[1]]]]]]]}], "temperature": 0}
+    got = _same(full, inc, _body(msgs + _turn(11), **deeper), max_depth=8)
+    assert got[0] == "error" and got[2] == "body_too_deep"
+    msgs = msgs + _turn(9) + _turn(12)
+    _same(full, inc, _body(msgs, **extra))  # and back to the kept fields
+    assert pc.hits == 5
+    # a body that ends with the kept bytes after a new field whose value ends in "]": the byte before
+    # them is not the list's end (the new elements do not parse up to it), found by the scan instead
+    got = _same(full, inc, _body(msgs + _turn(13), x=[1], **extra))
+    assert got[0] == "ok" and got[1]["x"] == [1] and pc.hits == 6
+
+
 @pytest.mark.parametrize(
     "new, extra",
     [

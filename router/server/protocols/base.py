@@ -297,19 +297,29 @@ class Adapter(ABC):
             dm = json_depth(m, max_depth)
             if dm > d:
                 d = dm
-        depth = 1 + d  # the list's
-        for k, v in body.items():
-            if k != field_:
-                dv = json_depth(v, max_depth)
-                if dv > depth:
-                    depth = dv
+        out = parsed.outside
+        same = parsed.same_outside and out is not None and out.max_depth == max_depth
+        if same:  # the fields outside the list are an accepted body's (incremental module doc, 3)
+            assert out is not None
+            od = out.depth
+        else:
+            od = 0
+            for k, v in body.items():
+                if k != field_:
+                    dv = json_depth(v, max_depth)
+                    if dv > od:
+                        od = dv
+            if out is not None:  # kept with the entry once this body is accepted
+                out.depth, out.max_depth = od, max_depth
+        depth = max(1 + d, od)  # 1 + d: the list's
         if depth + 1 > max_depth:
             return None
         try:
             if not self.validate_incremental(body, parsed.new):
                 return None
             requested, alias = resolve_model(body.get("model"), models, aliases)
-            self.validate_options(body)
+            if not same:
+                self.validate_options(body)
         except ProxyError:
             return None
         stream = body.get("stream", False) is True

@@ -29,8 +29,14 @@ Algorithm (:class:`ParseCache`, one per protocol adapter, used by ``Adapter.read
    parse the body is valid and its value is the head with the list set and then each tail field set
    in order: the same dict, key order and duplicate-key outcome (last value, first position) as one
    ``orjson.loads``. Only the new elements are validated (by the adapter); the fields outside the
-   list are validated whole, as before, and the nesting depth is the kept elements' depth combined
-   with the new parts'.
+   list are validated whole, and the nesting depth is the kept elements' depth combined with the
+   new parts' and the outside fields'. An agent sends the same fields outside the list at every
+   step (tools, sampling options): when the bytes after the list equal those of the body the entry
+   was kept for (accepted, so its outside fields passed every check), their parsed fields, depth and
+   checks are that body's (the head is inside the hashed prefix, so it is the same too); any other
+   bytes are parsed and checked afresh. Those bytes also give the list's end at once: when the body
+   ends with them and ``[0`` + the bytes from ``P`` up to the one before them parses, that byte is
+   the list's ``]`` (orjson's failing parse that finds ``E'`` otherwise is not needed).
 4. Anything else (no entry, another prefix: a client that edited an earlier message, a layout the
    scan does not follow, a piece that does not parse, any validation error) takes the full path:
    one ``orjson.loads`` and the whole validation, so errors are exactly those of the full parse.
@@ -46,7 +52,8 @@ collide with another client's conversation to have its messages substituted into
 Cost: the conversation's bytes are hashed once per step (xxh3, ~10 GB/s); the scan touches only the
 opening, orjson only the new messages and the fields after them. Memory: each entry keeps its conversation's parsed messages (about the raw size, plus
 ~100 bytes per JSON container); bounded by ``server.parse_cache_runs`` entries and
-``server.parse_cache_mb`` (the sum of the kept prefixes' raw sizes), least recently used out.
+``server.parse_cache_mb`` (the sum of the kept prefixes' and outside bytes' raw sizes), least
+recently used out.
 
 Knobs: ``server.parse_cache_runs`` (0 turns the cache off), ``server.parse_cache_mb``.
 """
@@ -62,7 +69,7 @@ from typing import Any
 import orjson
 import xxhash
 
-__all__ = ["ParseCache", "Parsed", "Layout", "scan_list", "opening_key"]
+__all__ = ["ParseCache", "Parsed", "Outside", "Layout", "scan_list", "opening_key"]
 
 _SPECIAL = re.compile(rb'["\[\]{}]')  # the next quote or bracket
 _WS = b" \t\r\n"
@@ -219,7 +226,11 @@ def opening_key(raw: bytes, key: bytes = b'"messages"') -> int | None:
 
 def _tail(raw: bytes, e: int) -> dict[str, Any] | None:
     """The fields after the list (``raw[e+1:]``), or None (refused or not JSON)."""
-    rest = raw[e + 1 :]
+    return _tail_of(raw[e + 1 :])
+
+
+def _tail_of(rest: bytes) -> dict[str, Any] | None:
+    """The fields in ``rest`` (the bytes after the list's ``]``), or None (refused or not JSON)."""
     if b"\\u0000" in rest:
         return None
     try:
@@ -233,12 +244,30 @@ def _tail(raw: bytes, e: int) -> dict[str, Any] | None:
 
 
 @dataclass(slots=True)
+class Outside:
+    """The fields outside the list of an accepted body (module docstring, 3): the bytes after the
+    list, their parsed fields, and the deepest json_depth of every field but the list (counted
+    with ``max_depth``; -1: not counted yet)."""
+
+    rest: bytes
+    tail: dict[str, Any]
+    depth: int
+    max_depth: int
+
+
+@dataclass(slots=True)
 class _Entry:
     p: int
     digest: int
     head: dict[str, Any]
     items: list[Any]
     depth: int  # the deepest element's json_depth (0 without elements)
+    outside: Outside | None = None  # the accepted body's fields outside the list, when known
+
+    @property
+    def size(self) -> int:
+        """The bytes it counts against ``max_bytes``: the kept prefix and the kept outside bytes."""
+        return self.p + (len(self.outside.rest) if self.outside is not None else 0)
 
 
 @dataclass(slots=True)
@@ -252,6 +281,11 @@ class Parsed:
     incremental: bool
     p: int | None = None  # incremental: the end of the last element (None: not an object)
     digest: int = 0  # incremental: xxh3 of raw[:p]
+    # the fields outside the list: the kept ones of an accepted body when this body's are the same
+    # bytes (``same_outside``: their depth and checks are that body's), else new ones whose depth
+    # the caller counts (``Outside.depth``), kept with the entry once the body is accepted
+    outside: Outside | None = None
+    same_outside: bool = False
 
 
 class ParseCache:
@@ -293,17 +327,34 @@ class ParseCache:
         h.update(mv[: ent.p])
         if h.intdigest() != ent.digest:
             return ck, None
-        e = _list_end(raw, ent.p, b"[0")
-        if e is None:
-            return ck, None
+        kept = ent.outside
+        new: Any = None
+        e = len(raw) - 1 - len(kept.rest) if kept is not None else -1
+        if e >= ent.p and raw[e] == _CLOSE_SQ and raw.endswith(kept.rest):  # type: ignore[union-attr]
+            # the accepted body's outside bytes end this one: the list's ``]`` is the byte before
+            # them when the new elements parse up to it (the failing parse of _list_end not needed)
+            try:
+                new = orjson.loads(b"[0" + raw[ent.p : e + 1])
+            except orjson.JSONDecodeError:
+                new = None
+        if new is None:
+            e2 = _list_end(raw, ent.p, b"[0")
+            if e2 is None:
+                return ck, None
+            e = e2
+            try:
+                new = orjson.loads(b"[0" + raw[ent.p : e + 1])
+            except orjson.JSONDecodeError:
+                return ck, None
         p = _last_object_end(raw, ent.p, e)
-        try:
-            new = orjson.loads(b"[0" + raw[ent.p : e + 1])
-        except orjson.JSONDecodeError:
-            return ck, None
-        tail = _tail(raw, e)
-        if tail is None or self.field in tail:
-            return ck, None
+        rest = raw[e + 1 :]
+        if kept is not None and rest == kept.rest:  # the accepted body's fields again
+            tail, outside, same = kept.tail, kept, True
+        else:
+            t = _tail_of(rest)
+            if t is None or self.field in t:
+                return ck, None
+            tail, outside, same = t, Outside(rest, t, -1, -1), False
         del new[0]
         body = dict(ent.head)
         body[self.field] = ent.items + new
@@ -311,7 +362,7 @@ class ParseCache:
             body[k] = v
         if p is not None:
             h.update(mv[ent.p : p])
-        return ck, Parsed(body, new, ent.depth, True, p, h.intdigest())
+        return ck, Parsed(body, new, ent.depth, True, p, h.intdigest(), outside, same)
 
     def remember(self, ck: int, raw: bytes, parsed: Parsed, depth: int) -> None:
         """Keep ``raw``'s state for the conversation ``ck`` after its body was accepted (validated);
@@ -326,6 +377,7 @@ class ParseCache:
                 self._drop(ck)
                 return
             p, digest, head = parsed.p, parsed.digest, old.head
+            outside = parsed.outside if parsed.outside is not None and parsed.outside.depth >= 0 else None
         else:
             self.misses += 1
             # the body parsed whole (valid JSON), so the scan's layout is exact; the value at the
@@ -342,14 +394,15 @@ class ParseCache:
             if tail is None or self.field in tail or not isinstance(head, dict):
                 return
             digest = xxhash.xxh3_128_intdigest(memoryview(raw)[:p], seed=self._seed)
+            outside = None  # counted at the conversation's next step
         self._drop(ck)
-        self._entries[ck] = _Entry(p, digest, head, items, depth)
-        self._bytes += p
+        self._entries[ck] = _Entry(p, digest, head, items, depth, outside)
+        self._bytes += self._entries[ck].size
         while self._entries and (len(self._entries) > self.runs or self._bytes > self.max_bytes):
             _, ev = self._entries.popitem(last=False)
-            self._bytes -= ev.p
+            self._bytes -= ev.size
 
     def _drop(self, ck: int) -> None:
         old = self._entries.pop(ck, None)
         if old is not None:
-            self._bytes -= old.p
+            self._bytes -= old.size
