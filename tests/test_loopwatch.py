@@ -138,6 +138,26 @@ def test_refreeze_freezes_full_collection_survivors_and_the_periodic_full_collec
     asyncio.run(main())
 
 
+def test_refreeze_ends_with_a_loop_that_closed_without_a_stop() -> None:
+    """An app whose loop ended without its shutdown leaves no refreezing behind: the next full
+    collection removes the callback (nothing would run the periodic full collection any more)."""
+    r = refreezer()
+
+    async def main() -> None:
+        r.start(3600)
+
+    asyncio.run(main())  # the loop closes with the periodic task pending, no stop
+    try:
+        assert r._cb in gc.callbacks
+        frozen = gc.get_freeze_count()
+        gc.collect()
+        assert r._cb not in gc.callbacks and r._task is None and r.users == 0
+        assert gc.get_freeze_count() == frozen
+    finally:
+        r.stop()
+        gc.unfreeze()
+
+
 def test_runtime_settings_refuse_bad_values() -> None:
     with pytest.raises(ValueError):
         RuntimeSettings(stall_threshold_ms=0)

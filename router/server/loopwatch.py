@@ -116,6 +116,11 @@ class Refreezer:
 
     def _cb(self, phase: str, info: dict[str, int]) -> None:
         if phase == "stop" and info["generation"] == 2:
+            t = self._task
+            if t is not None and t.get_loop().is_closed():  # its app's loop ended without a stop
+                self.users = 1
+                self.stop()
+                return
             gc.freeze()
             self.refreezes += 1
 
