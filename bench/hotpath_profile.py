@@ -22,7 +22,8 @@ not have (the HTTP server and client, which both pay, are left out), so it is wh
 the bare proxy is won; it is deterministic enough to compare two trees on a shared machine
 (``--tree`` runs another checkout's code: its packages first on ``sys.path``).
 
-``--read-only``: instead, only the chat adapter's body read (parse + validation) over the same
+``--read-only``: instead, only the chat adapter's body read (``--protocol messages``: the Messages
+adapter's, over the same conversations as Messages bodies) (parse + validation) over the same
 bodies (steps in order, runs interleaved), this tree's code with its parse cache off and on,
 alternated ``--repeat`` times: CPU microseconds per body, best of each.
 
@@ -81,6 +82,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--scrape-s", type=float, default=1.0, help="the replicas' /metrics scrape interval")
     ap.add_argument("--repeat", type=int, default=1, help="measured phases (the best and all are printed)")
     ap.add_argument("--read-only", action="store_true", help="time only the chat body read, cache off vs on")
+    ap.add_argument("--protocol", choices=["chat", "messages"], default="chat", help="--read-only's bodies")
     return ap.parse_args(argv)
 
 
@@ -330,29 +332,34 @@ async def _run(a: argparse.Namespace) -> int:
 
 def _read_only(a: argparse.Namespace) -> int:
     """``--read-only`` (module docstring)."""
-    from realistic_load import ChatBodies
+    from realistic_load import ChatBodies, MessagesBodies
 
     from router.server.protocols.chat import ChatAdapter
+    from router.server.protocols.messages import MessagesAdapter
 
-    bodies = ChatBodies("auto", a.steps, 2048, 204800, False, "header")
+    kind = MessagesBodies if a.protocol == "messages" else ChatBodies
+    adapter = MessagesAdapter if a.protocol == "messages" else ChatAdapter
+    bodies = kind("auto", a.steps, 2048, 204800, False, "header")
     runs = min(a.runs, 60)
     raws = [bodies.body(r, 0, k, f"rr-{r:04d}") for k in range(a.steps) for r in range(runs)]
     kb = sum(map(len, raws)) / len(raws) / 1024
     res: dict[str, list[float]] = {"off": [], "on": []}
     for _ in range(max(1, a.repeat)):
         for mode in ("off", "on"):
-            ad = ChatAdapter()
+            ad = adapter()
             if mode == "on":
                 if not hasattr(ad, "use_parse_cache"):
                     raise SystemExit("hotpath: --read-only needs a tree with the parse cache")
                 ad.use_parse_cache(4096, 1 << 30)
+                if ad.parse_cache is None:
+                    print(f"hotpath: this tree's {a.protocol} adapter has no incremental parse")
             c0 = time.process_time()
             for raw in raws:
                 ad.read(raw, {}, None, 64)
             res[mode].append((time.process_time() - c0) * 1e6 / len(raws))
     fmt = {m: ", ".join(f"{v:.0f}" for v in vs) for m, vs in res.items()}
     print(
-        f"hotpath read-only tree={a.tree.name} bodies={len(raws)} ({runs} runs x {a.steps} steps, "
+        f"hotpath read-only {a.protocol} tree={a.tree.name} bodies={len(raws)} ({runs} runs x {a.steps} steps, "
         f"mean {kb:.0f} KB): parse cache off {min(res['off']):.0f} us/body (all: {fmt['off']}), "
         f"on {min(res['on']):.0f} us/body (all: {fmt['on']})"
     )

@@ -16,16 +16,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from router.server.errors import ProxyError
+from router.server.protocols.base import Adapter
 from router.server.protocols.chat import ChatAdapter
 from router.server.protocols.incremental import ParseCache, opening_key, scan_list
+from router.server.protocols.messages import MessagesAdapter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from realistic_load import ChatBodies  # noqa: E402
+from realistic_load import ChatBodies, MessagesBodies  # noqa: E402
 
 MODELS = {"fake-model": "local"}
 
 
-def _outcome(a: ChatAdapter, raw: bytes, max_depth: int = 64) -> tuple[Any, ...]:
+def _outcome(a: Adapter, raw: bytes, max_depth: int = 64) -> tuple[Any, ...]:
     try:
         r = a.read(raw, MODELS, None, max_depth)
     except ProxyError as e:
@@ -40,7 +42,7 @@ def _pair() -> tuple[ChatAdapter, ChatAdapter]:
     return full, inc
 
 
-def _same(full: ChatAdapter, inc: ChatAdapter, raw: bytes, max_depth: int = 64) -> tuple[Any, ...]:
+def _same(full: Adapter, inc: Adapter, raw: bytes, max_depth: int = 64) -> tuple[Any, ...]:
     want = _outcome(full, raw, max_depth)
     got = _outcome(inc, raw, max_depth)
     assert got == want
@@ -290,3 +292,104 @@ def test_the_prefix_digest_is_seeded_per_cache():
         caches.append(pc)
     (a,), (b,) = (list(c._entries.values()) for c in caches)
     assert a.p == b.p and a.digest != b.digest
+
+
+_block = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": _text}),
+    st.fixed_dictionaries(
+        {"type": st.just("tool_use"), "id": _text, "name": _text, "input": st.just({"a": [1, {"b": 2}]})}
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("tool_result"), "tool_use_id": _text},
+        optional={
+            "content": _text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _text})),
+            "is_error": st.booleans() | st.just("yes"),
+        },
+    ),
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "tool_use", "bogus"])}),  # refused blocks
+)
+_amessage = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "user", "assistant", "system"])},
+    optional={"content": _text | st.lists(_block, max_size=3) | st.just(5)},
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(_amessage, min_size=1, max_size=4),
+    st.lists(st.lists(_amessage, max_size=3), min_size=1, max_size=4),
+    _style,
+    st.lists(st.integers(0, 7), min_size=4, max_size=4),
+    st.booleans(),
+)
+def test_any_messages_conversation_parses_the_same_incrementally(opening, turns, style, edits, fields_first):
+    """Anthropic Messages bodies (``messages``, the list an agent's steps grow): random blocks (text,
+    tool use and results, refused ones), roles, serialisations, fields before or after the list
+    (``max_tokens`` sometimes missing or bad, the system prompt, tools), appended turns and edits of
+    earlier messages: every step's outcome equals the full parse's, continued conversations hit."""
+    full, inc = MessagesAdapter(), MessagesAdapter()
+    inc.use_parse_cache(64, 64 << 20)
+    pc = inc.parse_cache
+    assert full.parse_cache is None and pc is not None
+    msgs = list(opening)
+    prev_ok = False
+    tools = [{"name": "f", "input_schema": {"type": "object"}}]
+    for i, turn in enumerate(turns):
+        msgs = msgs + list(turn)
+        if edits[i] == 3 and len(msgs) > 1:  # edit an earlier message
+            msgs = [{"role": "user", "content": "edited"}] + msgs[1:]
+        fields: dict[str, Any] = {"system": "You are an agent.", "tools": tools}
+        fields["max_tokens"] = {5: None, 6: "64"}.get(edits[i], 64)
+        if fields["max_tokens"] is None:
+            del fields["max_tokens"]
+        body: dict[str, Any] = dict(fields) if fields_first else {}
+        body.update(model="auto", messages=msgs, stream=bool(edits[i] & 1))
+        if not fields_first:
+            body.update(fields)
+        hits, n_before = pc.hits, len(msgs) - len(turn)
+        got = _same(full, inc, _dump(body, style))
+        ok = got[0] == "ok"
+        if ok and prev_ok and edits[i] != 3 and n_before >= 2:  # a continued conversation
+            assert pc.hits == hits + 1
+        prev_ok = ok
+
+
+def test_growing_messages_bodies_parse_incrementally_to_the_same_request():
+    full, inc = MessagesAdapter(), MessagesAdapter()
+    inc.use_parse_cache(64, 64 << 20)
+    bodies = MessagesBodies("auto", 20, 2048, 40_000, False, "header")
+    for run in range(3):
+        for k in range(20):
+            _same(full, inc, bodies.body(run, 0, k, f"r{run}"))
+    pc = inc.parse_cache
+    assert pc is not None and pc.hits == 3 * 19 and pc.misses == 3
+
+
+@pytest.mark.parametrize(
+    "new, fields",
+    [
+        ([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": "x"}]}], {}),
+        ([{"role": "system", "content": "x"}], {}),
+        ([{"role": "user", "content": [{"type": "bogus"}]}], {}),
+        ([{"role": "user", "content": "ok"}], {"max_tokens": "64"}),
+        ([{"role": "user", "content": "ok"}], {"max_tokens": None}),
+        ([{"role": "user", "content": "ok"}], {"tools": [{"name": 5}]}),
+        ([{"role": "user", "content": "ok"}], {"system": 5}),
+        ([{"role": "user", "content": "ok"}], {"stream": "yes"}),
+    ],
+)
+def test_bad_new_messages_input_gives_the_full_parses_error(new, fields):
+    full, inc = MessagesAdapter(), MessagesAdapter()
+    inc.use_parse_cache(64, 64 << 20)
+    pc = inc.parse_cache
+    assert pc is not None
+    base: dict[str, Any] = {"model": "auto", "max_tokens": 64}
+    msgs = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "step"}]
+    _same(full, inc, orjson.dumps({**base, "messages": msgs}))
+    msgs = msgs + [{"role": "user", "content": "more"}]
+    _same(full, inc, orjson.dumps({**base, "messages": msgs}))
+    assert pc.hits == 1
+    body = {**base, "messages": msgs + new, **fields}
+    body = {k: v for k, v in body.items() if v is not None}
+    got = _same(full, inc, orjson.dumps(body))
+    assert got[0] == "error"

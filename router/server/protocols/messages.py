@@ -107,7 +107,13 @@ def validate(body: object, *, need_max_tokens: bool = True) -> None:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise _bad("messages: must be a non-empty list", "invalid_messages")
-    for i, m in enumerate(msgs):
+    _check_messages(msgs)
+    _check_fields(body, need_max_tokens)
+
+
+def _check_messages(msgs: list[object], start: int = 0) -> None:
+    """Each message of ``msgs`` (numbered from ``start``): an object, its role and content blocks."""
+    for i, m in enumerate(msgs, start):
         if not isinstance(m, dict):
             raise _bad(f"messages.{i}: must be an object", "invalid_messages")
         if m.get("role") not in ("user", "assistant"):
@@ -121,6 +127,10 @@ def validate(body: object, *, need_max_tokens: bool = True) -> None:
             raise _bad(f"messages.{i}.content: must be a string or a list of blocks", "invalid_content")
         for j, b in enumerate(c):
             _check_block(b, f"messages.{i}.content.{j}")
+
+
+def _check_fields(body: Mapping[str, object], need_max_tokens: bool = True) -> None:
+    """Every field but ``messages`` (:func:`validate`'s order)."""
     mt = body.get("max_tokens")
     if need_max_tokens and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
         raise _bad("max_tokens: must be a positive integer", "invalid_max_tokens")
@@ -235,8 +245,17 @@ class MessagesAdapter(Adapter):
     def __init__(self, session_header: str = "x-claude-code-session-id"):
         self.session_header = session_header.lower()
 
+    incremental_list = b'"messages"'
+
     def validate(self, body: Mapping[str, object]) -> None:
         validate(body)
+
+    def validate_incremental(self, body: Mapping[str, object], new: list[object]) -> bool:
+        """:meth:`validate` of the new messages and every other field (the earlier messages passed
+        it already; any error sends the body to the full parse, which gives it)."""
+        _check_messages(new)
+        _check_fields(body)
+        return True
 
     def tool_results(self, body: Mapping[str, object]) -> list[tuple[object, bool]]:
         out: list[tuple[object, bool]] = []
