@@ -8,7 +8,10 @@ content/is_error`` and the blocks inside its content, ``image.source``, ``thinki
 positive integer; ``count_tokens`` bodies need none), ``system`` (a string or a list of ``text``
 blocks), ``tools`` (a list of objects with a ``name``), ``tool_choice``, ``stop_sequences``,
 ``temperature``/``top_p``/``top_k``, ``stream``, ``metadata``. ``cache_control``
-markers, ``thinking`` settings and blocks, and every other field pass through untouched.
+markers, ``thinking`` settings and blocks, and every other field pass through untouched. A body
+that continues a conversation read before is parsed incrementally (:mod:`router.server.protocols.incremental`,
+the ``messages`` list): only its new messages and its other fields are checked, anything else takes
+the full parse, so the request or the error is the full parse's.
 
 The step the engine sees: the prompt estimate (:func:`features.tokens.prompt_tokens` over the
 messages, the system prompt and the tool definitions at a run's first step; the run's previous
