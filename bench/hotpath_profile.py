@@ -22,8 +22,8 @@ not have (the HTTP server and client, which both pay, are left out), so it is wh
 the bare proxy is won; it is deterministic enough to compare two trees on a shared machine
 (``--tree`` runs another checkout's code: its packages first on ``sys.path``).
 
-``--read-only``: instead, only the chat adapter's body read (``--protocol messages``: the Messages
-adapter's, over the same conversations as Messages bodies) (parse + validation) over the same
+``--read-only``: instead, only the chat adapter's body read (``--protocol messages`` /
+``responses``: that adapter's, over the same conversations as its bodies) (parse + validation) over the same
 bodies (steps in order, runs interleaved), this tree's code with its parse cache off and on,
 alternated ``--repeat`` times: CPU microseconds per body, best of each.
 
@@ -82,7 +82,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--scrape-s", type=float, default=1.0, help="the replicas' /metrics scrape interval")
     ap.add_argument("--repeat", type=int, default=1, help="measured phases (the best and all are printed)")
     ap.add_argument("--read-only", action="store_true", help="time only the chat body read, cache off vs on")
-    ap.add_argument("--protocol", choices=["chat", "messages"], default="chat", help="--read-only's bodies")
+    ap.add_argument(
+        "--protocol", choices=["chat", "messages", "responses"], default="chat", help="--read-only's"
+    )
     return ap.parse_args(argv)
 
 
@@ -332,13 +334,17 @@ async def _run(a: argparse.Namespace) -> int:
 
 def _read_only(a: argparse.Namespace) -> int:
     """``--read-only`` (module docstring)."""
-    from realistic_load import ChatBodies, MessagesBodies
+    from realistic_load import ChatBodies, MessagesBodies, ResponsesBodies
 
     from router.server.protocols.chat import ChatAdapter
     from router.server.protocols.messages import MessagesAdapter
+    from router.server.protocols.responses import ResponsesAdapter, ResponseStore
 
-    kind = MessagesBodies if a.protocol == "messages" else ChatBodies
-    adapter = MessagesAdapter if a.protocol == "messages" else ChatAdapter
+    kind: Any = {"messages": MessagesBodies, "responses": ResponsesBodies}.get(a.protocol, ChatBodies)
+    adapter: Any = {
+        "messages": MessagesAdapter,
+        "responses": lambda: ResponsesAdapter(ResponseStore(16)),
+    }.get(a.protocol, ChatAdapter)
     bodies = kind("auto", a.steps, 2048, 204800, False, "header")
     runs = min(a.runs, 60)
     raws = [bodies.body(r, 0, k, f"rr-{r:04d}") for k in range(a.steps) for r in range(runs)]

@@ -22,7 +22,7 @@ from router.server.protocols.incremental import ParseCache, opening_key, scan_li
 from router.server.protocols.messages import MessagesAdapter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from realistic_load import ChatBodies, MessagesBodies  # noqa: E402
+from realistic_load import ChatBodies, MessagesBodies, ResponsesBodies  # noqa: E402
 
 MODELS = {"fake-model": "local"}
 
@@ -393,3 +393,105 @@ def test_bad_new_messages_input_gives_the_full_parses_error(new, fields):
     body = {k: v for k, v in body.items() if v is not None}
     got = _same(full, inc, orjson.dumps(body))
     assert got[0] == "error"
+
+
+_item = st.one_of(
+    st.fixed_dictionaries(
+        {"type": st.just("message"), "role": st.sampled_from(["user", "assistant", "system", "robot"])},
+        optional={
+            "content": _text
+            | st.lists(st.fixed_dictionaries({"type": st.just("input_text"), "text": _text}), max_size=2)
+            | st.just(5)
+        },
+    ),
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": _text}),  # no type
+    st.fixed_dictionaries(
+        {"type": st.just("function_call"), "call_id": _text, "name": _text}, optional={"arguments": _text}
+    ),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": _text, "output": _text}),
+    st.fixed_dictionaries({"type": st.sampled_from(["function_call", "bogus"])}),  # refused items
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(_item, min_size=1, max_size=4),
+    st.lists(st.lists(_item, max_size=3), min_size=1, max_size=4),
+    _style,
+    st.lists(st.integers(0, 7), min_size=4, max_size=4),
+    st.booleans(),
+)
+def test_any_responses_conversation_parses_the_same_incrementally(opening, turns, style, edits, fields_first):
+    """OpenAI Responses bodies (``input``, the list an agent's steps grow): random items (messages,
+    function calls and outputs, refused ones), serialisations, fields before or after the list
+    (``max_output_tokens`` sometimes bad, instructions, tools), appended turns and edits: every
+    step's outcome equals the full parse's, continued conversations hit."""
+    from router.server.protocols.responses import ResponsesAdapter, ResponseStore
+
+    full, inc = ResponsesAdapter(ResponseStore(16)), ResponsesAdapter(ResponseStore(16))
+    inc.use_parse_cache(64, 64 << 20)
+    pc = inc.parse_cache
+    assert full.parse_cache is None and pc is not None
+    items = list(opening)
+    prev_ok = False
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+    for i, turn in enumerate(turns):
+        items = items + list(turn)
+        if edits[i] == 3 and len(items) > 1:  # edit an earlier item
+            items = [{"role": "user", "content": "edited"}] + items[1:]
+        fields: dict[str, Any] = {"instructions": "You are an agent.", "tools": tools}
+        fields["max_output_tokens"] = {5: 0, 6: "64"}.get(edits[i], 64)
+        body: dict[str, Any] = dict(fields) if fields_first else {}
+        body.update(model="auto", input=items, stream=bool(edits[i] & 1))
+        if not fields_first:
+            body.update(fields)
+        hits, n_before = pc.hits, len(items) - len(turn)
+        got = _same(full, inc, _dump(body, style))
+        ok = got[0] == "ok"
+        if ok and prev_ok and edits[i] != 3 and n_before >= 2:  # a continued conversation
+            assert pc.hits == hits + 1
+        prev_ok = ok
+
+
+@pytest.mark.parametrize(
+    "new, fields",
+    [
+        ([{"type": "bogus"}], {}),
+        ([{"type": "function_call", "call_id": "c"}], {}),
+        ([{"type": "function_call_output"}], {}),
+        ([{"role": "robot", "content": "x"}], {}),
+        ([{"role": "user", "content": "ok"}], {"max_output_tokens": 0}),
+        ([{"role": "user", "content": "ok"}], {"tools": [{"type": "function"}]}),
+        ([{"role": "user", "content": "ok"}], {"stream": "yes"}),
+        ([{"role": "user", "content": "ok"}], {"previous_response_id": 5}),
+    ],
+)
+def test_bad_new_responses_input_gives_the_full_parses_error(new, fields):
+    from router.server.protocols.responses import ResponsesAdapter, ResponseStore
+
+    full, inc = ResponsesAdapter(ResponseStore(16)), ResponsesAdapter(ResponseStore(16))
+    inc.use_parse_cache(64, 64 << 20)
+    pc = inc.parse_cache
+    assert pc is not None
+    items = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "step"}]
+    _same(full, inc, orjson.dumps({"model": "auto", "input": items}))
+    items = items + [{"role": "user", "content": "more"}]
+    _same(full, inc, orjson.dumps({"model": "auto", "input": items}))
+    assert pc.hits == 1
+    got = _same(full, inc, orjson.dumps({"model": "auto", "input": items + new, **fields}))
+    assert got[0] == "error"
+
+
+def test_growing_responses_bodies_parse_incrementally_to_the_same_request():
+    from router.server.protocols.responses import ResponsesAdapter, ResponseStore
+
+    full, inc = ResponsesAdapter(ResponseStore(16)), ResponsesAdapter(ResponseStore(16))
+    inc.use_parse_cache(64, 64 << 20)
+    bodies = ResponsesBodies("auto", 20, 2048, 40_000, False, "header")
+    for run in range(3):
+        for k in range(20):
+            _same(full, inc, bodies.body(run, 0, k, f"r{run}"))
+    pc = inc.parse_cache
+    assert pc is not None and pc.hits == 3 * 19 and pc.misses == 3
+    _same(full, inc, orjson.dumps({"model": "auto", "input": "just a string"}))  # not incremental
+    assert pc.hits == 3 * 19 and pc.misses == 3

@@ -10,7 +10,8 @@ the same body ``orjson.loads`` of the whole would.
 Algorithm (:class:`ParseCache`, one per protocol adapter, used by ``Adapter.read``):
 
 1. Layout (:func:`scan_list`): a scan for quotes and brackets (``re`` finds the next one, strings
-   are skipped with ``bytes.find``) finds the top-level key naming the message list (``messages``,
+   are skipped with ``bytes.find``) finds the top-level key naming the message list (``messages``
+   for chat and Anthropic Messages, ``input`` for Responses: the adapter's ``incremental_list``,
    written exactly so; any other spelling is simply not incremental) and the offset ``M`` of the
    list's ``[``; orjson finds the list's ``]`` (``E``) itself: parsing ``raw[M:]`` it stops with
    "unexpected content after document" right after the list; ``P`` is the end of the list's last

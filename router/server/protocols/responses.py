@@ -7,7 +7,10 @@ string | [parts]}``, ``type`` ``message`` or absent) or one of the API's typed i
 ``call_id``/``output``, ``reasoning``, ``item_reference``, the built-in tools' calls); anything else
 is a 400 in OpenAI's error shape. ``instructions``, ``tools``, ``previous_response_id``, ``store``,
 ``stream``, ``text.format`` (JSON mode), ``metadata`` and ``user`` are read; every other field passes
-through untouched.
+through untouched. A body whose ``input`` list continues a conversation read before is parsed
+incrementally (:mod:`router.server.protocols.incremental`): only its new items and its other fields
+are checked, anything else (a string ``input`` too) takes the full parse, so the request or the
+error is the full parse's.
 
 The step the engine sees: the prompt estimate (the run's previous prompt + completion + the items
 after the last assistant output, or everything incl. instructions and tools at a run's first
@@ -124,7 +127,13 @@ def validate(body: Mapping[str, object]) -> None:
         raise _bad("Missing required parameter: 'input'.", "invalid_input")
     if inp is not None and not isinstance(inp, (str, list)):
         raise _bad("Invalid 'input': expected a string or an array of input items.", "invalid_input")
-    for i, it in enumerate(inp if isinstance(inp, list) else ()):
+    _check_items(inp if isinstance(inp, list) else [])
+    _check_fields(body)
+
+
+def _check_items(items: list[object]) -> None:
+    """Each input item: an object of a known type with the fields that type needs."""
+    for i, it in enumerate(items):
         if not isinstance(it, dict):
             raise _bad(f"Invalid 'input[{i}]': expected an object.", "invalid_input_item")
         t = it.get("type", "message")
@@ -162,6 +171,10 @@ def validate(body: Mapping[str, object]) -> None:
             )
         elif t == "function_call_output" and not isinstance(it.get("call_id"), str):
             raise _bad(f"Invalid 'input[{i}]': a function_call_output needs 'call_id'.", "invalid_input_item")
+
+
+def _check_fields(body: Mapping[str, object]) -> None:
+    """Every field but ``input`` (:func:`validate`'s order)."""
     tools = body.get("tools")
     if tools is not None and (
         not isinstance(tools, list)
@@ -226,8 +239,18 @@ class ResponsesAdapter(Adapter):
     def __init__(self, store: ResponseStore | None = None):
         self.store = store if store is not None else ResponseStore()
 
+    incremental_list = b'"input"'
+
     def validate(self, body: Mapping[str, object]) -> None:
         validate(body)
+
+    def validate_incremental(self, body: Mapping[str, object], new: list[object]) -> bool:
+        """:meth:`validate` of the new input items and every other field (the earlier items passed
+        it already, and a kept ``input`` is a list; any error sends the body to the full parse,
+        which gives it)."""
+        _check_items(new)
+        _check_fields(body)
+        return True
 
     def tool_results(self, body: Mapping[str, object]) -> list[tuple[object, bool]]:
         turns = since_assistant(_input(body), _is_assistant)
