@@ -207,17 +207,41 @@ class PrefixCache:
         free = self.capacity - self.occupied
         if n_blocks + n_hashed <= free + len(lru):
             # fits whatever is cached (need <= n_blocks, present_free <= n_hashed): reference the
-            # present blocks in the same pass
-            for i, b in enumerate(chain if n_hashed == len(chain) else chain[:n_hashed]):
-                rc = get(b)
-                if rc is None:
-                    n_new += 1
-                    if hit < 0:
-                        hit = i
+            # present blocks. The reference counts are read in one C-level pass; the usual chain
+            # (present blocks leading, absent ones after) is then updated in bulk, any other
+            # block by block
+            seq = chain if n_hashed == len(chain) else chain[:n_hashed]
+            rcs = list(map(get, seq))
+            n_new = rcs.count(None)
+            if n_new:
+                hit = rcs.index(None)
+                if n_new == n_hashed - hit:  # every block after the first absent one is absent
+                    seq, rcs = seq[:hit], rcs[:hit]
                 else:
-                    if rc == 0:
+                    seq, rcs = (), []
+                    for i in range(hit + 1, n_hashed):  # the present blocks among the absent ones
+                        b = chain[i]
+                        rc = get(b)
+                        if rc is not None:
+                            if rc == 0:
+                                del lru[b]
+                            ref[b] = rc + 1
+                    for i in range(hit):
+                        b = chain[i]
+                        rc = get(b)
+                        if rc == 0:
+                            del lru[b]
+                        ref[b] = rc + 1  # type: ignore[operator]
+            if rcs:
+                if not any(rcs):  # all unreferenced (the usual case): out of the LRU list, count 1
+                    for b in seq:
                         del lru[b]
-                    ref[b] = rc + 1
+                    ref.update(dict.fromkeys(seq, 1))
+                else:
+                    for b, rc in zip(seq, rcs):
+                        if rc == 0:
+                            del lru[b]
+                        ref[b] = rc + 1
             need = n_new + n_blocks - n_hashed
         else:
             last = -1  # the last present block
@@ -278,11 +302,17 @@ class PrefixCache:
         """Give back a request's blocks: private ones are freed, hashed ones unreferenced (tail first)."""
         ref = self.ref
         lru = self.lru
-        for b in reversed(chain if n_hashed == len(chain) else chain[:n_hashed]):
-            rc = ref[b] - 1
-            ref[b] = rc
-            if rc == 0:
-                lru[b] = None
+        seq = chain if n_hashed == len(chain) else chain[:n_hashed]
+        if seq and max(map(ref.__getitem__, seq)) == 1:
+            # the request was each block's only reference (the usual case): in bulk, in C
+            ref.update(dict.fromkeys(seq, 0))
+            lru.update(dict.fromkeys(reversed(seq)))
+        else:
+            for b in reversed(seq):
+                rc = ref[b] - 1
+                ref[b] = rc
+                if rc == 0:
+                    lru[b] = None
         self.occupied -= n_private
 
     def allocate(self, hashes: list[int], n_prompt: int, n_out: int) -> Allocation | None:

@@ -401,7 +401,8 @@ class Simulator:
             req_ = Request(run, s.prompt, s.completion, s.chain, s.n_lookup, t, self._B)
             if self.spec is not None:
                 self.spec.apply(req_, bool(s.tool_calls))
-            if not (rep.submit(req_) if self.disagg is None else self.disagg.submit(rep, req_)):
+            # last: nothing after this submission touches a replica or schedules an event
+            if not (rep.submit(req_, True) if self.disagg is None else self.disagg.submit(rep, req_)):
                 run.status = 2  # its prompt can never fit a replica's KV cache
                 self.unfit += 1
                 self._reject_rest(run)
@@ -505,10 +506,18 @@ class Simulator:
         thresholds = gc.get_threshold()
         if 0 < thresholds[0] < GC_GEN0:
             gc.set_threshold(GC_GEN0, *thresholds[1:])
+        # and move what exists now (the workload, the runs' tracks, the caller's objects) out of the
+        # collector's sight while the loop runs, so an older-generation pass walks only what the
+        # loop made (unless the caller froze objects itself: its freeze is left alone)
+        freeze = gc.get_freeze_count() == 0
+        if freeze:
+            gc.freeze()
         self._looping = True
         try:
             self.loop.run()
         finally:
+            if freeze:
+                gc.unfreeze()
             gc.set_threshold(*thresholds)
             self._looping = False
             self._front = None
