@@ -193,11 +193,14 @@ class Simulator:
         for r in self.all_replicas:
             r.watch = self._changed
         self._keeps_pin = bool(getattr(policy, "keeps_local_pin", False))
+        self._scrape = config.scrape
+        self._stz = config.scale_to_zero
         # the frontier's backend state, one object reused while the loop runs (only its running
         # count and the warm prefix the engine sets change between steps); None outside the loop
         self._front: BackendState | None = None
         self._looping = False
         self._arrive_h = self._arrive  # bound once: scheduled at every step
+        self._res = StepResult(status=200)  # a served step's result (_step_done sets its fields)
 
     def _engine(self, admission: AdmissionController | AdmissionConfig | None) -> StepEngine:
         B = self.cfg.block_tokens
@@ -266,6 +269,21 @@ class Simulator:
             inflight_context_tokens=self._inflight_ctx.get(rep.name, 0),
         )
 
+    def _refresh(self, st: BackendState, rep: Replica, t: float) -> None:
+        """Bring the cached state ``st`` of ``rep`` up to date in place: every field
+        :meth:`_local_state` sets that can change (the others never do, in the simulator)."""
+        if self._scrape:
+            st.running = len(rep.running)
+            st.waiting = len(rep.waiting)
+            st.kv_usage = (rep.kv.occupied - len(rep.lru)) / rep.capacity
+        else:
+            st.running = len(rep.running) + len(rep.waiting)
+        st.warm_prefix_tokens = 0
+        a = self.cfg.profile.a
+        st.ttft_base_s = a if rep.state == "on" else a + rep.wake_remaining(t)
+        st.prefill_queue_tokens = rep.owed
+        st.inflight_context_tokens = self._inflight_ctx.get(rep.name, 0)
+
     def _pin_only(self, run: _Run, prompt: int) -> int | None:
         """The position of the run's local replica when the step needs only that replica's state
         (and the frontier's): the policy keeps a local pin (``keeps_local_pin``: placed there or on
@@ -293,7 +311,7 @@ class Simulator:
             else:
                 if rep.marked:  # read now: it stays on the list, skipped there unless marked again
                     rep.marked = False
-                    self._local_cache[pin] = self._local_state(rep, t)
+                    self._refresh(self._local_cache[pin], rep, t)
                     if len(changed) > 4 * len(self.replicas) + 16:  # re-marked often: drop stale
                         changed[:] = [r for r in dict.fromkeys(changed) if r.marked]
                 out = [self._local_cache[pin]]
@@ -307,7 +325,7 @@ class Simulator:
                         rep.marked = False
                         i = pos.get(rep.name)
                         if i is not None:
-                            cache[i] = self._local_state(rep, t)
+                            self._refresh(cache[i], rep, t)
                 changed.clear()
             out = self._local_cache.copy()
         fs = self._front
@@ -371,7 +389,7 @@ class Simulator:
         # the engine marked the pinned replica's state warm for this run; the state object is the
         # cached one the next step sees: clear it once the step is committed (the commit reads it:
         # the prefix index's reading on the chosen replica, StepPlan.warm_tokens)
-        warm_i = self._local_pos.get(pin) if pin is not None and not self.cfg.scale_to_zero else None
+        warm_i = self._local_pos.get(pin) if pin is not None and not self._stz else None
         if (
             turn.stage is not PLANNED and turn.needs_claim
         ):  # a limited claim (a first local step), or a late-local run counted
@@ -465,18 +483,19 @@ class Simulator:
         assert turn is not None and plan is not None
         d = plan.decision
         t = self.loop.now
+        # one result object for the whole simulation, its fields set afresh per step (the engine
+        # copies what it keeps: the step's view, its record)
+        res = self._res
+        res.prompt_tokens = s.prompt
+        res.cached_tokens = cached
+        res.completion_tokens = s.completion
+        res.tool_calls = s.tool_calls
+        res.tool_call_keys = s.tool_call_keys
+        res.ttft_s = ttft
+        res.latency_s = lat
+        res.structured = s.structured
         rec = turn.finish(
-            StepResult(
-                status=200,
-                prompt_tokens=s.prompt,
-                cached_tokens=cached,
-                completion_tokens=s.completion,
-                tool_calls=s.tool_calls,
-                tool_call_keys=s.tool_call_keys,
-                ttft_s=ttft,
-                latency_s=lat,
-                structured=s.structured,
-            ),
+            res,
             now=t,
             tier=tier,
             replica=d.backend,
