@@ -52,15 +52,12 @@ the cache lives in the fake's process and is never shared. Integer chains (the s
 replay's) do not depend on it. A stable hash (blake2b) cost ~4x more per block on this machine.
 
 Pure and synchronous, no I/O; the hot methods (:meth:`~PrefixCache.lookup`,
-:meth:`~PrefixCache.admit`, :meth:`~PrefixCache.release`) loop over a request's blocks in C
-(``map``, ``dict.update``), not in Python bytecode, for the usual chains.
+:meth:`~PrefixCache.admit`, :meth:`~PrefixCache.release`) allocate nothing per block.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import compress, repeat
-from operator import add, not_, sub
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -210,40 +207,17 @@ class PrefixCache:
         free = self.capacity - self.occupied
         if n_blocks + n_hashed <= free + len(lru):
             # fits whatever is cached (need <= n_blocks, present_free <= n_hashed): reference the
-            # present blocks. The reference counts are read in one C-level pass; the usual chain
-            # (present blocks leading, absent ones after) is then updated in bulk, any other
-            # block by block
-            seq = chain if n_hashed == len(chain) else chain[:n_hashed]
-            rcs = list(map(get, seq))
-            n_new = rcs.count(None)
-            if n_new:
-                hit = rcs.index(None)
-                if n_new == n_hashed - hit:  # every block after the first absent one is absent
-                    seq, rcs = seq[:hit], rcs[:hit]
+            # present blocks in the same pass
+            for i, b in enumerate(chain if n_hashed == len(chain) else chain[:n_hashed]):
+                rc = get(b)
+                if rc is None:
+                    n_new += 1
+                    if hit < 0:
+                        hit = i
                 else:
-                    seq, rcs = (), []
-                    for i in range(hit + 1, n_hashed):  # the present blocks among the absent ones
-                        b = chain[i]
-                        rc = get(b)
-                        if rc is not None:
-                            if rc == 0:
-                                del lru[b]
-                            ref[b] = rc + 1
-                    for i in range(hit):
-                        b = chain[i]
-                        rc = get(b)
-                        if rc == 0:
-                            del lru[b]
-                        ref[b] = rc + 1  # type: ignore[operator]
-            if rcs:
-                if not any(rcs):  # all unreferenced (the usual case): out of the LRU list, count 1
-                    for b in seq:
+                    if rc == 0:
                         del lru[b]
-                    ref.update(dict.fromkeys(seq, 1))
-                else:  # some also referenced by running requests (a shared prefix)
-                    for b in compress(seq, map(not_, rcs)):
-                        del lru[b]
-                    ref.update(zip(seq, map(add, rcs, repeat(1))))
+                    ref[b] = rc + 1
             need = n_new + n_blocks - n_hashed
         else:
             last = -1  # the last present block
@@ -304,17 +278,11 @@ class PrefixCache:
         """Give back a request's blocks: private ones are freed, hashed ones unreferenced (tail first)."""
         ref = self.ref
         lru = self.lru
-        seq = chain if n_hashed == len(chain) else chain[:n_hashed]
-        if seq:  # in bulk, in C (a chain's ids are distinct): the counts, then the LRU list
-            rcs = list(map(ref.__getitem__, seq))
-            if rcs.count(1) == len(rcs):  # the request was each block's only reference
-                ref.update(dict.fromkeys(seq, 0))
-                lru.update(dict.fromkeys(reversed(seq)))
-            else:
-                dec = list(map(sub, rcs, repeat(1)))
-                ref.update(zip(seq, dec))
-                if 0 in dec:  # the unreferenced ones join the LRU list, tail block first
-                    lru.update(dict.fromkeys(compress(reversed(seq), map(not_, reversed(dec)))))
+        for b in reversed(chain if n_hashed == len(chain) else chain[:n_hashed]):
+            rc = ref[b] - 1
+            ref[b] = rc
+            if rc == 0:
+                lru[b] = None
         self.occupied -= n_private
 
     def allocate(self, hashes: list[int], n_prompt: int, n_out: int) -> Allocation | None:

@@ -215,7 +215,7 @@ class Simulator:
             m = memo.get(name)
             if m is not None and m[0] == kv.inserted and m[1] == kv.wipes:
                 return m[2]
-            r = CacheReading(kv.inserted * B, rep.capacity * B, kv.wipes, lags=False)
+            r = CacheReading(kv.inserted * B, rep.capacity * B, kv.wipes, False)  # lags: positional
             memo[name] = (kv.inserted, kv.wipes, r)
             return r
 
