@@ -3,7 +3,8 @@
 Algorithm (one replica):
 
 - **Iterations.** An idle replica starts an iteration when a request arrives (after any other
-  arrivals of the same instant, so they batch). Each iteration takes every decoding request (1 token
+  arrivals of the same instant, so they batch; at once, without an event, when the caller says the
+  arrival is its handler's last act and no other event of that instant is pending: ``submit(last=True)``). Each iteration takes every decoding request (1 token
   each), then prefill chunks of the admitted requests still prefilling, then admits waiting requests
   first-come-first-served, while the chunked-prefill ``token_budget`` and ``max_num_seqs`` allow and
   the KV cache has room. Its time is the profile's ``a + b*sum(l) + c*sum(l*(s+l)) + d*sum(ctx) +

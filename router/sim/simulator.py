@@ -36,7 +36,11 @@ whose decision is local, a slot is held from admission until the run ends.
 Speed: while the event loop runs, the garbage collector's gen-0 threshold is raised to ``GC_GEN0``
 (never lowered; restored after): the loop's per-event allocations otherwise trigger a collection
 every few steps, each older-generation pass re-walking the workload and the per-run tracks. It
-changes when cyclic garbage is freed, not what is simulated.
+changes when cyclic garbage is freed, not what is simulated. The objects that exist when the loop
+starts (the workload, the runs' tracks) are frozen out of the collector's sight (``gc.freeze``, undone
+after; skipped when the caller has frozen objects itself), so an older-generation pass walks only what
+the loop made: a full collection during a simulation no longer re-walks the workload (one cost 0.18 s
+of a 2.9 s, 32-replica simulation).
 """
 
 from __future__ import annotations
