@@ -211,14 +211,20 @@ def test_incremental_prefill_queue_equals_its_definition_at_every_step(monkeypat
     from router.sim.whatif import SimConfig, Simulator
 
     seen = []
-    orig = simmod.Simulator._local_state
+    orig, orig_refresh = simmod.Simulator._local_state, simmod.Simulator._refresh
 
     def checked(self, rep, t):
         assert rep.owed == simmod.prefill_owed(rep)
         seen.append(rep.owed)
         return orig(self, rep, t)
 
+    def checked_refresh(self, st, rep, t):  # a cached state brought up to date in place
+        orig_refresh(self, st, rep, t)
+        assert st.prefill_queue_tokens == rep.owed == simmod.prefill_owed(rep)
+        seen.append(rep.owed)
+
     monkeypatch.setattr(simmod.Simulator, "_local_state", checked)
+    monkeypatch.setattr(simmod.Simulator, "_refresh", checked_refresh)
     w = Workload.from_runlog(RunLog.from_frame(generate(150, seed=3)))
     st = run_starts("trace", len(w.runs), logged_starts=w.logged_starts())
     cfg = SimConfig(profile=load_profile(None, "a100"), replicas=2, kv_cache_gb=16.0)

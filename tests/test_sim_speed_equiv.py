@@ -162,3 +162,69 @@ def test_prefix_index_lookup_some_equals_lookup_for_the_replicas_named() -> None
                 got = idx.lookup_some(c, n, hints, names)
                 assert all(got[x] == full[x] for x in names if x in full)
                 assert "nope" not in got
+
+
+@pytest.mark.parametrize("n", [2, 32])
+def test_an_arrival_that_is_its_instants_last_event_starts_its_idle_replica_at_once(monkeypatch, n) -> None:
+    """``Replica.submit(last=True)``: an idle replica starts at once, without a kick event, only
+    when no other event of the instant is pending. The same simulated results as every start
+    deferred to its event (fewer events), and two arrivals of one instant still share an iteration."""
+    from features.generate import generate
+    from features.runlog import RunLog
+    from router.policy.config import build_policy
+    from router.sim import node as nodemod
+    from router.sim.arrivals import run_starts
+    from router.sim.engine import EventLoop
+    from router.sim.profiles import load_profile
+    from router.sim.whatif import SimConfig, Simulator, Workload
+
+    w = Workload.from_runlog(RunLog.from_frame(generate(120, seed=5)))
+    st = run_starts("trace", len(w.runs), logged_starts=w.logged_starts())
+    cfg = SimConfig(profile=load_profile(None, "a100"), replicas=n, kv_cache_gb=4.0)
+    a = Simulator(w, build_policy("session-sticky"), cfg, st).run()
+    submit = nodemod.Replica.submit
+    monkeypatch.setattr(nodemod.Replica, "submit", lambda self, req, last=False: submit(self, req))
+    b = Simulator(w, build_policy("session-sticky"), cfg, st).run()
+    monkeypatch.undo()
+    assert _sim_arrays(a) == _sim_arrays(b)
+    assert a.events < b.events
+
+    loop = EventLoop()
+    done: list[nodemod.Request] = []
+    rep = nodemod.Replica("r", load_profile(None, "a100"), loop, 64, 16, done.append)
+    r1 = nodemod.Request("a", 100, 5, (), 0, 0.0, 16)
+    r2 = nodemod.Request("b", 100, 5, (), 0, 0.0, 16)
+    loop.schedule(0.0, lambda _: rep.submit(r1, True) and None)  # another event of this instant is pending:
+    loop.schedule(0.0, lambda _: rep.submit(r2, True) and None)  # r1's start waits for it, and they batch
+    loop.run()
+    assert r1.first_token_t == r2.first_token_t and len(done) == 2
+
+
+@pytest.mark.parametrize("scrape", [True, False])
+def test_a_cached_state_refreshed_in_place_equals_a_fresh_one(monkeypatch, scrape) -> None:
+    """Simulator._refresh (the replica's cached BackendState brought up to date in place) leaves it
+    equal, field by field, to the state Simulator._local_state builds afresh at that moment."""
+    from dataclasses import replace
+
+    from features.generate import generate
+    from features.runlog import RunLog
+    from router.policy.config import build_policy
+    from router.sim import simulator as simmod
+    from router.sim.arrivals import run_starts
+    from router.sim.profiles import load_profile
+    from router.sim.whatif import SimConfig, Simulator, Workload
+
+    orig = simmod.Simulator._refresh
+    n = [0]
+
+    def checked(self, st, rep, t):
+        orig(self, st, rep, t)
+        assert st == self._local_state(rep, t)
+        n[0] += 1
+
+    monkeypatch.setattr(simmod.Simulator, "_refresh", checked)
+    w = Workload.from_runlog(RunLog.from_frame(generate(80, seed=4)))
+    st = run_starts("trace", len(w.runs), logged_starts=w.logged_starts())
+    cfg = replace(SimConfig(profile=load_profile(None, "a100"), replicas=3, kv_cache_gb=4.0), scrape=scrape)
+    Simulator(w, build_policy("always-local"), cfg, st).run()
+    assert n[0] > 100

@@ -242,22 +242,22 @@ class StepEngine:
         base = track.base
         if req.signals:
             track.signals = track.signals + tuple(req.signals)
+        # positional, in RunPrefix's field order: a class called with keywords builds (and unpacks)
+        # a dict per call, twice the cost at this size (tests/test_positional_order.py checks the order)
         return RunPrefix(
-            run_id=track.run_id,
-            steps=base.steps,
-            run_started_s=track.started_s,
-            now_s=now,
-            new_prompt_tokens=req.prompt_tokens,
-            new_tool_results_n=req.tool_results_n,
-            new_tool_result_errors=req.tool_result_errors,
-            new_tool_result_tokens=req.tool_result_tokens,
-            # an overlapping step (it arrived before the previous one ended) has no pause: 0
-            new_tool_pause_s=max(0.0, now - track.last_end_s)
-            if now is not None and track.last_end_s is not None
-            else None,
-            new_n_tools_offered=req.n_tools_offered,
-            new_wants_json=req.wants_json,
-            local_cache_pressure=(
+            track.run_id,  # run_id
+            base.steps,  # steps
+            track.started_s,  # run_started_s
+            now,  # now_s
+            req.prompt_tokens,  # new_prompt_tokens
+            req.tool_results_n,  # new_tool_results_n
+            req.tool_result_errors,  # new_tool_result_errors
+            req.tool_result_tokens,  # new_tool_result_tokens
+            # new_tool_pause_s: an overlapping step (it arrived before the previous one ended) has none: 0
+            max(0.0, now - track.last_end_s) if now is not None and track.last_end_s is not None else None,
+            req.n_tools_offered,  # new_n_tools_offered
+            req.wants_json,  # new_wants_json
+            (  # local_cache_pressure
                 track.cache_pressure(
                     self.cache_reader(track.cache_replica)
                     if self.cache_reader is not None and track.cache_replica is not None
@@ -266,11 +266,11 @@ class StepEngine:
                 if track.cache_mark is not None
                 else None
             ),
-            domain=track.domain,
-            task_embedding=track.task_embedding,
-            signals=track.signals,
-            new_signals_n=len(req.signals),
-            aggregate=base.aggregate,
+            track.domain,  # domain
+            track.task_embedding,  # task_embedding
+            track.signals,  # signals
+            len(req.signals),  # new_signals_n
+            base.aggregate,  # aggregate
         )
 
     def _plan(
@@ -521,20 +521,20 @@ class StepEngine:
         pause = plan.prefix.new_tool_pause_s
         if ok:
             track.append(
-                StepView(
-                    prompt_tokens=prompt,
-                    completion_tokens=res.completion_tokens,
-                    cached_tokens=cached,
-                    tool_calls=res.tool_calls,
-                    tool_call_keys=res.tool_call_keys,
-                    tool_results_n=req.tool_results_n,
-                    tool_result_errors=req.tool_result_errors,
-                    tool_result_tokens=req.tool_result_tokens,
-                    tool_pause_s=pause,
-                    arrival_s=plan.now,
-                    latency_s=res.latency_s,
-                    structured=structured,
-                    tier=tier,
+                StepView(  # positional, in field order (as RunPrefix in prefix())
+                    prompt,  # prompt_tokens
+                    res.completion_tokens,  # completion_tokens
+                    cached,  # cached_tokens
+                    res.tool_calls,  # tool_calls
+                    res.tool_call_keys,  # tool_call_keys
+                    req.tool_results_n,  # tool_results_n
+                    req.tool_result_errors,  # tool_result_errors
+                    req.tool_result_tokens,  # tool_result_tokens
+                    pause,  # tool_pause_s
+                    plan.now,  # arrival_s
+                    res.latency_s,  # latency_s
+                    structured,  # structured
+                    tier,  # tier
                 ),
                 self.max_steps,
             )

@@ -221,6 +221,7 @@ class ReplicaIndex:
         held, parent, children = self.stamp, self.parent, self.children
         heap, owners, keep = self._heap, self.owners, ~self.bit
         pop, push = heapq.heappop, heapq.heappush
+        self.evictions += count  # all of them (or the error below)
         while count > 0 and heap:
             t, b = pop(heap)
             if held.get(b) != t or b in children:
@@ -233,7 +234,6 @@ class ReplicaIndex:
                 else:
                     del owners[b]
                 count -= 1
-                self.evictions += 1
                 p = parent.pop(b, None)
                 if p is None:
                     break

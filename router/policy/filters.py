@@ -276,11 +276,12 @@ def make_decision(
         return Decision(tier=tier, backend="", model="", reason="no-healthy-backend", scores=scores or {})
     run = snap.run
     switched = run.tier is not None and (backend.tier != run.tier or backend.name != run.replica)
+    # positional, in Decision's field order (a keyword call of a class builds a dict per call)
     return Decision(
-        tier=backend.tier,
-        backend=backend.name,
-        model=backend.model,
-        reason=reason,
-        scores=scores if scores is not None else {},
-        switched=switched,
+        backend.tier,  # tier
+        backend.name,  # backend
+        backend.model,  # model
+        reason,  # reason
+        scores if scores is not None else {},  # scores
+        switched,  # switched
     )

@@ -57,16 +57,18 @@ def build_snapshot(
         from features.extract import extract_dict  # imported on first use; cached by Python after
 
         features = extract_dict(prefix)
+    # positional, in Snapshot's field order: a class called with keywords builds (and unpacks) a
+    # dict per call, about twice the cost; it runs at every step (tests/test_positional_order.py)
     return Snapshot(
-        run=run,
-        step_index=len(prefix.steps),
-        features=features,
-        predictions=predictions,
-        backends=backends,
-        context_tokens=int(prefix.new_prompt_tokens),
-        at_tool_boundary=prefix.new_tool_results_n > 0,
-        last_tool_repeated=tool_repeated(prefix) if last_tool_repeated is None else last_tool_repeated,
-        last_tool_errored=any(prefix.new_tool_result_errors),
-        label_needs_frontier=label_needs_frontier,
-        requested_model=requested_model,
+        run,  # run
+        len(prefix.steps),  # step_index
+        features,  # features
+        predictions,  # predictions
+        backends,  # backends
+        int(prefix.new_prompt_tokens),  # context_tokens
+        prefix.new_tool_results_n > 0,  # at_tool_boundary
+        tool_repeated(prefix) if last_tool_repeated is None else last_tool_repeated,  # last_tool_repeated
+        any(prefix.new_tool_result_errors),  # last_tool_errored
+        label_needs_frontier,  # label_needs_frontier
+        requested_model,  # requested_model
     )

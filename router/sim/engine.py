@@ -47,6 +47,11 @@ class EventLoop:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, handler, arg))
 
+    def quiet_after(self, t: float) -> bool:
+        """No event is pending at or before ``t`` (a handler at ``t`` is the instant's last)."""
+        heap = self._heap
+        return not heap or heap[0][0] > t
+
     def __len__(self) -> int:
         return len(self._heap)
 

@@ -3,7 +3,8 @@
 Algorithm (one replica):
 
 - **Iterations.** An idle replica starts an iteration when a request arrives (after any other
-  arrivals of the same instant, so they batch). Each iteration takes every decoding request (1 token
+  arrivals of the same instant, so they batch; at once, without an event, when the caller says the
+  arrival is its handler's last act and no other event of that instant is pending: ``submit(last=True)``). Each iteration takes every decoding request (1 token
   each), then prefill chunks of the admitted requests still prefilling, then admits waiting requests
   first-come-first-served, while the chunked-prefill ``token_budget`` and ``max_num_seqs`` allow and
   the KV cache has room. Its time is the profile's ``a + b*sum(l) + c*sum(l*(s+l)) + d*sum(ctx) +
@@ -267,8 +268,13 @@ class Replica:
         return -(-prompt // self.block_tokens) + 1 <= self.capacity
 
     # ------------------------------------------------------------------ arrivals
-    def submit(self, req: Request) -> bool:
-        """Queue a request; False if its prompt can never fit this replica's KV cache."""
+    def submit(self, req: Request, last: bool = False) -> bool:
+        """Queue a request; False if its prompt can never fit this replica's KV cache.
+
+        ``last``: the caller's event handler submits nothing more and schedules nothing at this
+        instant after this call. An idle replica then starts its iteration at once when no other
+        event of this instant is pending, instead of by an event after them: the same iteration
+        (nothing else can join its batch), one event fewer."""
         if -(-req.prompt // self.block_tokens) + 1 > self.capacity:  # not self.fits(req.prompt)
             return False
         t = self.loop.now
@@ -289,6 +295,9 @@ class Replica:
         if self.state == "waking":
             return True
         if not self.busy:
+            if last and self.loop.quiet_after(t):  # nothing else happens at this instant: start now
+                self._start(t)
+                return True
             # start at this instant but after every other arrival of the same instant (they batch)
             self.busy = True
             self.gen += 1
