@@ -227,8 +227,10 @@ class Workload:
             k = len(cur.steps)
             logged_reuse = None if isnull(reuse[i]) else int(reuse[i])
             h = hashes[i]
-            if not isnull(h) and len(h):
-                # logged block hashes: the repeated prefix = leading blocks seen earlier in the run
+            if not isnull(h):
+                # logged block hashes: the repeated prefix = leading blocks seen earlier in the run.
+                # An empty list is logged too (a prompt shorter than one block holds no full block),
+                # not "not logged": a chain made up over prompt + output would cache blocks vLLM never does
                 chain = tuple(int(x) for x in (h.tolist() if hasattr(h, "tolist") else h))
                 n_lookup = min(p // B, len(chain))
                 n_cache = n_lookup
