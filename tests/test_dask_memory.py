@@ -131,3 +131,42 @@ def test_partition_rows_are_the_serial_rows(raw):
         assert held[c].astype(str).tolist() == ds.meta.loc[h, c].astype(str).tolist(), c
     press = FEATURE_NAMES.index("local_cache_pressure")
     assert np.isfinite(ds.X[:, press]).any()  # the filled-in feature is exercised
+
+
+def test_replay_input_packed_from_arrow_is_the_unpacked_one(raw):
+    """The replay packs a validated partition's chains straight from its Arrow table: the same
+    scalars, chains, presence and positions as packing the unpacked cells (a null and an empty
+    chain included)."""
+    import pyarrow as pa
+
+    from training import dask_io
+    from training.dask_replay import FlatChains, pack_replay_input, replay_keys
+
+    cleaned = dask_io.clean_partition(raw.copy())
+    steps = dask_io.steps_of(cleaned)
+    run_src = dict.fromkeys(steps["run_id"].astype(str), "synthetic")
+    keys = replay_keys(run_src, 2)
+    a, b = pack_replay_input(cleaned[0], run_src, keys, 2), pack_replay_input(steps, run_src, keys, 2)
+    assert len(a) == len(b) == len(keys) and sum(len(p[2]) for p in a) == len(steps)
+    for (fa, ca, pa_), (fb, cb, pb) in zip(a, b, strict=True):
+        pd.testing.assert_frame_equal(fa, fb)
+        np.testing.assert_array_equal(pa_, pb)
+        for x, y in (
+            (ca.flat, cb.flat),
+            (ca.offsets, cb.offsets),
+            (ca.present, cb.present),
+        ):
+            assert x.dtype == y.dtype
+            np.testing.assert_array_equal(x, y)
+    assert any(len(c.flat) for _, c, _ in a)
+    cells = [np.array([3, 1], np.int64), None, np.zeros(0, np.int64), np.array([7], np.int64)]
+    arr = pa.chunked_array([pa.array(cells[:2]), pa.array(cells[2:])])
+    fa, fb = (
+        FlatChains.from_arrow(arr.take(pa.array([3, 0, 1, 2]))),
+        FlatChains.pack(pd.Series(cells).iloc[[3, 0, 1, 2]]),
+    )
+    for x, y in ((fa.flat, fb.flat), (fa.offsets, fb.offsets), (fa.present, fb.present)):
+        np.testing.assert_array_equal(x, y)
+    assert (
+        fa.present.tolist() == [True, True, False, True] and fa[3].tolist() == [] and fa[1].tolist() == [3, 1]
+    )

@@ -109,6 +109,13 @@ def _slice(part: Any, i: int) -> Any:
     return part[0][i]
 
 
+def _steps_part(cleaned: Any) -> Any:
+    """A validated partition's steps as it holds them (scalar columns, Arrow table of the list
+    columns): the replay packs from these without unpacking a cell (:func:`training.dask_io.steps_of`
+    made a numpy object per list cell, five per step, beside the validated partitions)."""
+    return cleaned[0]
+
+
 def _cap_counts(part: Any) -> Any:
     """A replay task's answer without its slices: the synthetic cap's inputs only."""
     return ([], part[1], part[2])
@@ -313,7 +320,7 @@ def train_on_dask(
     src_f = client.submit(_identity, run_src, pure=False)  # a task: recomputed if its worker dies
     packs = client.compute(
         [
-            dask.delayed(pack_replay_input)(dask.delayed(steps_of)(c), src_f, keys, cfg.cache_replicas)
+            dask.delayed(pack_replay_input)(dask.delayed(_steps_part)(c), src_f, keys, cfg.cache_replicas)
             for c in cleaned
         ]
     )
