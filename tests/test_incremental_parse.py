@@ -327,26 +327,39 @@ def test_any_messages_conversation_parses_the_same_incrementally(opening, turns,
     tool use and results, refused ones), roles, serialisations, fields before or after the list
     (``max_tokens`` sometimes missing or bad, the system prompt, tools), appended turns and edits of
     earlier messages: every step's outcome equals the full parse's, continued conversations hit."""
-    full, inc = MessagesAdapter(), MessagesAdapter()
+    tools = [{"name": "f", "input_schema": {"type": "object"}}]
+
+    def fields(edit: int) -> dict[str, Any]:
+        f: dict[str, Any] = {"system": "You are an agent.", "tools": tools}
+        max_tokens = {5: None, 6: "64"}.get(edit, 64)
+        if max_tokens is not None:
+            f["max_tokens"] = max_tokens
+        return f
+
+    _grow_and_compare(
+        MessagesAdapter(), MessagesAdapter(), "messages", fields, opening, turns, style, edits, fields_first
+    )
+
+
+def _grow_and_compare(full, inc, list_key, fields, opening, turns, style, edits, fields_first) -> None:  # type: ignore[no-untyped-def]
+    """Grow a conversation turn by turn (``edits[i] == 3`` rewrites its first item; odd edits
+    stream), the other ``fields(edit)`` before or after the list: every step's outcome through
+    ``inc`` (parse cache on) equals ``full``'s, and a continued conversation hits the cache."""
     inc.use_parse_cache(64, 64 << 20)
     pc = inc.parse_cache
     assert full.parse_cache is None and pc is not None
-    msgs = list(opening)
+    items = list(opening)
     prev_ok = False
-    tools = [{"name": "f", "input_schema": {"type": "object"}}]
     for i, turn in enumerate(turns):
-        msgs = msgs + list(turn)
-        if edits[i] == 3 and len(msgs) > 1:  # edit an earlier message
-            msgs = [{"role": "user", "content": "edited"}] + msgs[1:]
-        fields: dict[str, Any] = {"system": "You are an agent.", "tools": tools}
-        fields["max_tokens"] = {5: None, 6: "64"}.get(edits[i], 64)
-        if fields["max_tokens"] is None:
-            del fields["max_tokens"]
-        body: dict[str, Any] = dict(fields) if fields_first else {}
-        body.update(model="auto", messages=msgs, stream=bool(edits[i] & 1))
+        items = items + list(turn)
+        if edits[i] == 3 and len(items) > 1:  # edit an earlier item
+            items = [{"role": "user", "content": "edited"}] + items[1:]
+        extra = fields(edits[i])
+        body: dict[str, Any] = dict(extra) if fields_first else {}
+        body.update({"model": "auto", list_key: items, "stream": bool(edits[i] & 1)})
         if not fields_first:
-            body.update(fields)
-        hits, n_before = pc.hits, len(msgs) - len(turn)
+            body.update(extra)
+        hits, n_before = pc.hits, len(items) - len(turn)
         got = _same(full, inc, _dump(body, style))
         ok = got[0] == "ok"
         if ok and prev_ok and edits[i] != 3 and n_before >= 2:  # a continued conversation
@@ -428,29 +441,26 @@ def test_any_responses_conversation_parses_the_same_incrementally(opening, turns
     step's outcome equals the full parse's, continued conversations hit."""
     from router.server.protocols.responses import ResponsesAdapter, ResponseStore
 
-    full, inc = ResponsesAdapter(ResponseStore(16)), ResponsesAdapter(ResponseStore(16))
-    inc.use_parse_cache(64, 64 << 20)
-    pc = inc.parse_cache
-    assert full.parse_cache is None and pc is not None
-    items = list(opening)
-    prev_ok = False
     tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
-    for i, turn in enumerate(turns):
-        items = items + list(turn)
-        if edits[i] == 3 and len(items) > 1:  # edit an earlier item
-            items = [{"role": "user", "content": "edited"}] + items[1:]
-        fields: dict[str, Any] = {"instructions": "You are an agent.", "tools": tools}
-        fields["max_output_tokens"] = {5: 0, 6: "64"}.get(edits[i], 64)
-        body: dict[str, Any] = dict(fields) if fields_first else {}
-        body.update(model="auto", input=items, stream=bool(edits[i] & 1))
-        if not fields_first:
-            body.update(fields)
-        hits, n_before = pc.hits, len(items) - len(turn)
-        got = _same(full, inc, _dump(body, style))
-        ok = got[0] == "ok"
-        if ok and prev_ok and edits[i] != 3 and n_before >= 2:  # a continued conversation
-            assert pc.hits == hits + 1
-        prev_ok = ok
+
+    def fields(edit: int) -> dict[str, Any]:
+        return {
+            "instructions": "You are an agent.",
+            "tools": tools,
+            "max_output_tokens": {5: 0, 6: "64"}.get(edit, 64),
+        }
+
+    _grow_and_compare(
+        ResponsesAdapter(ResponseStore(16)),
+        ResponsesAdapter(ResponseStore(16)),
+        "input",
+        fields,
+        opening,
+        turns,
+        style,
+        edits,
+        fields_first,
+    )
 
 
 @pytest.mark.parametrize(
