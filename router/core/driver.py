@@ -94,6 +94,16 @@ class StepTurn:
         self.release_slot = False  # finish / abandon: the adapter must release one admission slot
         self._slot = False  # claim took a slot that commit has not yet made the run's
 
+    def restart(self) -> None:
+        """Back to ``begun`` for the run's next step (:meth:`StepEngine.begin` with ``reuse``): the
+        state :meth:`__init__` sets, on this object."""
+        self.stage = BEGUN
+        self._plan = None
+        self.fell_back = False
+        self.unserved = False
+        self.release_slot = False
+        self._slot = False
+
     def _enter(self, call: str) -> StepPlan | None:
         needs = _NEEDS[call]
         if self.stage not in needs:

@@ -91,7 +91,7 @@ from features.schema import Step
 from models.types import Predictions
 from router.core.admission import SPILLED_REASON, AdmissionGate
 from router.core.budget import BudgetTracker
-from router.core.driver import DrivenTurn, StepPort, StepTurn, drive_step
+from router.core.driver import FINISHED, DrivenTurn, StepPort, StepTurn, drive_step
 from router.core.explore import ExploreBudget, step_price_usd
 from router.core.prefix_cache import max_hit_blocks
 from router.core.prefix_index import PrefixIndex, RunChain, TextChainer
@@ -185,9 +185,14 @@ class StepEngine:
         self._ci: dict[float, Predictions] = {}
 
     # ------------------------------------------------------------------ the call order
-    def begin(self, run: RunState, track: RunTrack) -> StepTurn:
+    def begin(self, run: RunState, track: RunTrack, reuse: StepTurn | None = None) -> StepTurn:
         """A new step of ``run``: the turn whose methods are the stages, in their order
-        (:mod:`router.core.driver`)."""
+        (:mod:`router.core.driver`). ``reuse``: the run's previous turn, once finished, is reset and
+        returned instead of a new one (an adapter that holds one turn per run, the simulator: no
+        object per step); any other turn is left alone."""
+        if reuse is not None and reuse.stage is FINISHED and reuse.run is run and reuse.track is track:
+            reuse.restart()
+            return reuse
         return StepTurn(self, run, track)
 
     def step(

@@ -381,7 +381,7 @@ class Simulator:
             )
         state = run.state
         pin = state.replica
-        turn = run.turn = eng.begin(state, run.track)
+        turn = run.turn = eng.begin(state, run.track, run.turn)  # the run's finished turn, reset
         plan = run.plan = turn.plan(
             req,
             self._backends(run, t, self._pin_only(run, s.prompt) if req.requested_model is None else None),
@@ -520,8 +520,10 @@ class Simulator:
     # ------------------------------------------------------------------ driver
     def run(self) -> SimResult:
         t_wall, t_cpu = time.perf_counter(), time.process_time()
-        for run, st in zip(self._runs, self.starts, strict=True):
-            self.loop.schedule(float(st), self._start_run, run)
+        # thousands of starts known up front: fed to the heap one at a time, in the same order
+        self.loop.schedule_many(
+            (float(st), self._start_run, run) for run, st in zip(self._runs, self.starts, strict=True)
+        )
         # the loop allocates a few short-lived objects per event; at CPython's default gen-0 threshold
         # (700) the collector runs every few steps and its older generations re-walk the workload and
         # the engine's per-run tracks: collect less often while the loop runs (cyclic garbage is still
