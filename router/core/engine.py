@@ -93,7 +93,6 @@ from router.core.admission import SPILLED_REASON, AdmissionGate
 from router.core.budget import BudgetTracker
 from router.core.driver import FINISHED, DrivenTurn, StepPort, StepTurn, drive_step
 from router.core.explore import ExploreBudget, step_price_usd
-from router.core.prefix_cache import max_hit_blocks
 from router.core.prefix_index import PrefixIndex, RunChain, TextChainer
 from router.core.record import LazyFeatures, StepRequest, StepResult, step_record
 from router.core.runs import CacheReading, RunTrack
@@ -326,7 +325,8 @@ class StepEngine:
             bt = idx.block_tokens
             n = req.chain_lookup if req.chain_lookup < len(chain) else len(chain)
             if not exact:
-                cap = max_hit_blocks(req.prompt_tokens, bt)
+                pt = req.prompt_tokens  # max_hit_blocks(pt, bt), inline
+                cap = (pt - 1) // bt if pt > 0 else 0
                 if cap < n:
                     n = cap
             own = track.last_tokens if track.last_tokens < req.prompt_tokens else req.prompt_tokens
@@ -335,7 +335,10 @@ class StepEngine:
             # replica without the chain's first block, two more when the run's hint there is right)
             reps = idx.replicas
             if len(backends) <= len(reps):  # the adapter gave some of the replicas: only theirs
-                names = [b.name for b in backends if b.tier == "local"]
+                names = []  # a loop, not a comprehension (its own frame in CPython 3.11)
+                for b in backends:
+                    if b.tier == "local":
+                        names.append(b.name)
                 hints = idx.lookup_some(chain, n, track.prefix_hints, names)
             else:
                 hints = idx.lookup(chain, n, track.prefix_hints)
