@@ -161,15 +161,8 @@ class StepTurn:
         """Engine stages 1-5; ``backends`` is a fresh list the engine may mutate."""
         if self.stage != BEGUN:
             self._refuse("plan")
-        p = self._plan = self.engine._plan(
-            self.run,
-            self.track,
-            req,
-            backends,
-            now=now,
-            policy=policy,
-            predictor=predictor,
-            active_local_runs=active_local_runs,
+        p = self._plan = self.engine._plan(  # positional, in _plan's order
+            self.run, self.track, req, backends, now, policy, predictor, active_local_runs
         )
         self.stage = (
             REJECTED if p.rejected else (CLAIMING if p.claim_limit is not None or p.late_local else PLANNED)
@@ -260,16 +253,8 @@ class StepTurn:
         p = self._plan
         assert p is not None
         self.stage = FINISHED
-        rec = self.engine._finish(
-            p,
-            self.track,
-            res,
-            now=now,
-            tier=tier,
-            replica=replica,
-            model=model,
-            arrival_s=arrival_s,
-            record=record,
+        rec = self.engine._finish(  # positional, in _finish's order
+            p, self.track, res, now, tier, replica, model, arrival_s, record
         )
         if res.status != 200 and p.admission is not None:  # a first step not served
             self.unserved = True

@@ -283,13 +283,13 @@ class StepEngine:
         track: RunTrack,
         req: StepRequest,
         backends: list[BackendState],
-        *,
         now: float | None,
         policy: Policy,
         predictor: Predictor,
         active_local_runs: int = 0,
     ) -> StepPlan:
-        """Steps 1-5 of the module docstring. ``backends`` is a fresh list the engine may mutate."""
+        """Steps 1-5 of the module docstring. ``backends`` is a fresh list the engine may mutate.
+        Positional (the turn's call, at every step: keyword arguments cost a name match each)."""
         step = run.steps_seen if run.steps_seen > track.next_step else track.next_step  # claim_step
         track.next_step = step + 1
         prefix = self.prefix(track, req, now)
@@ -505,7 +505,6 @@ class StepEngine:
         plan: StepPlan,
         track: RunTrack,
         res: StepResult,
-        *,
         now: float | None,
         tier: str | None,
         replica: str | None,
@@ -514,7 +513,8 @@ class StepEngine:
         record: bool = True,
     ) -> Step | None:
         """Close the step (module docstring, 8); returns its :class:`features.schema.Step` record
-        when ``record`` (else None). ``tier``/``replica``/``model``: what served it (None: nothing)."""
+        when ``record`` (else None). ``tier``/``replica``/``model``: what served it (None: nothing).
+        Positional, as :meth:`_plan`."""
         ok = res.status == 200
         req = plan.request
         prompt = res.prompt_tokens if res.prompt_tokens else req.prompt_tokens
