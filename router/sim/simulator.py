@@ -204,7 +204,6 @@ class Simulator:
         self._front: BackendState | None = None
         self._looping = False
         self._arrive_h = self._arrive  # bound once: scheduled at every step
-        self.pin_steps = 0  # steps given their pinned replica's state inline (_arrive), not by _backends
         self._res = StepResult(status=200)  # a served step's result (_step_done sets its fields)
 
     def _engine(self, admission: AdmissionController | AdmissionConfig | None) -> StepEngine:
@@ -409,7 +408,6 @@ class Simulator:
                     fs.running = self.frontier.running(t)
                     fs.warm_prefix_tokens = 0
                     backends = [st, fs]
-                    self.pin_steps += 1
                 else:
                     backends = self._backends(run, t, i)
             else:
