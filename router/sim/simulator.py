@@ -382,40 +382,18 @@ class Simulator:
         state = run.state
         pin = state.replica
         turn = run.turn = eng.begin(state, run.track, run.turn)  # the run's finished turn, reset
-        # self._backends(run, t, self._pin_only(run, s.prompt)), its common case inline: a step of a
-        # run pinned to a replica under a pin-keeping policy, no scale-to-zero (the methods say why)
-        if (
-            self._keeps_pin
-            and not self._stz
+        # self._pin_only(run, s.prompt), inline (at every step)
+        pin_i = (
+            self._local_pos.get(pin)
+            if self._keeps_pin
             and state.tier == "local"
             and pin is not None
             and req.requested_model is None
             and s.prompt <= self.local_max_context
             and (eng.admission is None or state.admitted is not None)
-        ):
-            i = self._local_pos.get(pin)
-            if i is not None:
-                rep = self.replicas[i]
-                st = self._local_cache[i]
-                if rep.marked:  # read now: it stays on the change list, skipped there unless marked again
-                    rep.marked = False
-                    self._refresh(st, rep, t)
-                    changed = self._changed
-                    if len(changed) > 4 * len(self.replicas) + 16:  # re-marked often: drop stale
-                        changed[:] = [r for r in dict.fromkeys(changed) if r.marked]
-                fs = self._front
-                if fs is not None:
-                    fs.running = self.frontier.running(t)
-                    fs.warm_prefix_tokens = 0
-                    backends = [st, fs]
-                else:
-                    backends = self._backends(run, t, i)
-            else:
-                backends = self._backends(run, t, None)
-        else:
-            backends = self._backends(
-                run, t, self._pin_only(run, s.prompt) if req.requested_model is None else None
-            )
+            else None
+        )
+        backends = self._backends(run, t, pin_i)
         plan = run.plan = turn.plan(
             req,
             backends,
