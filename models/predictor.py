@@ -90,7 +90,11 @@ class ConstantPredictor:
         )
 
     def predict(self, prefix: RunPrefix) -> Predictions:
-        return self._capped(float(prefix.new_prompt_tokens))
+        p = self.predictions  # self._capped(...), its common case inline (called at every step)
+        prompt = float(prefix.new_prompt_tokens)
+        if p.cache_reuse_tokens <= prompt:
+            return p
+        return self._capped(prompt)
 
     def predict_features(self, x: np.ndarray) -> Predictions:
         return self._capped(float(x[_CTX]))

@@ -228,3 +228,38 @@ def test_a_cached_state_refreshed_in_place_equals_a_fresh_one(monkeypatch, scrap
     cfg = replace(SimConfig(profile=load_profile(None, "a100"), replicas=3, kv_cache_gb=4.0), scrape=scrape)
     Simulator(w, build_policy("always-local"), cfg, st).run()
     assert n[0] > 100
+
+
+def test_schedule_many_runs_events_in_the_order_schedule_would() -> None:
+    """EventLoop.schedule_many keeps its events out of the heap until they are next: the same
+    (time, order scheduled) order as scheduling each, ties, past times and events that handlers
+    schedule while the loop runs included; ``len`` counts the waiting ones."""
+    import random
+
+    from router.sim.engine import EventLoop
+
+    rng = random.Random(3)
+    times = [float(rng.choice([0.0, 1.0, 2.5, 2.5, 4.0, rng.uniform(0, 5)])) for _ in range(200)]
+
+    def drive(many: bool) -> list[tuple[float, int]]:
+        loop = EventLoop()
+        seen: list[tuple[float, int]] = []
+
+        def h(i: int) -> None:
+            seen.append((loop.now, i))
+            if i % 3 == 0:  # a follow-up at the same instant or later, scheduled mid-run
+                loop.schedule(loop.now + (i % 2) * 0.5, h, 1000 + i)
+
+        loop.schedule(2.5, h, -1)  # scheduled before the batch: runs first among the 2.5 ties
+        items = [(t, h, i) for i, t in enumerate(times)]
+        if many:
+            loop.schedule_many(items)
+            assert len(loop) == len(times) + 1
+        else:
+            for t, hd, a in items:
+                loop.schedule(t, hd, a)
+        loop.schedule(2.5, h, -2)  # after it: runs after the batch's 2.5 ties
+        loop.run()
+        return seen
+
+    assert drive(True) == drive(False)

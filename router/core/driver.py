@@ -94,6 +94,16 @@ class StepTurn:
         self.release_slot = False  # finish / abandon: the adapter must release one admission slot
         self._slot = False  # claim took a slot that commit has not yet made the run's
 
+    def restart(self) -> None:
+        """Back to ``begun`` for the run's next step (:meth:`StepEngine.begin` with ``reuse``): the
+        state :meth:`__init__` sets, on this object."""
+        self.stage = BEGUN
+        self._plan = None
+        self.fell_back = False
+        self.unserved = False
+        self.release_slot = False
+        self._slot = False
+
     def _enter(self, call: str) -> StepPlan | None:
         needs = _NEEDS[call]
         if self.stage not in needs:
@@ -151,15 +161,8 @@ class StepTurn:
         """Engine stages 1-5; ``backends`` is a fresh list the engine may mutate."""
         if self.stage != BEGUN:
             self._refuse("plan")
-        p = self._plan = self.engine._plan(
-            self.run,
-            self.track,
-            req,
-            backends,
-            now=now,
-            policy=policy,
-            predictor=predictor,
-            active_local_runs=active_local_runs,
+        p = self._plan = self.engine._plan(  # positional, in _plan's order
+            self.run, self.track, req, backends, now, policy, predictor, active_local_runs
         )
         self.stage = (
             REJECTED if p.rejected else (CLAIMING if p.claim_limit is not None or p.late_local else PLANNED)
@@ -250,16 +253,8 @@ class StepTurn:
         p = self._plan
         assert p is not None
         self.stage = FINISHED
-        rec = self.engine._finish(
-            p,
-            self.track,
-            res,
-            now=now,
-            tier=tier,
-            replica=replica,
-            model=model,
-            arrival_s=arrival_s,
-            record=record,
+        rec = self.engine._finish(  # positional, in _finish's order
+            p, self.track, res, now, tier, replica, model, arrival_s, record
         )
         if res.status != 200 and p.admission is not None:  # a first step not served
             self.unserved = True

@@ -91,9 +91,8 @@ from features.schema import Step
 from models.types import Predictions
 from router.core.admission import SPILLED_REASON, AdmissionGate
 from router.core.budget import BudgetTracker
-from router.core.driver import DrivenTurn, StepPort, StepTurn, drive_step
+from router.core.driver import FINISHED, DrivenTurn, StepPort, StepTurn, drive_step
 from router.core.explore import ExploreBudget, step_price_usd
-from router.core.prefix_cache import max_hit_blocks
 from router.core.prefix_index import PrefixIndex, RunChain, TextChainer
 from router.core.record import LazyFeatures, StepRequest, StepResult, step_record
 from router.core.runs import CacheReading, RunTrack
@@ -185,9 +184,14 @@ class StepEngine:
         self._ci: dict[float, Predictions] = {}
 
     # ------------------------------------------------------------------ the call order
-    def begin(self, run: RunState, track: RunTrack) -> StepTurn:
+    def begin(self, run: RunState, track: RunTrack, reuse: StepTurn | None = None) -> StepTurn:
         """A new step of ``run``: the turn whose methods are the stages, in their order
-        (:mod:`router.core.driver`)."""
+        (:mod:`router.core.driver`). ``reuse``: the run's previous turn, once finished, is reset and
+        returned instead of a new one (an adapter that holds one turn per run, the simulator: no
+        object per step); any other turn is left alone."""
+        if reuse is not None and reuse.stage is FINISHED and reuse.run is run and reuse.track is track:
+            reuse.restart()
+            return reuse
         return StepTurn(self, run, track)
 
     def step(
@@ -279,13 +283,13 @@ class StepEngine:
         track: RunTrack,
         req: StepRequest,
         backends: list[BackendState],
-        *,
         now: float | None,
         policy: Policy,
         predictor: Predictor,
         active_local_runs: int = 0,
     ) -> StepPlan:
-        """Steps 1-5 of the module docstring. ``backends`` is a fresh list the engine may mutate."""
+        """Steps 1-5 of the module docstring. ``backends`` is a fresh list the engine may mutate.
+        Positional (the turn's call, at every step: keyword arguments cost a name match each)."""
         step = run.steps_seen if run.steps_seen > track.next_step else track.next_step  # claim_step
         track.next_step = step + 1
         prefix = self.prefix(track, req, now)
@@ -321,7 +325,8 @@ class StepEngine:
             bt = idx.block_tokens
             n = req.chain_lookup if req.chain_lookup < len(chain) else len(chain)
             if not exact:
-                cap = max_hit_blocks(req.prompt_tokens, bt)
+                pt = req.prompt_tokens  # max_hit_blocks(pt, bt), inline
+                cap = (pt - 1) // bt if pt > 0 else 0
                 if cap < n:
                     n = cap
             own = track.last_tokens if track.last_tokens < req.prompt_tokens else req.prompt_tokens
@@ -330,7 +335,10 @@ class StepEngine:
             # replica without the chain's first block, two more when the run's hint there is right)
             reps = idx.replicas
             if len(backends) <= len(reps):  # the adapter gave some of the replicas: only theirs
-                names = [b.name for b in backends if b.tier == "local"]
+                names = []  # a loop, not a comprehension (its own frame in CPython 3.11)
+                for b in backends:
+                    if b.tier == "local":
+                        names.append(b.name)
                 hints = idx.lookup_some(chain, n, track.prefix_hints, names)
             else:
                 hints = idx.lookup(chain, n, track.prefix_hints)
@@ -497,7 +505,6 @@ class StepEngine:
         plan: StepPlan,
         track: RunTrack,
         res: StepResult,
-        *,
         now: float | None,
         tier: str | None,
         replica: str | None,
@@ -506,7 +513,8 @@ class StepEngine:
         record: bool = True,
     ) -> Step | None:
         """Close the step (module docstring, 8); returns its :class:`features.schema.Step` record
-        when ``record`` (else None). ``tier``/``replica``/``model``: what served it (None: nothing)."""
+        when ``record`` (else None). ``tier``/``replica``/``model``: what served it (None: nothing).
+        Positional, as :meth:`_plan`."""
         ok = res.status == 200
         req = plan.request
         prompt = res.prompt_tokens if res.prompt_tokens else req.prompt_tokens

@@ -208,16 +208,22 @@ class PrefixCache:
         if n_blocks + n_hashed <= free + len(lru):
             # fits whatever is cached (need <= n_blocks, present_free <= n_hashed): reference the
             # present blocks in the same pass
-            for i, b in enumerate(chain if n_hashed == len(chain) else chain[:n_hashed]):
+            for b in chain if n_hashed == len(chain) else chain[:n_hashed]:
                 rc = get(b)
                 if rc is None:
                     n_new += 1
-                    if hit < 0:
-                        hit = i
                 else:
                     if rc == 0:
                         del lru[b]
                     ref[b] = rc + 1
+            if n_new:  # the first absent block: the absent ones are usually the chain's last n_new
+                hit = n_hashed - n_new
+                for i in range(hit, n_hashed):
+                    if chain[i] in ref:  # not the tail after all: the first absent one from the start
+                        hit = 0
+                        while chain[hit] in ref:
+                            hit += 1
+                        break
             need = n_new + n_blocks - n_hashed
         else:
             last = -1  # the last present block

@@ -108,6 +108,9 @@ class RunTrack:
             return 1.0  # the cache was lost (wipe, restart) since the run's previous step
         if now <= self.cache_mark:
             return 0.0  # a lagging counter has not caught up with the run's own last step yet
+        if cap > 0:  # turnover(now, self.cache_mark, cap), inline (now > mark: no wipe, no clip at 0)
+            d = (now - self.cache_mark) / cap
+            return d if d < 1.0 else 1.0
         return turnover(now, self.cache_mark, cap)
 
     def mark_cache(

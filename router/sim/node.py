@@ -232,6 +232,8 @@ class Replica:
         self._releases = 0  # KV releases so far (a failed admission is retried only after one)
         self.watch: list[Replica] | None = None  # the simulator's change list (module docstring)
         self.marked = False  # already on ``watch`` since the simulator last read it
+        self._end_chunk_h = self._end_chunk  # bound once: scheduled at every iteration
+        self._end_epoch_h = self._end_epoch
 
     def _touch(self) -> None:
         if not self.marked and self.watch is not None:
@@ -337,7 +339,7 @@ class Replica:
         if k1 < k:
             self.gen += 1
             self._ep = (t0, k1, a_term, dn)
-            self.loop.schedule(t0 + (k1 * a_term + dn * k1 * (k1 - 1) / 2), self._end_epoch, self.gen)
+            self.loop.schedule(t0 + (k1 * a_term + dn * k1 * (k1 - 1) / 2), self._end_epoch_h, self.gen)
 
     # ------------------------------------------------------------------ KV cache
     def _try_admit(self, req: Request) -> bool:
@@ -395,9 +397,25 @@ class Replica:
             self.marked = True
             self.watch.append(self)
         p = self.p
+        spec = self.spec
+        if not spec and not self.prefilling and not self.waiting and self._n_dec:
+            # decode only (the common case between arrivals): every running request decodes, nothing
+            # is admitted or prefilled; the epoch below, without the general pass's set-up
+            n_dec = self._n_dec
+            tick = self.tick
+            self.busy = True
+            self.gen += 1
+            k = self._fin[0][0] - tick if self.fast_forward else 1
+            a_term = p.a + p.e * n_dec + p.d * (self._dec_s + n_dec * tick)
+            dn = p.d * n_dec
+            self._ep = (t, k, a_term, dn)
+            loop = self.loop  # loop.schedule(...), inline (t is now)
+            loop._seq += 1
+            te = t + k * a_term + dn * k * (k - 1) / 2
+            heapq.heappush(loop._heap, (te if te >= t else t, loop._seq, self._end_epoch_h, self.gen))
+            return
         budget = p.token_budget
         running = self.running
-        spec = self.spec
         tick = self.tick
         n_dec = self._n_dec
         grow: float = 0  # context growth per iteration of the decoding requests (spec only)
@@ -470,7 +488,10 @@ class Replica:
                 if self.draft_tok_s:
                     dt += self.draft_tok_s * vt
             self._ep = None
-            self.loop.schedule(t + dt, self._end_chunk, self.gen)
+            loop = self.loop  # loop.schedule(t + dt, self._end_chunk, self.gen), inline (t is now)
+            loop._seq += 1
+            te = t + dt
+            heapq.heappush(loop._heap, (te if te >= t else t, loop._seq, self._end_chunk_h, self.gen))
             return
         k = self._fin[0][0] - tick if self.fast_forward else 1
         a_term = p.a + p.e * n_dec + p.d * ctx
@@ -482,7 +503,10 @@ class Replica:
         else:
             dn = p.d * n_dec
         self._ep = (t, k, a_term, dn)
-        self.loop.schedule(t + k * a_term + dn * k * (k - 1) / 2, self._end_epoch, self.gen)
+        loop = self.loop  # loop.schedule(...), inline (t is now)
+        loop._seq += 1
+        te = t + k * a_term + dn * k * (k - 1) / 2
+        heapq.heappush(loop._heap, (te if te >= t else t, loop._seq, self._end_epoch_h, self.gen))
 
     def _decoding(self, r: Request, base: int) -> None:
         """``r`` decodes from now on: ``decoded`` = tick - ``base`` (decode bookkeeping)."""
@@ -531,7 +555,11 @@ class Replica:
             still.append(r)
         self.owed = owed
         self.prefilling = still
-        self._finish(self._due(), t)
+        fin = self._fin  # self._due(), inline
+        if fin and fin[0][0] <= tick:
+            self._finish(self._due(), t)
+        else:
+            self._start(t)
 
     def _end_epoch(self, gen: int) -> None:
         if gen != self.gen:
@@ -539,9 +567,13 @@ class Replica:
         t = self.loop.now
         _, k, _, _ = self._ep  # type: ignore[misc]
         self.iterations += k
-        self.tick += k  # every running request is decoding in an epoch
+        tick = self.tick = self.tick + k  # every running request is decoding in an epoch
         self._ep = None
-        self._finish(self._due(), t)
+        fin = self._fin
+        if fin and fin[0][0] <= tick:
+            self._finish(self._due(), t)
+        else:  # a shortened epoch (an arrival came): it ends before any request finishes
+            self._start(t)
 
     def _finish(self, done: list[Request], t: float) -> None:
         if done:

@@ -381,10 +381,22 @@ class Simulator:
             )
         state = run.state
         pin = state.replica
-        turn = run.turn = eng.begin(state, run.track)
+        turn = run.turn = eng.begin(state, run.track, run.turn)  # the run's finished turn, reset
+        # self._pin_only(run, s.prompt), inline (at every step)
+        pin_i = (
+            self._local_pos.get(pin)
+            if self._keeps_pin
+            and state.tier == "local"
+            and pin is not None
+            and req.requested_model is None
+            and s.prompt <= self.local_max_context
+            and (eng.admission is None or state.admitted is not None)
+            else None
+        )
+        backends = self._backends(run, t, pin_i)
         plan = run.plan = turn.plan(
             req,
-            self._backends(run, t, self._pin_only(run, s.prompt) if req.requested_model is None else None),
+            backends,
             now=t,
             policy=self.policy,
             predictor=self.predictor,
@@ -520,8 +532,10 @@ class Simulator:
     # ------------------------------------------------------------------ driver
     def run(self) -> SimResult:
         t_wall, t_cpu = time.perf_counter(), time.process_time()
-        for run, st in zip(self._runs, self.starts, strict=True):
-            self.loop.schedule(float(st), self._start_run, run)
+        # thousands of starts known up front: fed to the heap one at a time, in the same order
+        self.loop.schedule_many(
+            (float(st), self._start_run, run) for run, st in zip(self._runs, self.starts, strict=True)
+        )
         # the loop allocates a few short-lived objects per event; at CPython's default gen-0 threshold
         # (700) the collector runs every few steps and its older generations re-walk the workload and
         # the engine's per-run tracks: collect less often while the loop runs (cyclic garbage is still
