@@ -211,3 +211,124 @@ def test_rewrite_body_joins_what_the_splices_gave(raw):
         for usage in (False, True):
             out = rewrite_body(raw, body, model, usage)
             assert type(out) is bytes and out == _spliced(raw, body, model, usage)
+
+
+def _scripted(messages: list[dict], waits: set[int] = frozenset()):
+    """A receive handing out ``messages`` in order; those whose index is in ``waits`` come after
+    a loop turn (the receive suspends first), the others at once."""
+    it = iter(enumerate(messages))
+
+    async def receive():
+        i, msg = next(it)
+        if i in waits:
+            await asyncio.sleep(0)
+        return msg
+
+    return receive
+
+
+BODY_SCRIPTS = [
+    [{"type": "http.request", "body": b'{"a": 1}', "more_body": False}],
+    [
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"", "more_body": True},
+        {"type": "http.request", "body": b"cd", "more_body": False},
+    ],
+    [{"type": "http.request", "more_body": False}],
+    [{"type": "http.request", "body": b"ab", "more_body": True}, {"type": "http.disconnect"}],
+    [{"type": "lifespan.odd"}, {"type": "http.request", "body": b"x", "more_body": False}],
+]
+
+
+@pytest.mark.parametrize("script", BODY_SCRIPTS)
+def test_read_body_leaves_what_starlettes_body_leaves(script):
+    """``read_body`` with a Content-Length (plain awaits) = ``Request.body()`` (its async
+    generator): the same body or ClientDisconnect, the same state on the request, a second read."""
+    from starlette.requests import ClientDisconnect
+
+    from router.server.hotpath.backends import read_body
+
+    def req(waits):
+        r = _request(_scripted(script, waits))
+        r.scope["headers"] = [(b"content-length", b"4")]
+        return r
+
+    async def outcome(read, r):
+        try:
+            got = await read(r)
+        except ClientDisconnect:
+            got = "disconnect"
+        again = None
+        if got != "disconnect":
+            again = await read(r)
+        return (
+            got,
+            again,
+            getattr(r, "_body", None),
+            r._stream_consumed,
+            getattr(r, "_is_disconnected", False),
+        )
+
+    async def go():
+        for waits in (set(), {0, 1, 2}):
+            ours = await outcome(lambda r: read_body(r, 1 << 20), req(waits))
+            theirs = await outcome(lambda r: r.body(), req(waits))
+            assert ours == theirs, (script, waits)
+
+    asyncio.run(go())
+
+
+def test_receive_within_reads_at_once_waits_under_the_deadline_and_times_out():
+    """``limits._receive_within``: a message that is there is read without a timer; one that
+    comes after a wait is read under the deadline; none within it is 408; a cancellation of the
+    caller reaches the receive."""
+    from router.server.limits import BodyError, _receive_within
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        timers = len(loop._scheduled)
+        msg = {"type": "http.request", "body": b"x", "more_body": False}
+
+        async def at_once():
+            return msg
+
+        assert await _receive_within(at_once, 5.0) is msg
+        assert len(loop._scheduled) == timers  # no timer armed
+
+        async def later():
+            await asyncio.sleep(0.01)
+            await asyncio.sleep(0)
+            return msg
+
+        assert await _receive_within(later, 5.0) is msg
+
+        ev = asyncio.Event()
+        seen: list[str] = []
+
+        async def never():
+            try:
+                await ev.wait()
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+            return msg
+
+        with pytest.raises(BodyError) as e:
+            await _receive_within(never, 0.05)
+        assert e.value.status == 408 and seen == ["cancelled"] and not ev._waiters
+
+        task = asyncio.ensure_future(_receive_within(never, 5.0))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert seen == ["cancelled", "cancelled"] and not ev._waiters
+
+        async def fails():
+            await asyncio.sleep(0)
+            raise ValueError("boom")
+
+        with pytest.raises(ValueError):
+            await _receive_within(fails, 5.0)
+
+    asyncio.run(go())

@@ -30,7 +30,7 @@ import inspect
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from router.core.runs import CacheReading
 from router.policy.admission import PRIORITIES
@@ -159,7 +159,7 @@ async def read_body(request: Request, max_body: int) -> bytes:
                 f"body of {n} bytes exceeds the limit of {max_body}",
                 {"connection": "close"},
             )
-        return await request.body()
+        return await _whole_body(request)
     parts, total = [], 0
     async for chunk in request.stream():
         total += len(chunk)
@@ -167,6 +167,33 @@ async def read_body(request: Request, max_body: int) -> bytes:
             raise ProxyError(413, "body_too_large", f"body exceeds the limit of {max_body} bytes")
         parts.append(chunk)
     return b"".join(parts)
+
+
+async def _whole_body(request: Request) -> bytes:
+    """``await request.body()`` (starlette 1.x: the same messages read, the same state left on the
+    request: ``_body``, ``_stream_consumed``, ``_is_disconnected`` + :class:`ClientDisconnect`),
+    read with plain awaits instead of through the ``stream()`` async generator."""
+    if hasattr(request, "_body"):
+        return request._body  # type: ignore[no-any-return]
+    if request._stream_consumed:
+        raise RuntimeError("Stream consumed")
+    receive = request.receive
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.request":
+            body = message.get("body", b"")
+            if body:
+                chunks.append(body)
+            if not message.get("more_body", False):
+                request._stream_consumed = True
+                break
+        elif kind == "http.disconnect":
+            request._is_disconnected = True
+            raise ClientDisconnect()
+    body = request._body = b"".join(chunks)
+    return body
 
 
 def client_gone(request: Request) -> bool:
