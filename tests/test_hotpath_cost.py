@@ -338,3 +338,33 @@ def test_receive_within_reads_at_once_waits_under_the_deadline_and_times_out():
             await _receive_within(fails, 5.0)
 
     asyncio.run(go())
+
+
+def test_first_headers_answer_what_starlettes_headers_answer():
+    """``FirstHeaders`` (the hot path's request headers) = starlette's ``Headers`` for ``get``,
+    ``[]`` and ``in``: names compared lower-cased, the first of a repeated name, absent names."""
+    from starlette.datastructures import Headers
+
+    from router.server.hotpath.backends import FirstHeaders, HotRequest
+
+    raw = [
+        (b"host", b"x"),
+        (b"x-run-id", b"run-1"),
+        (b"x-priority", b"batch"),
+        (b"x-run-id", b"run-2"),
+        (b"anthropic-beta", b"caf\xe9"),
+        (b"empty", b""),
+    ]
+    names = ["x-run-id", "X-Run-Id", "X-PRIORITY", "anthropic-beta", "empty", "absent", "Host", ""]
+    ours, theirs = FirstHeaders({"headers": list(raw)}), Headers(scope={"headers": list(raw)})
+    for n in names:
+        assert ours.get(n) == theirs.get(n) and ours.get(n, "d") == theirs.get(n, "d"), n
+        assert (n in ours) == (n in theirs), n
+        if n in theirs:
+            assert ours[n] == theirs[n], n
+        else:
+            with pytest.raises(KeyError):
+                ours[n]
+    assert ours.getlist("x-run-id") == theirs.getlist("x-run-id") and ours.raw == theirs.raw
+    req = HotRequest({"type": "http", "method": "POST", "path": "/", "headers": list(raw)})
+    assert isinstance(req.headers, FirstHeaders) and req.headers is req.headers

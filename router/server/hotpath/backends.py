@@ -30,6 +30,7 @@ import inspect
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 
 from router.core.runs import CacheReading
@@ -143,6 +144,45 @@ def state_of(states: list[BackendState], name: str) -> BackendState | None:
         if b.name == name:
             return b
     return None
+
+
+class FirstHeaders(Headers):
+    """starlette's ``Headers`` whose lookups (``get``, ``[]``, ``in``) read a dict of each name's
+    first value, built once: starlette scans the list per lookup and raises a KeyError inside
+    ``get`` for every absent name, and the hot path looks up about ten names per request, most of
+    them absent. Same answers (names compared lower-cased, the first value of a repeated name)."""
+
+    def __init__(self, scope: Any) -> None:
+        super().__init__(scope=scope)
+        first: dict[bytes, bytes] = {}
+        for k, v in self._list:
+            if k not in first:
+                first[k] = v
+        self._first = first
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self._first.get(key.lower().encode("latin-1"))
+        return default if v is None else v.decode("latin-1")
+
+    def __getitem__(self, key: str) -> str:
+        v = self._first.get(key.lower().encode("latin-1"))
+        if v is None:
+            raise KeyError(key)
+        return v.decode("latin-1")
+
+    def __contains__(self, key: Any) -> bool:
+        return key.lower().encode("latin-1") in self._first
+
+
+class HotRequest(Request):
+    """The hot path's request: its headers are :class:`FirstHeaders`."""
+
+    @property
+    def headers(self) -> Headers:
+        h: Headers | None = getattr(self, "_headers", None)
+        if h is None:
+            h = self._headers = FirstHeaders(self.scope)
+        return h
 
 
 async def read_body(request: Request, max_body: int) -> bytes:
