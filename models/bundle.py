@@ -110,7 +110,7 @@ class _RowPredictor:
     def __call__(self) -> float:
         if self._fn(*self._args):  # non-zero: LightGBM's error, raised as lightgbm raises it
             self._check(-1)
-        return self._out.value  # type: ignore[no-any-return]
+        return self._out.value
 
     def __del__(self) -> None:
         cfg = getattr(self, "_cfg", None)

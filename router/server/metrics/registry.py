@@ -222,7 +222,8 @@ class RouterMetrics:
             setattr(self, spec.attr, self._make(spec))
         self._bundle_labels: tuple[str, str] | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        self._steps: dict[tuple[str | None, str, int, str, str], _StepSeries] = {}  # step_finished
+        # step_finished: by (protocol, tier, status, model, backend)
+        self._steps: dict[tuple[Any, ...], _StepSeries] = {}
 
     def _make(self, spec: MetricSpec) -> Any:
         kw: dict[str, Any] = {"registry": self.registry, "unit": spec.unit}
