@@ -368,3 +368,52 @@ def test_first_headers_answer_what_starlettes_headers_answer():
     assert ours.getlist("x-run-id") == theirs.getlist("x-run-id") and ours.raw == theirs.raw
     req = HotRequest({"type": "http", "method": "POST", "path": "/", "headers": list(raw)})
     assert isinstance(req.headers, FirstHeaders) and req.headers is req.headers
+
+
+def test_store_expiry_skip_equals_the_full_walk():
+    """``InProcessStore._expire`` skips its walk until the oldest entry can be due: random puts,
+    gets, step counters and signals on a stepping clock (ttl changed now and then) leave the same
+    runs, counters and signals as the walk at every call."""
+    from router.policy.types import RunState
+    from router.server.state.store import InProcessStore
+
+    class Walking(InProcessStore):
+        def _expire(self) -> None:  # the walk at every call (the form before the skip)
+            now = self._clock()
+            for d in (self._runs, self._steps, self._signals):
+                while d:
+                    rid, (t, _) = next(iter(d.items()))
+                    if now - t < self.ttl_s:
+                        break
+                    d.pop(rid)
+
+    rng = random.Random(5)
+    now = [0.0]
+    stores = [InProcessStore(ttl_s=10.0, clock=lambda: now[0]), Walking(ttl_s=10.0, clock=lambda: now[0])]
+
+    async def go():
+        for _ in range(3000):
+            now[0] += rng.choice([0.0, 0.5, 1.0, 3.0, 9.999, 10.0])
+            rid = f"r{rng.randrange(12)}"
+            op = rng.randrange(5)
+            if rng.random() < 0.02:
+                ttl = rng.choice([2.0, 10.0, 30.0])
+                for s in stores:
+                    s.ttl_s = ttl
+            got = []
+            for s in stores:
+                if op == 0:
+                    await s.put(RunState(run_id=rid, replica="local-0"))
+                elif op == 1:
+                    got.append(await s.get(rid))
+                elif op == 2:
+                    got.append(await s.begin_step(rid, 0))
+                elif op == 3:
+                    got.append(await s.add_signal(rid, "tool_error", 4))
+                else:
+                    got.append((await s.signals(rid), s.counters()))
+            assert not got or got[0] == got[1]
+            a, b = stores
+            assert list(a._runs) == list(b._runs) and a._steps == b._steps and a._signals == b._signals
+
+    asyncio.run(go())
