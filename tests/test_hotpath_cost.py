@@ -6,7 +6,11 @@
   order, the same fields set, unknown names dropped, required fields left out when absent);
 - ``client_gone`` answers what starlette's ``Request.is_disconnected`` answers: a disconnect that
   is already there, a body message that is there (dropped, not a disconnect), nothing there yet
-  (the receive's wait is unregistered).
+  (the receive's wait is unregistered);
+- ``read_body`` (plain awaits) leaves what starlette's ``Request.body()`` leaves, ``_receive_within``
+  reads a message that is there without a timer and still times out / cancels a wait,
+  ``FirstHeaders`` answers what starlette's ``Headers`` answers, the in-process store's expiry skip
+  equals the full walk (issue 26, fifth pass).
 """
 
 from __future__ import annotations
