@@ -97,19 +97,20 @@ class _RowPredictor:
                 ctypes.byref(self._cfg),
             )
         )
-        self._out = np.zeros(1, dtype=np.float64)
+        self._out = ctypes.c_double(0.0)  # read back as a Python float (``.value``): no numpy scalar
         self._out_len = ctypes.c_int64(0)
         self._args = (
             self._cfg,
             ctypes.c_void_p(row.ctypes.data),
             ctypes.byref(self._out_len),
-            self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_double)),
+            ctypes.byref(self._out),
         )
         self._fn = _LIB.LGBM_BoosterPredictForMatSingleRowFast
 
     def __call__(self) -> float:
-        self._check(self._fn(*self._args))
-        return float(self._out[0])
+        if self._fn(*self._args):  # non-zero: LightGBM's error, raised as lightgbm raises it
+            self._check(-1)
+        return self._out.value
 
     def __del__(self) -> None:
         cfg = getattr(self, "_cfg", None)
@@ -265,15 +266,18 @@ class ModelBundle:
         if toks_p:
             qt = self.remaining_tokens.finish_fast([f() for f in toks_p])
             t50, t90 = max(qt[0], 0.0), max(qt[-1], 0.0)
-        return Predictions(
-            p_frontier=min(max(p, 0.0), 1.0),
-            cache_reuse_tokens=max(cache, 0.0),
-            remaining_steps_p50=s50,
-            remaining_steps_p90=s90,
-            remaining_tokens_p50=t50,
-            remaining_tokens_p90=t90,
-            **(extra or {}),
-        )
+        if extra:
+            return Predictions(
+                p_frontier=min(max(p, 0.0), 1.0),
+                cache_reuse_tokens=max(cache, 0.0),
+                remaining_steps_p50=s50,
+                remaining_steps_p90=s90,
+                remaining_tokens_p50=t50,
+                remaining_tokens_p90=t90,
+                **extra,
+            )
+        # positional (Predictions' field order): no keyword dict per step
+        return Predictions(min(max(p, 0.0), 1.0), max(cache, 0.0), s50, s90, t50, t90)
 
     # ------------------------------------------------------------------ persistence
 

@@ -6,7 +6,11 @@
   order, the same fields set, unknown names dropped, required fields left out when absent);
 - ``client_gone`` answers what starlette's ``Request.is_disconnected`` answers: a disconnect that
   is already there, a body message that is there (dropped, not a disconnect), nothing there yet
-  (the receive's wait is unregistered).
+  (the receive's wait is unregistered);
+- ``read_body`` (plain awaits) leaves what starlette's ``Request.body()`` leaves, ``_receive_within``
+  reads a message that is there without a timer and still times out / cancels a wait,
+  ``FirstHeaders`` answers what starlette's ``Headers`` answers, the in-process store's expiry skip
+  equals the full walk (issue 26, fifth pass).
 """
 
 from __future__ import annotations
@@ -107,16 +111,22 @@ _STEP = dict(
         _STEP,
         {**_STEP, "not_a_field": 1},
         {k: v for k, v in _STEP.items() if k not in ("signals", "run_id", "explore")},
+        {k: v for k, v in _STEP.items() if k not in ("tool_calls", "tool_result_errors")},
     ],
-    ids=["all", "unknown-name", "some-absent"],
+    ids=["all", "unknown-name", "some-absent", "factory-defaults"],
 )
 def test_construct_step_equals_model_construct(values):
-    a, b = Step.model_construct(**values), _construct_step(**values)
-    assert list(a.__dict__.items()) == list(b.__dict__.items())
-    assert a.model_fields_set == b.model_fields_set
-    assert a.__pydantic_extra__ == b.__pydantic_extra__ and a == b
-    if "run_id" in values:
-        assert Step.model_validate(b.model_dump()) == Step.model_validate(a.model_dump())
+    for _ in range(2):  # the first call works out the layout of these names, the second reuses it
+        a, b = Step.model_construct(**values), _construct_step(**values)
+        assert list(a.__dict__.items()) == list(b.__dict__.items())
+        assert a.model_fields_set == b.model_fields_set
+        assert a.__pydantic_extra__ == b.__pydantic_extra__ and a == b
+        if "run_id" in values:
+            assert Step.model_validate(b.model_dump()) == Step.model_validate(a.model_dump())
+    c = _construct_step(**values)  # a mutable default is made per record, never shared
+    for n, v in b.__dict__.items():
+        if n not in values and isinstance(v, (list, dict, set)):
+            assert c.__dict__[n] == v and c.__dict__[n] is not v, n
 
 
 def _request(receive) -> Request:
@@ -211,3 +221,203 @@ def test_rewrite_body_joins_what_the_splices_gave(raw):
         for usage in (False, True):
             out = rewrite_body(raw, body, model, usage)
             assert type(out) is bytes and out == _spliced(raw, body, model, usage)
+
+
+def _scripted(messages: list[dict], waits: set[int] = frozenset()):
+    """A receive handing out ``messages`` in order; those whose index is in ``waits`` come after
+    a loop turn (the receive suspends first), the others at once."""
+    it = iter(enumerate(messages))
+
+    async def receive():
+        i, msg = next(it)
+        if i in waits:
+            await asyncio.sleep(0)
+        return msg
+
+    return receive
+
+
+BODY_SCRIPTS = [
+    [{"type": "http.request", "body": b'{"a": 1}', "more_body": False}],
+    [
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"", "more_body": True},
+        {"type": "http.request", "body": b"cd", "more_body": False},
+    ],
+    [{"type": "http.request", "more_body": False}],
+    [{"type": "http.request", "body": b"ab", "more_body": True}, {"type": "http.disconnect"}],
+    [{"type": "lifespan.odd"}, {"type": "http.request", "body": b"x", "more_body": False}],
+]
+
+
+@pytest.mark.parametrize("script", BODY_SCRIPTS)
+def test_read_body_leaves_what_starlettes_body_leaves(script):
+    """``read_body`` with a Content-Length (plain awaits) = ``Request.body()`` (its async
+    generator): the same body or ClientDisconnect, the same state on the request, a second read."""
+    from starlette.requests import ClientDisconnect
+
+    from router.server.hotpath.backends import read_body
+
+    def req(waits):
+        r = _request(_scripted(script, waits))
+        r.scope["headers"] = [(b"content-length", b"4")]
+        return r
+
+    async def outcome(read, r):
+        try:
+            got = await read(r)
+        except ClientDisconnect:
+            got = "disconnect"
+        again = None
+        if got != "disconnect":
+            again = await read(r)
+        return (
+            got,
+            again,
+            getattr(r, "_body", None),
+            r._stream_consumed,
+            getattr(r, "_is_disconnected", False),
+        )
+
+    async def go():
+        for waits in (set(), {0, 1, 2}):
+            ours = await outcome(lambda r: read_body(r, 1 << 20), req(waits))
+            theirs = await outcome(lambda r: r.body(), req(waits))
+            assert ours == theirs, (script, waits)
+
+    asyncio.run(go())
+
+
+def test_receive_within_reads_at_once_waits_under_the_deadline_and_times_out():
+    """``limits._receive_within``: a message that is there is read without a timer; one that
+    comes after a wait is read under the deadline; none within it is 408; a cancellation of the
+    caller reaches the receive."""
+    from router.server.limits import BodyError, _receive_within
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        timers = len(loop._scheduled)
+        msg = {"type": "http.request", "body": b"x", "more_body": False}
+
+        async def at_once():
+            return msg
+
+        assert await _receive_within(at_once, 5.0) is msg
+        assert len(loop._scheduled) == timers  # no timer armed
+
+        async def later():
+            await asyncio.sleep(0.01)
+            await asyncio.sleep(0)
+            return msg
+
+        assert await _receive_within(later, 5.0) is msg
+
+        ev = asyncio.Event()
+        seen: list[str] = []
+
+        async def never():
+            try:
+                await ev.wait()
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+            return msg
+
+        with pytest.raises(BodyError) as e:
+            await _receive_within(never, 0.05)
+        assert e.value.status == 408 and seen == ["cancelled"] and not ev._waiters
+
+        task = asyncio.ensure_future(_receive_within(never, 5.0))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert seen == ["cancelled", "cancelled"] and not ev._waiters
+
+        async def fails():
+            await asyncio.sleep(0)
+            raise ValueError("boom")
+
+        with pytest.raises(ValueError):
+            await _receive_within(fails, 5.0)
+
+    asyncio.run(go())
+
+
+def test_first_headers_answer_what_starlettes_headers_answer():
+    """``FirstHeaders`` (the hot path's request headers) = starlette's ``Headers`` for ``get``,
+    ``[]`` and ``in``: names compared lower-cased, the first of a repeated name, absent names."""
+    from starlette.datastructures import Headers
+
+    from router.server.hotpath.backends import FirstHeaders, HotRequest
+
+    raw = [
+        (b"host", b"x"),
+        (b"x-run-id", b"run-1"),
+        (b"x-priority", b"batch"),
+        (b"x-run-id", b"run-2"),
+        (b"anthropic-beta", b"caf\xe9"),
+        (b"empty", b""),
+    ]
+    names = ["x-run-id", "X-Run-Id", "X-PRIORITY", "anthropic-beta", "empty", "absent", "Host", ""]
+    ours, theirs = FirstHeaders({"headers": list(raw)}), Headers(scope={"headers": list(raw)})
+    for n in names:
+        assert ours.get(n) == theirs.get(n) and ours.get(n, "d") == theirs.get(n, "d"), n
+        assert (n in ours) == (n in theirs), n
+        if n in theirs:
+            assert ours[n] == theirs[n], n
+        else:
+            with pytest.raises(KeyError):
+                ours[n]
+    assert ours.getlist("x-run-id") == theirs.getlist("x-run-id") and ours.raw == theirs.raw
+    req = HotRequest({"type": "http", "method": "POST", "path": "/", "headers": list(raw)})
+    assert isinstance(req.headers, FirstHeaders) and req.headers is req.headers
+
+
+def test_store_expiry_skip_equals_the_full_walk():
+    """``InProcessStore._expire`` skips its walk until the oldest entry can be due: random puts,
+    gets, step counters and signals on a stepping clock (ttl changed now and then) leave the same
+    runs, counters and signals as the walk at every call."""
+    from router.policy.types import RunState
+    from router.server.state.store import InProcessStore
+
+    class Walking(InProcessStore):
+        def _expire(self) -> None:  # the walk at every call (the form before the skip)
+            now = self._clock()
+            for d in (self._runs, self._steps, self._signals):
+                while d:
+                    rid, (t, _) = next(iter(d.items()))
+                    if now - t < self.ttl_s:
+                        break
+                    d.pop(rid)
+
+    rng = random.Random(5)
+    now = [0.0]
+    stores = [InProcessStore(ttl_s=10.0, clock=lambda: now[0]), Walking(ttl_s=10.0, clock=lambda: now[0])]
+
+    async def go():
+        for _ in range(3000):
+            now[0] += rng.choice([0.0, 0.5, 1.0, 3.0, 9.999, 10.0])
+            rid = f"r{rng.randrange(12)}"
+            op = rng.randrange(5)
+            if rng.random() < 0.02:
+                ttl = rng.choice([2.0, 10.0, 30.0])
+                for s in stores:
+                    s.ttl_s = ttl
+            got = []
+            for s in stores:
+                if op == 0:
+                    await s.put(RunState(run_id=rid, replica="local-0"))
+                elif op == 1:
+                    got.append(await s.get(rid))
+                elif op == 2:
+                    got.append(await s.begin_step(rid, 0))
+                elif op == 3:
+                    got.append(await s.add_signal(rid, "tool_error", 4))
+                else:
+                    got.append((await s.signals(rid), s.counters()))
+            assert not got or got[0] == got[1]
+            a, b = stores
+            assert list(a._runs) == list(b._runs) and a._steps == b._steps and a._signals == b._signals
+
+    asyncio.run(go())

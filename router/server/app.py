@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models.predictor import ConstantPredictor
 from router.server.bundles import BundleHolder
 from router.server.errors import error_response
+from router.server.hotpath.backends import HotRequest
 from router.server.hotpath.proxy import Proxy
 from router.server.hotpath.upstream import AiohttpUpstream, Upstream
 from router.server.limits import BodyError, read_body_guarded, replay_receive, timed_receive, uvicorn_options
@@ -150,7 +150,7 @@ class _RouterApp(FastAPI):
                 await send(msg)
 
             try:
-                response = await hot(Request(scope, receive))
+                response = await hot(HotRequest(scope, receive))
                 await response(scope, receive, tracking_send)
             except Exception:
                 log.exception("unhandled error on the hot path %s", scope["path"])

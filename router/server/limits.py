@@ -130,14 +130,56 @@ def replay_receive(body: bytes, receive: Receive) -> Receive:
 _TIMEOUT = getattr(asyncio, "timeout", None)
 
 
+class _Resumed:
+    """Awaits a coroutine that has already run up to its first suspension (``first``: what it
+    yielded there): ``yield from`` that starts at the suspension (:func:`_receive_within`)."""
+
+    __slots__ = ("coro", "first")
+
+    def __init__(self, coro: Any, first: Any) -> None:
+        self.coro, self.first = coro, first
+
+    def __await__(self) -> Any:
+        coro, out = self.coro, self.first
+        self.coro = self.first = None
+        while True:
+            try:
+                sent = yield out
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as e:  # a cancellation (the deadline's) goes on into the coroutine
+                try:
+                    out = coro.throw(e)
+                except StopIteration as done:
+                    return done.value
+                continue
+            try:
+                out = coro.send(sent)
+            except StopIteration as done:
+                return done.value
+
+
 async def _receive_within(receive: Receive, timeout_s: float) -> Any:
-    """The next ASGI message, or :class:`BodyError` 408 when none comes within ``timeout_s``."""
+    """The next ASGI message, or :class:`BodyError` 408 when none comes within ``timeout_s``.
+
+    The ``receive`` coroutine is first run up to its first suspension: a message the server
+    already holds (the usual case: uvicorn buffers what arrived) is returned without a timer;
+    only a wait is put under the deadline (a timer on this task: ``asyncio.timeout``)."""
+    coro: Any = receive()
+    if _TIMEOUT is None or not asyncio.iscoroutine(coro):  # pragma: no cover - Python 3.10 / odd servers
+        try:
+            return await asyncio.wait_for(coro, timeout_s)
+        except (TimeoutError, asyncio.TimeoutError):
+            raise _timeout(timeout_s) from None
     try:
-        if _TIMEOUT is not None:  # 3.11+: a timer on this task, no task per body message
-            async with _TIMEOUT(timeout_s):
-                return await receive()
-        return await asyncio.wait_for(receive(), timeout_s)  # pragma: no cover - Python 3.10
-    except (TimeoutError, asyncio.TimeoutError):
+        first = coro.send(None)
+    except StopIteration as done:  # answered without waiting
+        return done.value
+    try:
+        async with _TIMEOUT(timeout_s):
+            return await _Resumed(coro, first)
+    except TimeoutError:
         raise _timeout(timeout_s) from None
 
 

@@ -30,7 +30,8 @@ import inspect
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect, Request
 
 from router.core.runs import CacheReading
 from router.policy.admission import PRIORITIES
@@ -145,6 +146,45 @@ def state_of(states: list[BackendState], name: str) -> BackendState | None:
     return None
 
 
+class FirstHeaders(Headers):
+    """starlette's ``Headers`` whose lookups (``get``, ``[]``, ``in``) read a dict of each name's
+    first value, built once: starlette scans the list per lookup and raises a KeyError inside
+    ``get`` for every absent name, and the hot path looks up about ten names per request, most of
+    them absent. Same answers (names compared lower-cased, the first value of a repeated name)."""
+
+    def __init__(self, scope: Any) -> None:
+        super().__init__(scope=scope)
+        first: dict[bytes, bytes] = {}
+        for k, v in self._list:
+            if k not in first:
+                first[k] = v
+        self._first = first
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self._first.get(key.lower().encode("latin-1"))
+        return default if v is None else v.decode("latin-1")
+
+    def __getitem__(self, key: str) -> str:
+        v = self._first.get(key.lower().encode("latin-1"))
+        if v is None:
+            raise KeyError(key)
+        return v.decode("latin-1")
+
+    def __contains__(self, key: Any) -> bool:
+        return key.lower().encode("latin-1") in self._first
+
+
+class HotRequest(Request):
+    """The hot path's request: its headers are :class:`FirstHeaders`."""
+
+    @property
+    def headers(self) -> Headers:
+        h: Headers | None = getattr(self, "_headers", None)
+        if h is None:
+            h = self._headers = FirstHeaders(self.scope)
+        return h
+
+
 async def read_body(request: Request, max_body: int) -> bytes:
     cl = request.headers.get("content-length")
     if cl is not None:
@@ -159,7 +199,7 @@ async def read_body(request: Request, max_body: int) -> bytes:
                 f"body of {n} bytes exceeds the limit of {max_body}",
                 {"connection": "close"},
             )
-        return await request.body()
+        return await _whole_body(request)
     parts, total = [], 0
     async for chunk in request.stream():
         total += len(chunk)
@@ -167,6 +207,33 @@ async def read_body(request: Request, max_body: int) -> bytes:
             raise ProxyError(413, "body_too_large", f"body exceeds the limit of {max_body} bytes")
         parts.append(chunk)
     return b"".join(parts)
+
+
+async def _whole_body(request: Request) -> bytes:
+    """``await request.body()`` (starlette 1.x: the same messages read, the same state left on the
+    request: ``_body``, ``_stream_consumed``, ``_is_disconnected`` + :class:`ClientDisconnect`),
+    read with plain awaits instead of through the ``stream()`` async generator."""
+    if hasattr(request, "_body"):
+        return request._body  # type: ignore[no-any-return]
+    if request._stream_consumed:
+        raise RuntimeError("Stream consumed")
+    receive = request.receive
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.request":
+            body = message.get("body", b"")
+            if body:
+                chunks.append(body)
+            if not message.get("more_body", False):
+                request._stream_consumed = True
+                break
+        elif kind == "http.disconnect":
+            request._is_disconnected = True
+            raise ClientDisconnect()
+    body = request._body = b"".join(chunks)
+    return body
 
 
 def client_gone(request: Request) -> bool:

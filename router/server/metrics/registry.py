@@ -26,7 +26,9 @@ short/long split of the latency histogram and the SLO counter.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -94,6 +96,115 @@ def _alias_family(a: Alias, samples: Iterable[Sample]) -> Metric:
     return fam
 
 
+def adder(child: Any) -> Callable[[float], None]:
+    """``child.inc`` (a counter's labelled child) without the library's per-call checks: the
+    amount goes straight to the child's value (its own lock kept); a negative amount still goes
+    through ``child.inc``, which refuses it as before."""
+    value = getattr(child, "_value", None)
+    if value is None:  # pragma: no cover - another prometheus_client layout
+        return child.inc  # type: ignore[no-any-return]
+    add = value.inc
+
+    def inc(amount: float) -> None:
+        if amount < 0:
+            child.inc(amount)  # raises ValueError
+        add(amount)
+
+    return inc
+
+
+def observer(child: Any) -> Callable[[float], None]:
+    """``child.observe`` (a histogram's labelled child, no exemplars) with the bucket found by
+    bisection: the same sum and the same bucket (the first bound >= the amount; none for NaN)."""
+    try:
+        sum_inc, incs, bounds = child._sum.inc, [b.inc for b in child._buckets], child._upper_bounds
+    except AttributeError:  # pragma: no cover - another prometheus_client layout
+        return child.observe  # type: ignore[no-any-return]
+
+    def observe(amount: float) -> None:
+        sum_inc(amount)
+        if amount == amount:  # NaN falls in no bucket (the library's loop finds none)
+            incs[bisect_left(bounds, amount)](1)
+
+    return observe
+
+
+class _StepSeries:
+    """The per-step series of one (protocol, tier, status, model, backend), each bound on its
+    first use (a labelled child exists only once it was used, as before): the step hook then
+    looks up one key per step instead of a label tuple per series."""
+
+    def __init__(self, m: RouterMetrics, handler: str, tier: str, status: str, model: str, backend: str):
+        self.m, self.handler, self.tier, self.status, self.model, self.backend = (
+            m,
+            handler,
+            tier,
+            status,
+            model,
+            backend,
+        )
+
+    def _count(self, metric: Any, *labels: str) -> Callable[[], None]:
+        child = self.m.child(metric, *labels)
+        value = getattr(child, "_value", None)
+        return partial(child.inc if value is None else value.inc, 1)
+
+    def _add(self, metric: Any, *labels: str) -> Callable[[float], None]:
+        return adder(self.m.child(metric, *labels))
+
+    @cached_property
+    def requests(self) -> Callable[[], None]:
+        return self._count(self.m.requests, self.handler, self.tier, self.status)
+
+    @cached_property
+    def ttft(self) -> Callable[[float], None]:
+        return observer(self.m.child(self.m.ttft, self.tier))
+
+    @cached_property
+    def latency_short(self) -> Callable[[float], None]:
+        return observer(self.m.child(self.m.step_latency, self.tier, "short"))
+
+    @cached_property
+    def latency_long(self) -> Callable[[float], None]:
+        return observer(self.m.child(self.m.step_latency, self.tier, "long"))
+
+    @cached_property
+    def slo_yes(self) -> Callable[[], None]:
+        return self._count(self.m.slo_steps, "yes")
+
+    @cached_property
+    def slo_no(self) -> Callable[[], None]:
+        return self._count(self.m.slo_steps, "no")
+
+    @cached_property
+    def prompt(self) -> Callable[[float], None]:
+        return self._add(self.m.prompt_tokens, self.tier, self.model)
+
+    @cached_property
+    def output(self) -> Callable[[float], None]:
+        return self._add(self.m.output_tokens, self.tier, self.model)
+
+    @cached_property
+    def cached(self) -> Callable[[float], None]:
+        return self._add(self.m.cached_tokens, self.tier, self.backend)
+
+    @cached_property
+    def xturn_prompt(self) -> Callable[[float], None]:
+        return self._add(self.m.xturn_prompt, self.tier, self.backend)
+
+    @cached_property
+    def xturn_cached(self) -> Callable[[float], None]:
+        return self._add(self.m.xturn_cached, self.tier, self.backend)
+
+    @cached_property
+    def xturn_bound(self) -> Callable[[float], None]:
+        return self._add(self.m.xturn_bound, self.tier, self.backend)
+
+    @cached_property
+    def spend(self) -> Callable[[float], None]:
+        return self._add(self.m.spend, self.tier, self.model)
+
+
 class RouterMetrics:
     """The app's series (:data:`SPECS`) and the hooks that set them; see the module docstring."""
 
@@ -111,6 +222,8 @@ class RouterMetrics:
             setattr(self, spec.attr, self._make(spec))
         self._bundle_labels: tuple[str, str] | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # step_finished: by (protocol, tier, status, model, backend)
+        self._steps: dict[tuple[Any, ...], _StepSeries] = {}
 
     def _make(self, spec: MetricSpec) -> Any:
         kw: dict[str, Any] = {"registry": self.registry, "unit": spec.unit}
@@ -189,30 +302,35 @@ class RouterMetrics:
         scorecard's SLO attainment: it judges every step's end-to-end latency against
         ``slo.step_latency_s``."""
         tier = rec.tier or "none"
-        c = self.child
+        status, model, backend = rec.status, rec.model or "", rec.replica or ""
+        key = (rec.protocol, tier, status, model, backend)
+        ss = self._steps.get(key)
+        if ss is None:
+            handler = HANDLERS.get(rec.protocol or "chat", CHAT_HANDLER)
+            ss = self._steps[key] = _StepSeries(self, handler, tier, str(status), model, backend)
         if rec.error_code != "no_healthy_backend":  # that answer is counted by request_rejected
-            c(self.requests, HANDLERS.get(rec.protocol or "chat", CHAT_HANDLER), tier, str(rec.status)).inc()
+            ss.requests()
         if rec.ttft_s is not None:
-            c(self.ttft, tier).observe(rec.ttft_s)
-        if rec.status != 200:
+            ss.ttft(rec.ttft_s)
+        if status != 200:
             return
         latency, prompt, cached = rec.latency_s or 0.0, rec.prompt_tokens, rec.cached_tokens or 0
-        out, model, backend = rec.completion_tokens, rec.model or "", rec.replica or ""
+        out = rec.completion_tokens
         short = is_short(out, bool(rec.tool_calls), bool(rec.structured), self.short_step_tokens)
-        c(self.step_latency, tier, "short" if short else "long").observe(latency)
-        c(self.slo_steps, "yes" if latency <= self.step_slo_s else "no").inc()
-        c(self.prompt_tokens, tier, model).inc(prompt)
-        c(self.output_tokens, tier, model).inc(out)
+        (ss.latency_short if short else ss.latency_long)(latency)
+        (ss.slo_yes if latency <= self.step_slo_s else ss.slo_no)()
+        ss.prompt(prompt)
+        ss.output(out)
         if cached:
-            c(self.cached_tokens, tier, backend).inc(cached)
+            ss.cached(cached)
         if rec.step > 0:
-            c(self.xturn_prompt, tier, backend).inc(prompt)
-            c(self.xturn_cached, tier, backend).inc(cached)
-            c(self.xturn_bound, tier, backend).inc(upper_bound_tokens(prev_tokens, prompt))
+            ss.xturn_prompt(prompt)
+            ss.xturn_cached(cached)
+            ss.xturn_bound(upper_bound_tokens(prev_tokens, prompt))
         if state is not None:
             usd = backend_step_usd(state, prompt, cached, out)
             if usd > 0:
-                c(self.spend, tier, model).inc(usd)
+                ss.spend(usd)
 
     # ------------------------------------------------------------------ set elsewhere
     def set_prefix_mode(self, replica: str, mode: str) -> None:

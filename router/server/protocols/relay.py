@@ -33,6 +33,15 @@ __all__ = ["SSERelay"]
 _BACKGROUND: set[asyncio.Future[None]] = set()  # give-backs of cancelled relays, until they finish
 
 
+def _marked(data: bytes, marks: tuple[bytes, ...]) -> bool:
+    """Whether ``data`` holds one of ``marks`` (a loop: a generator per chunk cost more than the
+    searches)."""
+    for m in marks:
+        if m in data:
+            return True
+    return False
+
+
 class SSERelay(Response):
     """Raw ASGI streaming response; see the module docstring."""
 
@@ -90,13 +99,13 @@ class SSERelay(Response):
             return b""
         complete, self._tail = buf[: cut + 2], buf[cut + 2 :]
         marks = self.markers
-        if marks is not None and not any(m in complete for m in marks):
+        if marks is not None and not _marked(complete, marks):  # most chunks: relayed as they are
             return complete
         out = []
         for ev in complete.split(b"\n\n"):
             if not ev:
                 continue
-            if marks is None or any(m in ev for m in marks):
+            if marks is None or _marked(ev, marks):
                 kept = self.event(ev)
                 if kept is None:
                     continue

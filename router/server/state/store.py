@@ -73,15 +73,26 @@ class InProcessStore:
         self._counters: dict[str, int] = {}
         self._steps: OrderedDict[str, tuple[float, int]] = OrderedDict()  # run -> (touched, next index)
         self._signals: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()  # run -> (touched, kinds)
+        self._oldest = float("-inf")  # _expire: no entry was touched before this
 
     def _expire(self) -> None:
+        """Drop the runs idle for ``ttl_s``. Each dict is ordered by its entries' last touch (an
+        entry is re-inserted at the end with the clock's time), so only a head can be due, and no
+        entry is older than the oldest head seen at the last walk (``_oldest``; an entry added
+        since has a later time): until that one is due, nothing is walked (this runs 3-4 times
+        per step)."""
         now = self._clock()
+        if now - self._oldest < self.ttl_s:
+            return
+        oldest = now
         for d in (self._runs, self._steps, self._signals):
             while d:
                 rid, (t, _) = next(iter(d.items()))
                 if now - t < self.ttl_s:
+                    oldest = min(oldest, t)
                     break
                 d.pop(rid)
+        self._oldest = oldest
 
     def next_index(self, run_id: str) -> int:
         """The run's step counter (the next index it would hand out; 0 when unknown)."""
