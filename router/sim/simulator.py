@@ -382,18 +382,9 @@ class Simulator:
         state = run.state
         pin = state.replica
         turn = run.turn = eng.begin(state, run.track, run.turn)  # the run's finished turn, reset
-        # self._pin_only(run, s.prompt), inline (at every step)
-        pin_i = (
-            self._local_pos.get(pin)
-            if self._keeps_pin
-            and state.tier == "local"
-            and pin is not None
-            and req.requested_model is None
-            and s.prompt <= self.local_max_context
-            and (eng.admission is None or state.admitted is not None)
-            else None
+        backends = self._backends(
+            run, t, self._pin_only(run, s.prompt) if req.requested_model is None else None
         )
-        backends = self._backends(run, t, pin_i)
         plan = run.plan = turn.plan(
             req,
             backends,
