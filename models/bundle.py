@@ -23,15 +23,20 @@ MLflow model whose artifacts hold the bundle directory; ``models:/NAME@ALIAS`` o
 :func:`default_tracking_uri` is the one default tracking URI of training and serving.
 
 Serving fast path (:meth:`ModelBundle.predict`): features are written into a pre-allocated (1, n)
-float64 buffer and each LightGBM ``Booster.predict`` is called on it directly (the scikit-learn
-wrappers' input validation costs ~20x more per row); calibration is one ``np.interp``. The buffer
-makes :meth:`predict` not thread-safe: use one bundle per thread (asyncio is fine).
+float64 buffer and the boosters predict it through LightGBM's single-row C API (the scikit-learn
+wrappers' input validation costs ~20x more per row); calibration is one ``np.interp``. By default
+(``merge_boosters=True``) the six boosters are merged into one booster of six outputs
+(:mod:`models.forest`: one C call per row, the same values); bundles it cannot merge (categorical
+splits, linear trees, other objectives' transforms) keep one call per booster, said in a log line,
+as does ``merge_boosters=False``. The buffer makes :meth:`predict` not thread-safe: use one bundle
+per thread (asyncio is fine).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import tempfile
@@ -46,6 +51,7 @@ import numpy as np
 
 from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES, extract
 from features.prefix import RunPrefix
+from models.forest import MergedPredictor, Unsupported
 from models.types import Predictions
 
 __all__ = [
@@ -65,6 +71,7 @@ BUNDLE_FILE = "bundle.joblib"
 MANIFEST_FILE = "manifest.json"
 _REQUIRED = ("schema", "feature_spec_version", "feature_names", "bundle_sha256", "thresholds", "libraries")
 _THRESHOLD_KEYS = ("p_frontier_up", "p_frontier_down")
+_log = logging.getLogger(__name__)
 
 
 class _RowPredictor:
@@ -150,6 +157,8 @@ class ModelBundle:
 
     ``escalation`` is required (an :class:`~models.escalation.EscalationClassifier`); the others
     may be None, in which case :class:`Predictions` defaults are returned for them.
+    ``merge_boosters``: predict through one merged booster (:mod:`models.forest`; default) or one
+    C call per booster (the form before it; also the fallback for a bundle it cannot merge).
     """
 
     escalation: Any
@@ -161,6 +170,7 @@ class ModelBundle:
         default_factory=lambda: {"p_frontier_up": 0.5, "p_frontier_down": 0.4}
     )
     manifest: dict[str, Any] = field(default_factory=dict)
+    merge_boosters: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
         missing = [k for k in _THRESHOLD_KEYS if k not in self.thresholds]
@@ -170,6 +180,31 @@ class ModelBundle:
             raise BundleError("thresholds: p_frontier_down must be <= p_frontier_up (hysteresis)")
         self._buf = np.zeros((1, N_FEATURES), dtype=np.float64)
         self._fast: tuple[Any, ...] | None = None
+        self._merged: MergedPredictor | None = None
+        self._unmerged = False  # prepared as one call per booster (switched off, or cannot merge)
+
+    def _boosters(self) -> list[Any]:
+        """The boosters in the merged predictor's output order: escalation, cache reuse (if any),
+        remaining steps' quantiles, remaining tokens' quantiles."""
+        out = [self.escalation.booster_]
+        if self.cache_reuse is not None:
+            out.append(self.cache_reuse.booster_)
+        for model in (self.remaining_steps, self.remaining_tokens):
+            if model:
+                out.extend(model.boosters_)
+        return out
+
+    def _prepare_merged(self) -> MergedPredictor | None:
+        """The merged predictor bound to :attr:`_buf`, or None (one call per booster)."""
+        merged = None
+        if self.merge_boosters:
+            try:
+                merged = MergedPredictor(self._boosters(), self._buf)
+            except Unsupported as e:
+                _log.warning("bundle %s: one LightGBM call per booster (cannot merge them: %s)", self.version, e)
+        self._merged = merged
+        self._unmerged = merged is None
+        return merged
 
     def _prepare_fast(self) -> tuple[Any, ...]:
         """Row predictors bound to :attr:`_buf`: (escalation, cache, [steps...], [tokens...])."""
@@ -188,6 +223,8 @@ class ModelBundle:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_fast"] = None  # C handles are per process
+        state["_merged"] = None
+        state["_unmerged"] = False
         return state
 
     # ------------------------------------------------------------------ serving
@@ -249,22 +286,40 @@ class ModelBundle:
         """Predictions for each row of ``X`` (same values as :meth:`predict_features` row by row)."""
         return [self.predict_features(row) for row in np.asarray(X, dtype=np.float64)]
 
-    def _predict_buf(self, extra: Mapping[str, Any] | None = None) -> Predictions:
+    def _outputs(self) -> tuple[float, float | None, list[float], list[float]]:
+        """The boosters' predictions for :attr:`_buf`: escalation (raw probability), cache reuse
+        (None without the model), remaining steps' and tokens' quantiles (raw, unsorted)."""
+        merged = self._merged
+        if merged is None and not self._unmerged:
+            merged = self._prepare_merged()
+        if merged is not None:
+            out = merged()
+            i = 2 if self.cache_reuse is not None else 1
+            n = len(self.remaining_steps.boosters_) + i if self.remaining_steps else i
+            return out[0], out[1] if i == 2 else None, out[i:n], out[n:]
         esc, cache_p, steps_p, toks_p = self._fast or self._prepare_fast()
+        return (
+            esc(),
+            cache_p() if cache_p is not None else None,
+            [f() for f in steps_p],
+            [f() for f in toks_p],
+        )
+
+    def _predict_buf(self, extra: Mapping[str, Any] | None = None) -> Predictions:
+        e, raw, zs, zt = self._outputs()
         x = self._buf
-        p = float(np.interp(esc(), self.escalation.calib_x_, self.escalation.calib_y_))
+        p = float(np.interp(e, self.escalation.calib_x_, self.escalation.calib_y_))
         cache = 0.0
-        if cache_p is not None:
-            raw = cache_p()
+        if raw is not None:
             col = self.cache_reuse.prompt_col
             cache = raw if col is None else min(max(raw, 0.0), 1.0) * max(float(x[0, col]), 0.0)
         s50 = s90 = 1.0
         t50 = t90 = 0.0
-        if steps_p:
-            qs = self.remaining_steps.finish_fast([f() for f in steps_p])
+        if zs:
+            qs = self.remaining_steps.finish_fast(zs)
             s50, s90 = max(qs[0], 1.0), max(qs[-1], 1.0)
-        if toks_p:
-            qt = self.remaining_tokens.finish_fast([f() for f in toks_p])
+        if zt:
+            qt = self.remaining_tokens.finish_fast(zt)
             t50, t90 = max(qt[0], 0.0), max(qt[-1], 0.0)
         if extra:
             return Predictions(
@@ -400,7 +455,7 @@ class ModelBundle:
             if was != here[lib]:
                 warnings.warn(f"bundle {d} was trained with {lib} {was}, running {here[lib]}", stacklevel=2)
         try:
-            return cls(
+            bundle = cls(
                 escalation=payload["escalation"],
                 cache_reuse=payload.get("cache_reuse"),
                 remaining_steps=payload.get("remaining_steps"),
@@ -411,6 +466,11 @@ class ModelBundle:
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise BundleError(f"{bpath}: malformed payload ({e})") from None
+        try:  # the merged booster now, not on the first request (tens of ms)
+            bundle._prepare_merged()
+        except (KeyError, TypeError, AttributeError) as e:
+            raise BundleError(f"{bpath}: malformed payload ({e})") from None
+        return bundle
 
     @classmethod
     def load_registered(
