@@ -78,8 +78,8 @@ def _split(text: str) -> tuple[dict[str, str], list[str]]:
     head_end = starts[0] if starts else end
     header: dict[str, str] = {}
     for line in text[:head_end].splitlines():
-        key, eq, val = line.partition("=")
-        if eq:
+        key, _, val = line.partition("=")  # a flag such as average_output has no value
+        if key.strip():
             header[key.strip()] = val.strip()
     bodies = []
     for a, b in zip(starts, [*starts[1:], end], strict=True):
