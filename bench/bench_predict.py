@@ -14,9 +14,16 @@
    scan (``extract`` on a prefix without a current aggregate: what every step cost before running
    aggregates) against the router's and simulator's path (``RunPrefix.append`` of the finished step,
    then ``extract`` on the prefix whose aggregate is current). Target: the latter flat in k.
+4. The boosters (``--boosters N``; 0 skips): the bundle ``--bundle`` (default ``./runroute-bundle``)
+   predicts N rows (random, with NaNs, zeros and values on its splits' thresholds) through one
+   merged booster (``models.forest``, the default) and through one C call per booster
+   (``merge_boosters=False``): the largest difference of any output and the decisions flipped
+   (P(frontier) against either threshold), then ``predict_features`` per row timed both ways,
+   interleaved row by row, hot (back to back) and cold (a 32 MB buffer read between rows, untimed:
+   the server's other work between two requests evicts the trees from the caches).
 
 Usage: ``python bench/bench_predict.py [--calls 20000] [--train-steps 1000000] [--lengths 20,200,1000]
-[--json OUT]`` (``--calls 0`` skips the latency part)
+[--boosters 3000 --bundle DIR] [--json OUT]`` (``--calls 0`` skips the latency part)
 """
 
 from __future__ import annotations
@@ -148,6 +155,71 @@ def extraction_scaling(lengths: list[int], seed: int) -> dict[str, dict[str, flo
     return res
 
 
+def _probe_rows(bundle, n: int, seed: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """Random rows; on each a few features set to a split's threshold (or one ulp either side),
+    NaN or 0.0."""
+    from features.extract import N_FEATURES
+
+    rng = np.random.default_rng(seed)
+    splits: list[tuple[int, float]] = []
+
+    def walk(node: dict) -> None:  # type: ignore[type-arg]
+        if "split_feature" in node:
+            splits.append((int(node["split_feature"]), float(node["threshold"])))
+            walk(node["left_child"])
+            walk(node["right_child"])
+
+    for b in bundle._boosters():
+        for t in b.dump_model(num_iteration=-1)["tree_info"]:
+            walk(t["tree_structure"])
+    X = rng.normal(size=(n, N_FEATURES)) * rng.choice([1.0, 100.0, 10_000.0], size=N_FEATURES)
+    X[rng.random(X.shape) < 0.1] = np.nan
+    X[rng.random(X.shape) < 0.1] = 0.0
+    for i in range(n):
+        for _ in range(int(rng.integers(1, 12))):
+            f, thr = splits[int(rng.integers(len(splits)))]
+            X[i, f] = [thr, np.nextafter(thr, np.inf), np.nextafter(thr, -np.inf)][int(rng.integers(3))]
+    return X
+
+
+def boosters(path: Path, n: int, seed: int) -> dict[str, float]:
+    from dataclasses import astuple
+
+    from models.bundle import ModelBundle
+
+    merged = ModelBundle.load(path)
+    if merged._merged is None:
+        raise SystemExit(f"bench_predict: {path} cannot be merged (see the log line)")
+    single = ModelBundle.load(path)
+    single.merge_boosters, single._merged, single._unmerged = False, None, True
+    X = _probe_rows(merged, n, seed)
+    up, down = merged.thresholds["p_frontier_up"], merged.thresholds["p_frontier_down"]
+    diff = flips = 0.0
+    for x in X:
+        a, b = merged.predict_features(x), single.predict_features(x)
+        for u, v in zip(astuple(a), astuple(b), strict=True):
+            if isinstance(u, float) and not (u == v or (u != u and v != v)):
+                diff = max(diff, abs(u - v))
+        flips += (a.p_frontier >= up) != (b.p_frontier >= up) or (a.p_frontier < down) != (b.p_frontier < down)
+    junk = np.ones(32 << 17)  # 32 MB
+    clock = time.perf_counter_ns
+    res: dict[str, float] = {"rows": n, "max_abs_diff": diff, "decision_flips": flips}
+    for cold in (False, True):
+        t_m, t_s = np.empty(n), np.empty(n)
+        for j, x in enumerate(X):
+            for bundle, t in ((merged, t_m), (single, t_s)) if j % 2 else ((single, t_s), (merged, t_m)):
+                if cold:
+                    junk.sum()
+                a = clock()
+                bundle.predict_features(x)
+                t[j] = clock() - a
+        mode = "cold" if cold else "hot"
+        for name, t in (("merged", t_m), ("per_booster", t_s)):
+            res[f"{mode}_{name}_p50_us"] = float(np.percentile(t, 50)) / 1e3
+            res[f"{mode}_{name}_p90_us"] = float(np.percentile(t, 90)) / 1e3
+    return res
+
+
 def training_time(target_steps: int, seed: int) -> dict[str, float]:
     from features.generate import generate
     from features.runlog import RunLog
@@ -187,6 +259,8 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lengths", default="20,200,1000")
+    ap.add_argument("--boosters", type=int, default=3000)
+    ap.add_argument("--bundle", type=Path, default=Path(__file__).resolve().parents[1] / "runroute-bundle")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     print(f"cores available: {len(os.sched_getaffinity(0))}", flush=True)
@@ -201,6 +275,18 @@ def main() -> None:
                 f"append + extract with running aggregates {v['append_extract_us']:.1f} us",
                 flush=True,
             )
+    if a.boosters > 0:
+        bo = boosters(a.bundle, a.boosters, a.seed)
+        res["boosters"] = bo
+        print(
+            f"boosters of {a.bundle.name}, {a.boosters} rows: merged vs one call per booster: largest output "
+            f"difference {bo['max_abs_diff']:.3g}, decisions flipped {bo['decision_flips']:.0f}; predict_features "
+            f"per row hot p50 {bo['hot_merged_p50_us']:.1f} vs {bo['hot_per_booster_p50_us']:.1f} us "
+            f"(p90 {bo['hot_merged_p90_us']:.1f} vs {bo['hot_per_booster_p90_us']:.1f}), cold p50 "
+            f"{bo['cold_merged_p50_us']:.1f} vs {bo['cold_per_booster_p50_us']:.1f} us "
+            f"(p90 {bo['cold_merged_p90_us']:.1f} vs {bo['cold_per_booster_p90_us']:.1f})",
+            flush=True,
+        )
     if a.calls <= 0:
         lat = None
     else:
