@@ -200,7 +200,9 @@ def boosters(path: Path, n: int, seed: int) -> dict[str, float]:
         for u, v in zip(astuple(a), astuple(b), strict=True):
             if isinstance(u, float) and not (u == v or (u != u and v != v)):
                 diff = max(diff, abs(u - v))
-        flips += (a.p_frontier >= up) != (b.p_frontier >= up) or (a.p_frontier < down) != (b.p_frontier < down)
+        flips += (a.p_frontier >= up) != (b.p_frontier >= up) or (a.p_frontier < down) != (
+            b.p_frontier < down
+        )
     junk = np.ones(32 << 17)  # 32 MB
     clock = time.perf_counter_ns
     res: dict[str, float] = {"rows": n, "max_abs_diff": diff, "decision_flips": flips}

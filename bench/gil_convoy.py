@@ -1,7 +1,7 @@
 """Does releasing the GIL for a one-row LightGBM prediction cost the event loop when another thread is busy?
 
 Algorithm: a small real bundle (``EscalationClassifier``, 100 trees) predicts one row at a time
-through ``models.bundle._RowPredictor`` (the sidecar's fast path), on the main thread, while a
+through the sidecar's fast path (``models.forest.MergedPredictor``: one C call), on the main thread, while a
 background thread does what the sidecar's other threads do: encode records with orjson (the run-log
 writer) in a loop. Two bindings of the same C function are timed, interleaved in rounds so the
 machine's load hits both alike: ``CDLL`` (the sidecar's: releases the GIL for the call) and
@@ -66,7 +66,7 @@ def main() -> int:
     est = EscalationClassifier(n_estimators=100, calibration="sigmoid", cv=3, n_jobs=1).fit(X, y)
     b = ModelBundle(escalation=est, thresholds={"p_frontier_up": 0.9, "p_frontier_down": 0.5})
     b.predict_features(X[0])
-    esc = b._fast[0]  # the sidecar's _RowPredictor of the escalation booster
+    esc = b._merged or b._prepare_fast()[0]  # the sidecar's predictor (the merged booster)
     from lightgbm.basic import _LIB
 
     bindings = {

@@ -201,7 +201,9 @@ class ModelBundle:
             try:
                 merged = MergedPredictor(self._boosters(), self._buf)
             except Unsupported as e:
-                _log.warning("bundle %s: one LightGBM call per booster (cannot merge them: %s)", self.version, e)
+                _log.warning(
+                    "bundle %s: one LightGBM call per booster (cannot merge them: %s)", self.version, e
+                )
         self._merged = merged
         self._unmerged = merged is None
         return merged

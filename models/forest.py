@@ -53,7 +53,7 @@ def output_transform(objective: str) -> float | None:
     :class:`Unsupported` for any other transform."""
     parts = objective.split()
     name = parts[0] if parts else ""
-    opts = dict(p.split(":", 1) if ":" in p else (p, "") for p in parts[1:])
+    opts = {key: val for key, _, val in (p.partition(":") for p in parts[1:])}
     if name in _IDENTITY:
         if "sqrt" in opts:
             raise Unsupported(f"objective {objective!r}: its sqrt transform is not reproduced")

@@ -31,11 +31,19 @@ K_ZERO = float(np.float32(1e-35))  # LightGBM's kZeroThreshold
 
 
 def _train(
-    params: dict, rounds: int, X: np.ndarray, y: np.ndarray, categorical: list[int] | None = None, **ds: object
+    params: dict,
+    rounds: int,
+    X: np.ndarray,
+    y: np.ndarray,
+    categorical: list[int] | None = None,
+    **ds: object,
 ) -> lgb.Booster:
     base = {"verbose": -1, "num_threads": 1, "min_data_in_leaf": 5, "num_leaves": 15, "seed": 1}
     data = lgb.Dataset(
-        X, label=y, params={"verbose": -1, "min_data_in_leaf": 5, **ds}, categorical_feature=categorical or "auto"
+        X,
+        label=y,
+        params={"verbose": -1, "min_data_in_leaf": 5, **ds},
+        categorical_feature=categorical or "auto",
     )
     return lgb.train({**base, **params}, data, num_boost_round=rounds)
 
@@ -60,7 +68,9 @@ def boosters() -> list[lgb.Booster]:
         _train({"objective": "binary", "sigmoid": 0.7}, 40, X, yb),
         _train({"objective": "regression_l1", "num_leaves": 31}, 25, X, yr),
         _train({"objective": "quantile", "alpha": 0.5}, 30, X, yr),
-        _train({"objective": "quantile", "alpha": 0.9, "zero_as_missing": True}, 30, Xz, yr, zero_as_missing=True),
+        _train(
+            {"objective": "quantile", "alpha": 0.9, "zero_as_missing": True}, 30, Xz, yr, zero_as_missing=True
+        ),
         _train({"objective": "huber"}, 12, X, yr),
         _train({"objective": "regression", "min_data_in_leaf": 5000}, 5, X, yr),  # one-leaf trees
         _train({"objective": "binary"}, 20, Xz, yb, zero_as_missing=True),
@@ -130,7 +140,15 @@ def test_output_transforms():
     assert output_transform("binary sigmoid:0.7") == 0.7
     for identity in ("regression", "regression_l1", "quantile", "huber", "fair", "mape"):
         assert output_transform(identity) is None
-    for other in ("regression sqrt", "poisson", "gamma", "tweedie", "cross_entropy", "multiclass num_class:3", ""):
+    for other in (
+        "regression sqrt",
+        "poisson",
+        "gamma",
+        "tweedie",
+        "cross_entropy",
+        "multiclass num_class:3",
+        "",
+    ):
         with pytest.raises(Unsupported):
             output_transform(other)
 
@@ -153,7 +171,9 @@ def test_what_cannot_be_merged_is_refused():
     multi = _train({"objective": "multiclass", "num_class": 3}, 5, X, (X[:, 0] % 3))
     with pytest.raises(Unsupported, match="multi-class"):
         MergedPredictor([multi], row)
-    rf = _train({"objective": "regression", "boosting": "rf", "bagging_freq": 1, "bagging_fraction": 0.5}, 5, X, y)
+    rf = _train(
+        {"objective": "regression", "boosting": "rf", "bagging_freq": 1, "bagging_fraction": 0.5}, 5, X, y
+    )
     with pytest.raises(Unsupported, match="average_output"):
         MergedPredictor([rf], row)
     with pytest.raises(Unsupported, match="no boosters"):
@@ -172,7 +192,9 @@ def bundle() -> ModelBundle:
             X, np.abs(np.nan_to_num(X[:, 1])) * 0.5
         ),
         remaining_steps=RemainingWorkRegressor(n_estimators=20, n_jobs=1).fit(X, rng.integers(1, 20, len(X))),
-        remaining_tokens=RemainingWorkRegressor(n_estimators=15, n_jobs=1).fit(X, rng.integers(0, 9000, len(X))),
+        remaining_tokens=RemainingWorkRegressor(n_estimators=15, n_jobs=1).fit(
+            X, rng.integers(0, 9000, len(X))
+        ),
         thresholds={"p_frontier_up": 0.6, "p_frontier_down": 0.45},
     )
 
@@ -224,7 +246,11 @@ def _fields(b: ModelBundle) -> dict:
 
 def test_bundle_without_optional_models_merges_what_it_has(bundle):
     X = _hard_rows(_boosters_of(bundle), 300, seed=9)
-    for drop in ({"cache_reuse": None}, {"remaining_steps": None}, {"remaining_tokens": None, "cache_reuse": None}):
+    for drop in (
+        {"cache_reuse": None},
+        {"remaining_steps": None},
+        {"remaining_tokens": None, "cache_reuse": None},
+    ):
         on = ModelBundle(**{**_fields(bundle), **drop})
         off = ModelBundle(**{**_fields(bundle), **drop, "merge_boosters": False})
         assert [repr(p) for p in on.predict_batch(X)] == [repr(p) for p in off.predict_batch(X)]
@@ -237,11 +263,15 @@ def test_bundle_that_cannot_merge_keeps_one_call_per_booster(bundle, caplog):
     X[:, 0] = rng.integers(0, 5, 400)
     cat = _train({"objective": "regression"}, 5, X, X[:, 0] + rng.normal(size=400), categorical=[0])
     b = ModelBundle(**_fields(bundle))
-    b.remaining_steps = RemainingWorkRegressor(n_estimators=5, n_jobs=1).fit(X[:, :NF], rng.integers(1, 9, 400))
+    b.remaining_steps = RemainingWorkRegressor(n_estimators=5, n_jobs=1).fit(
+        X[:, :NF], rng.integers(1, 9, 400)
+    )
     b.remaining_steps.boosters_[0] = cat
     with caplog.at_level(logging.WARNING, logger="models.bundle"):
         got = b.predict_batch(X[:50])
     assert b._merged is None and b._unmerged
-    assert any("one LightGBM call per booster" in r.message and "categorical" in r.message for r in caplog.records)
+    assert any(
+        "one LightGBM call per booster" in r.message and "categorical" in r.message for r in caplog.records
+    )
     off = ModelBundle(**{**_fields(b), "remaining_steps": b.remaining_steps, "merge_boosters": False})
     assert [repr(p) for p in got] == [repr(p) for p in off.predict_batch(X[:50])]
