@@ -79,7 +79,7 @@ def boosters() -> list[lgb.Booster]:
 
 def _hard_rows(boosters: list[lgb.Booster], n: int, seed: int) -> np.ndarray:
     """Random rows, then on each a few features set to a split's threshold, one ulp either side
-    of it, NaN, +-0.0, +-kZeroThreshold and values inside it, or +-inf."""
+    of it, NaN, +-0.0, +-kZeroThreshold and values inside it, +-1e301 or +-inf."""
     rng = np.random.default_rng(seed)
     splits: list[tuple[int, float]] = []
 
@@ -93,7 +93,9 @@ def _hard_rows(boosters: list[lgb.Booster], n: int, seed: int) -> np.ndarray:
         for t in b.dump_model(num_iteration=-1)["tree_info"]:
             walk(t["tree_structure"])
     assert splits
-    specials = [np.nan, 0.0, -0.0, K_ZERO, -K_ZERO, 1e-36, -1e-36, 2 * K_ZERO, np.inf, -np.inf]
+    # 1e300: dump_model writes an infinite threshold as +-1e300 (values past it must go as LightGBM
+    # sends them, which a walk of the dumped trees would not)
+    specials = [np.nan, 0.0, -0.0, K_ZERO, -K_ZERO, 1e-36, -1e-36, 2 * K_ZERO, np.inf, -np.inf, 1e301, -1e301]
     X = _features(rng, n)
     for i in range(n):
         for _ in range(int(rng.integers(1, 8))):
