@@ -395,10 +395,10 @@ class ForestPrefixCache(PrefixCache):
             return -1
         if j >= 0:  # the deepest referenced block: one more request ends there or passes through
             ref[chain[j]] += 1
-        for k in range(j + 1, hit):  # referenced now: out of the LRU list, one holder each
-            b = chain[k]
-            del lru[b]
-            ref[b] = 1
+        if j + 1 < hit:  # referenced now: out of the LRU list, one holder each
+            for b in chain[j + 1 : hit]:
+                del lru[b]
+                ref[b] = 1
         evict = need - free
         if evict > 0:
             self.evictions += evict
@@ -413,8 +413,8 @@ class ForestPrefixCache(PrefixCache):
                 evict -= 1
         if hit < n_hashed:
             self.inserted += n_hashed - hit
-            for k in range(hit, n_hashed):
-                ref[chain[k]] = 1
+            for b in chain[hit:n_hashed]:
+                ref[b] = 1
         self.occupied += need
         if hit > n_lookup:
             hit = n_lookup
@@ -423,6 +423,7 @@ class ForestPrefixCache(PrefixCache):
 
     def release(self, chain: Chain, n_hashed: int, n_private: int) -> None:
         ref = self.ref
+        lru = self.lru
         k = n_hashed - 1
         while k >= 0:
             b = chain[k]
@@ -430,6 +431,6 @@ class ForestPrefixCache(PrefixCache):
             ref[b] = rc
             if rc:
                 break
-            self.lru[b] = None
+            lru[b] = None
             k -= 1
         self.occupied -= n_private
