@@ -43,6 +43,11 @@ Algorithm:
   rewritten since a mark = (counter now - counter at the mark) / capacity, clipped to [0, 1]; 1.0
   after a wipe, or when the counter went backwards (the server restarted).
 
+- **Forest chains** (:class:`ForestPrefixCache`, the simulator's when its workload allows): when
+  every chain given is a path of one forest (:func:`chains_form_forest`: one predecessor per id, as
+  hash chains have), the same model by delta work: admit and release walk from the chain's tip over
+  the blocks whose state changes only (the class docstring says why that is exact).
+
 Knobs: ``capacity_blocks`` (KV capacity in blocks, >= 1) and ``block_size`` (tokens per block,
 >= 1) of :class:`PrefixCache`; ``block_size`` of :func:`block_hashes`.
 
