@@ -218,7 +218,8 @@ class Replica:
             self.kv.spill = []  # GPU evictions, demoted to the tiers after each admission
         # views of ``kv`` that router.sim.whatif reads per step, bound once (kv never rebinds them):
         # lookup(chain, n_lookup) = leading blocks of chain[:n_lookup] cached (no side effects);
-        # cache = cached block id -> reference count; lru = unreferenced blocks, least recently freed first
+        # cache = cached block id -> reference count (a forest cache's: holders, zero exactly when the
+        # count is); lru = unreferenced blocks, least recently freed first
         self.lookup: Callable[[Chain, int], int] = self.kv.lookup
         self.cache: dict[int, int] = self.kv.ref
         self.lru: OrderedDict[int, None] = self.kv.lru
