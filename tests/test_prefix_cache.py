@@ -17,13 +17,22 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from features.runlog import records_to_frame
+from features.generate import generate
+from features.runlog import RunLog, records_to_frame
 from features.schema import Run, Step
-from router.core.prefix_cache import PrefixCache, block_hashes, max_hit_blocks, turnover
+from router.core.prefix_cache import (
+    ForestPrefixCache,
+    PrefixCache,
+    block_hashes,
+    chains_form_forest,
+    max_hit_blocks,
+    turnover,
+)
 from router.fakes import fake_in_thread
 from router.fakes.protocol import prompt_tokens, render_segments
 from router.policy.config import build_policy
-from router.sim.profiles import NodeProfile
+from router.sim.arrivals import run_starts
+from router.sim.profiles import NodeProfile, load_profile
 from router.sim.whatif import SERVED_LOCAL, SimConfig, Simulator, Workload
 from training.dataset import lru_replay
 
@@ -223,6 +232,113 @@ def test_model_invariants_against_a_brute_force_reference(ops, capacity) -> None
         private = sum(p for _, _, p in running)
         assert c.occupied == len(c.ref) + private <= capacity
         assert c.pinned == len(held) + private
+
+
+# ------------------------------------------------------------------------------ forest cache
+
+_FOREST_OPS = st.lists(
+    st.tuples(
+        st.integers(0, 5),  # 0-2: admit, 3-4: release a running request, 5: reset (or wipe when idle)
+        st.lists(st.integers(0, 2), min_size=0, max_size=7),  # chain as a path in a small trie
+        st.integers(0, 8),  # blocks reserved beyond... see below (may cut the hashed chain short)
+        st.integers(0, 40),  # prompt tokens
+        st.integers(0, 10),  # which running request to release
+    ),
+    max_size=60,
+)
+
+
+def _state(c: PrefixCache) -> tuple[object, ...]:
+    """What the two classes must agree on: presence, referenced or not, LRU order, counters."""
+    return (
+        {b: n > 0 for b, n in c.ref.items()},
+        list(c.lru),
+        c.occupied,
+        c.inserted,
+        c.evictions,
+        c.wipes,
+        c.pinned,
+        list(c.spill or ()),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_FOREST_OPS, capacity=st.integers(1, 14), spill=st.booleans())
+def test_forest_cache_matches_the_per_block_cache_op_by_op(ops, capacity, spill) -> None:  # type: ignore[no-untyped-def]
+    # the paths of one trie are forest chains; both classes get the same calls and must answer
+    # alike and hold the same state after every call (a wrong walk, count or LRU push fails here)
+    a, b = PrefixCache(capacity, 4), ForestPrefixCache(capacity, 4)
+    if spill:
+        a.spill, b.spill = [], []
+    running: list[tuple[list[int], int, int]] = []
+    refused = 0
+    for kind, path, extra, prompt, pick in ops:
+        if kind <= 2:
+            chain = [hash(("n", *path[: i + 1])) for i in range(len(path))]
+            n_blocks = max(1, len(chain) + extra - 4)  # sometimes fewer blocks than the chain
+            assert a.fits(chain, n_blocks) == b.fits(chain, n_blocks)
+            assert a.lookup(chain, len(chain)) == b.lookup(chain, len(chain))
+            ha = a.admit(chain, len(chain) - extra % 3, prompt, n_blocks)
+            hb = b.admit(chain, len(chain) - extra % 3, prompt, n_blocks)
+            assert ha == hb
+            if ha < 0:
+                refused += 1
+                assert a.shortfall == b.shortfall
+            else:
+                n_hashed = min(len(chain), n_blocks)
+                running.append((chain, n_hashed, n_blocks - n_hashed))
+        elif kind <= 4 and running:
+            req = running.pop(pick % len(running))
+            a.release(*req)
+            b.release(*req)
+        elif kind == 5:
+            if running:
+                a.reset()
+                b.reset()
+            else:
+                a.wipe()
+                b.wipe()
+        assert _state(a) == _state(b)
+
+
+def test_forest_cache_walks_only_the_changed_blocks_and_keeps_tail_first_order() -> None:
+    c = ForestPrefixCache(capacity_blocks=5, block_size=4)
+    assert c.admit([1, 2, 3], 3, 13, 3) == 0
+    assert c.admit([1, 2, 4, 5], 4, 17, 4) == 2  # shares 1, 2 with the first request
+    assert c.ref == {1: 1, 2: 2, 3: 1, 4: 1, 5: 1}  # holders: requests ending here + held children
+    c.release([1, 2, 4, 5], 4, 0)
+    assert list(c.lru) == [5, 4]  # tail first; 1, 2 stay held by the first request
+    c.release([1, 2, 3], 3, 0)
+    assert list(c.lru) == [5, 4, 3, 2, 1]
+    assert c.admit([1, 2, 4, 6, 7], 5, 21, 5) == 3  # 6 and 7 are new: the cache is full
+    assert c.evictions == 2 and set(c.ref) == {1, 2, 4, 6, 7}  # 5 and 3 evicted, oldest first
+    assert list(c.lru) == [] and c.ref == {1: 1, 2: 1, 4: 1, 6: 1, 7: 1}
+
+
+def test_chains_form_forest_needs_one_predecessor_per_block() -> None:
+    assert chains_form_forest([(1, 2, 3), (1, 2, 4), (5, 6), (), (1,)])
+    assert not chains_form_forest([(1, 2), (3, 2)])  # block 2 after 1 and after 3
+    assert not chains_form_forest([(1, 2), (2, 3)])  # block 2 a root and a child
+    assert not chains_form_forest([(1, 2, 1)])  # a repeated id
+    w_forest = Workload.from_runlog(RunLog.from_frame(generate(20, seed=1)))
+    assert w_forest.forest_chains()
+
+
+def test_simulator_uses_the_forest_cache_only_over_forest_chains_and_both_give_the_same_results() -> None:
+    w = Workload.from_runlog(RunLog.from_frame(generate(60, seed=4)))
+    cfg = SimConfig(profile=load_profile(None, "a100"), replicas=2, kv_cache_gb=2.0)
+    starts = run_starts("trace", len(w.runs), logged_starts=w.logged_starts())
+    sim = Simulator(w, build_policy("session-sticky"), cfg, starts)
+    assert all(type(r.kv) is ForestPrefixCache for r in sim.replicas)
+    res = sim.run()
+    w.__dict__["_forest"] = ((len(w.runs), w.n_steps), False)  # as if one chain broke the forest
+    sim2 = Simulator(w, build_policy("session-sticky"), cfg, starts)
+    assert all(type(r.kv) is PrefixCache for r in sim2.replicas)
+    res2 = sim2.run()
+    assert res.gpu_evictions > 0  # the cache was under pressure: evictions and refusals happened
+    for name in ("outcome", "latency", "ttft", "cached", "run_completion_s"):
+        assert np.array_equal(getattr(res, name), getattr(res2, name), equal_nan=True), name
+    assert res.gpu_evictions == res2.gpu_evictions
 
 
 # ------------------------------------------------------------------------------ fake vs simulator

@@ -43,6 +43,11 @@ Algorithm:
   rewritten since a mark = (counter now - counter at the mark) / capacity, clipped to [0, 1]; 1.0
   after a wipe, or when the counter went backwards (the server restarted).
 
+- **Forest chains** (:class:`ForestPrefixCache`, the simulator's when its workload allows): when
+  every chain given is a path of one forest (:func:`chains_form_forest`: one predecessor per id, as
+  hash chains have), the same model by delta work: admit and release walk from the chain's tip over
+  the blocks whose state changes only (the class docstring says why that is exact).
+
 Knobs: ``capacity_blocks`` (KV capacity in blocks, >= 1) and ``block_size`` (tokens per block,
 >= 1) of :class:`PrefixCache`; ``block_size`` of :func:`block_hashes`.
 
@@ -58,10 +63,19 @@ Pure and synchronous, no I/O; the hot methods (:meth:`~PrefixCache.lookup`,
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Allocation", "Chain", "PrefixCache", "block_hashes", "max_hit_blocks", "turnover"]
+__all__ = [
+    "Allocation",
+    "Chain",
+    "ForestPrefixCache",
+    "PrefixCache",
+    "block_hashes",
+    "chains_form_forest",
+    "max_hit_blocks",
+    "turnover",
+]
 
 Chain = Sequence[int]  # block ids, leading block first
 
@@ -327,3 +341,101 @@ class PrefixCache:
         self.lru.clear()
         self.occupied = 0
         self.wipes += 1
+
+
+def chains_form_forest(chains: Iterable[Chain]) -> bool:
+    """Whether every block id has one predecessor in all ``chains`` (the first block of a chain
+    none): the chains are paths of one forest, as hash chains are (a block's id names its whole
+    prefix). :class:`ForestPrefixCache` needs it of every chain it is given."""
+    parent: dict[int, int | None] = {}
+    get = parent.get
+    unseen = object()
+    for chain in chains:
+        prev: int | None = None
+        for b in chain:
+            p = get(b, unseen)
+            if p is unseen:
+                parent[b] = prev
+            elif p != prev:
+                return False
+            prev = b
+    return True
+
+
+class ForestPrefixCache(PrefixCache):
+    """:class:`PrefixCache` for chains that form a forest (:func:`chains_form_forest`): the same
+    hits, admissions, refusals (``shortfall``), evictions (order included), LRU order, counters and
+    ``spill``, by work proportional to the blocks whose state changes, not to the chain's length.
+
+    Over such chains the referenced blocks and the cached blocks are each prefix-closed along any
+    chain: a request references its whole hashed prefix, and a block enters the LRU list only after
+    every block below it in the tree (released tail first, re-referenced with its descendants), so it
+    is evicted after them. A request's hashed blocks are therefore a referenced prefix, then
+    unreferenced cached blocks, then absent ones, found by walking back from the tip. ``ref`` then
+    holds, per cached block, the requests whose hashed chain ends there plus its referenced children
+    (not the requests through it): zero exactly when :class:`PrefixCache`'s count is zero, so
+    :meth:`lookup`, :meth:`fits`, ``lru`` and every figure derived from them read the same.
+    A release walks up from the tip while counts drop to zero (those blocks go to the LRU list, tail
+    first, as :class:`PrefixCache` pushes them); an admission walks down from the tip over the absent
+    and the unreferenced blocks only (``tests/test_prefix_cache.py`` checks both classes op by op).
+    """
+
+    __slots__ = ()
+
+    def admit(self, chain: Chain, n_lookup: int, n_prompt: int, n_blocks: int) -> int:
+        ref = self.ref
+        lru = self.lru
+        n_hashed = len(chain) if len(chain) < n_blocks else n_blocks
+        i = n_hashed - 1
+        while i >= 0 and chain[i] not in ref:  # the absent tail
+            i -= 1
+        hit = i + 1
+        j = i
+        while j >= 0 and ref[chain[j]] == 0:  # cached, unreferenced: chain[j + 1 : hit]
+            j -= 1
+        free = self.capacity - self.occupied
+        need = n_hashed - hit + n_blocks - n_hashed
+        if need > free + len(lru) - (i - j):
+            self.shortfall = need - (free + len(lru) - (i - j))
+            return -1
+        if j >= 0:  # the deepest referenced block: one more request ends there or passes through
+            ref[chain[j]] += 1
+        if j + 1 < hit:  # referenced now: out of the LRU list, one holder each
+            for b in chain[j + 1 : hit]:
+                del lru[b]
+                ref[b] = 1
+        evict = need - free
+        if evict > 0:
+            self.evictions += evict
+            self.occupied -= evict
+            popitem = lru.popitem
+            spill = self.spill
+            while evict > 0:
+                b, _ = popitem(last=False)
+                del ref[b]
+                if spill is not None:
+                    spill.append(b)
+                evict -= 1
+        if hit < n_hashed:
+            self.inserted += n_hashed - hit
+            for b in chain[hit:n_hashed]:
+                ref[b] = 1
+        self.occupied += need
+        if hit > n_lookup:
+            hit = n_lookup
+        cap = (n_prompt - 1) // self.block_size if n_prompt > 0 else 0
+        return hit if hit < cap else cap
+
+    def release(self, chain: Chain, n_hashed: int, n_private: int) -> None:
+        ref = self.ref
+        lru = self.lru
+        k = n_hashed - 1
+        while k >= 0:
+            b = chain[k]
+            rc = ref[b] - 1
+            ref[b] = rc
+            if rc:
+                break
+            lru[b] = None
+            k -= 1
+        self.occupied -= n_private

@@ -178,9 +178,10 @@ def tp_profile(prof: NodeProfile, tp: int, efficiency: float) -> NodeProfile:
 
 
 def build_replicas(
-    cfg: SimConfig, loop: EventLoop, on_done: Callable[[Request], None]
+    cfg: SimConfig, loop: EventLoop, on_done: Callable[[Request], None], forest: bool = False
 ) -> tuple[list[Replica], list[Replica], DisaggNode | None]:
-    """(the router's local backends, every replica, the disaggregated node or None)."""
+    """(the router's local backends, every replica, the disaggregated node or None). ``forest``: the
+    requests' chains form a forest (``Replica``'s ``forest``)."""
     blocks = cfg.kv_blocks()
     prof = cfg.node_profile()
     spec = cfg.spec
@@ -213,6 +214,7 @@ def build_replicas(
             draft_s=draft if t == 1 else spec.draft_s(p) if spec is not None else 0.0,
             draft_s_per_token=spec.draft_s_per_token if spec is not None else 0.0,  # drafter: not TP-scaled
             role=role,
+            forest=forest,
         )
 
     if not cfg.disagg_prefill:

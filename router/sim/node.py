@@ -66,7 +66,9 @@ Knobs (constructor): ``profile`` (coefficients and limits), ``kv_capacity_blocks
 (False steps every decode iteration as its own event: the reference the fast path is tested against),
 ``tiers`` (a :class:`~router.sim.kvtier.TierStack` or None), ``spec`` (True when requests may carry
 speculative-decoding rates), ``draft_s`` (draft cost per decode iteration, seconds),
-``draft_s_per_token`` (a draft model's seconds per proposed token), ``role``.
+``draft_s_per_token`` (a draft model's seconds per proposed token), ``role``, ``forest`` (every
+request's chain is a path of one forest, :func:`router.core.prefix_cache.chains_form_forest`: the
+cache is a :class:`~router.core.prefix_cache.ForestPrefixCache`, the same model by less work).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
-from router.core.prefix_cache import Chain, PrefixCache
+from router.core.prefix_cache import Chain, ForestPrefixCache, PrefixCache
 from router.sim.engine import EventLoop
 from router.sim.kvtier import TierStack
 from router.sim.profiles import NodeProfile
@@ -176,6 +178,7 @@ class Replica:
         draft_s: float = 0.0,
         draft_s_per_token: float = 0.0,
         role: str = "both",
+        forest: bool = False,
     ):
         if kv_capacity_blocks < 2:
             raise ValueError(f"{name}: KV capacity of {kv_capacity_blocks} block(s) is too small")
@@ -209,12 +212,14 @@ class Replica:
         # prompt tokens still to prefill (waiting requests whole, running ones' remainders), kept
         # incrementally: the router-visible prefill queue (simulator.prefill_owed is its definition)
         self.owed = 0
-        self.kv = PrefixCache(kv_capacity_blocks, block_tokens)  # KV blocks and the prefix cache
+        # KV blocks and the prefix cache; over forest chains the same model by delta work
+        self.kv = (ForestPrefixCache if forest else PrefixCache)(kv_capacity_blocks, block_tokens)
         if tiers is not None:
             self.kv.spill = []  # GPU evictions, demoted to the tiers after each admission
         # views of ``kv`` that router.sim.whatif reads per step, bound once (kv never rebinds them):
         # lookup(chain, n_lookup) = leading blocks of chain[:n_lookup] cached (no side effects);
-        # cache = cached block id -> reference count; lru = unreferenced blocks, least recently freed first
+        # cache = cached block id -> reference count (a forest cache's: holders, zero exactly when the
+        # count is); lru = unreferenced blocks, least recently freed first
         self.lookup: Callable[[Chain, int], int] = self.kv.lookup
         self.cache: dict[int, int] = self.kv.ref
         self.lru: OrderedDict[int, None] = self.kv.lru

@@ -156,7 +156,9 @@ class Simulator:
         self.predictor: Predictor = predictor if predictor is not None else ConstantPredictor()
         self.loop = EventLoop(start=0.0, seed=config.seed)
         blocks = config.kv_blocks()
-        self.replicas, self.all_replicas, self.disagg = build_replicas(config, self.loop, self._local_done)
+        self.replicas, self.all_replicas, self.disagg = build_replicas(
+            config, self.loop, self._local_done, workload.forest_chains()
+        )
         self.spec = config.spec
         self.by_name = {r.name: r for r in self.replicas}
         self.frontier = Frontier(config.frontier, self.loop.rng, config.block_tokens)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from router.core.figures import is_short, upper_bound_tokens
+from router.core.prefix_cache import chains_form_forest
 from router.policy.defaults import SHORT_STEP_TOKENS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -129,6 +130,19 @@ class Workload:
     @property
     def n_steps(self) -> int:
         return sum(len(r.steps) for r in self.runs)
+
+    def forest_chains(self) -> bool:
+        """Whether the steps' block chains form a forest (one predecessor per block id, as hash
+        chains have: :func:`router.core.prefix_cache.chains_form_forest`); kept while the runs and
+        their step counts stay as they were."""
+        key = (len(self.runs), self.n_steps)
+        memo = self.__dict__.get("_forest")
+        if memo is None or memo[0] != key:
+            memo = self.__dict__["_forest"] = (
+                key,
+                chains_form_forest(s.chain for r in self.runs for s in r.steps),
+            )
+        return bool(memo[1])
 
     def mean_steps_per_run(self) -> float:
         return self.n_steps / max(len(self.runs), 1)
