@@ -476,6 +476,9 @@ class H1Pool:
         loop = asyncio.get_running_loop()
         start = loop.time()
         conn = await self._acquire((host, port), loop)
+        if conn.lost or conn.transport is None:  # a new connection the peer closed at once
+            self._forget(conn)
+            raise UpstreamError("connect", f"{host}:{port} closed the connection")
         head = [
             b"POST ",
             target,
@@ -496,7 +499,6 @@ class H1Pool:
         total_left = self.total_s - (loop.time() - start)
         resp = H1Response(conn, loop, loop.time() + total_left, self.read_s)
         conn.resp = resp
-        assert conn.transport is not None
         conn.transport.writelines((b"".join(head), body))
         await resp._headers()
         return resp
