@@ -46,7 +46,7 @@ RULES: list[tuple[str, str]] = [
     ("metrics", r"router/server/metrics/|prometheus_client"),
     ("run log (submit)", r"log_writer\.py"),
     ("backend pool (states, candidates)", r"hotpath/backends\.py"),
-    ("upstream request (aiohttp client)", r"hotpath/upstream\.py|aiohttp/|multidict|yarl"),
+    ("upstream request (HTTP client)", r"hotpath/upstream\.py|hotpath/h1client\.py|aiohttp/|multidict|yarl"),
     ("answer relay / capture", r"protocols/relay\.py|protocols/chat\.py|protocols/base\.py"),
     ("step record / headers", r"hotpath/stepio\.py|hotpath/answers\.py|hotpath/posthoc\.py"),
     ("proxy (other)", r"hotpath/proxy\.py|router/server/app\.py|router/server/routes\.py"),

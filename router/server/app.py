@@ -200,7 +200,10 @@ def create_app(
         step_slo_s=s.slo.step_latency_s,
     )
     up: Upstream = upstream or AiohttpUpstream(
-        connect_s=s.timeouts.connect_s, first_byte_s=s.timeouts.first_byte_s, total_s=s.timeouts.total_s
+        connect_s=s.timeouts.connect_s,
+        first_byte_s=s.timeouts.first_byte_s,
+        total_s=s.timeouts.total_s,
+        lean=s.server.upstream_client == "lean",
     )
     st = store if store is not None else make_store(s)
     backends = make_backends(s)

@@ -70,7 +70,9 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   an admin key, when set), ``run_history_steps`` / ``run_history_runs`` (bounded in-memory history
   behind ``/v1/runs``); connection limits (:mod:`router.server.limits`, defaults in
   docs/server-limits.md): ``header_timeout_s``, ``idle_timeout_s``, ``body_timeout_s``,
-  ``max_connections`` (503 beyond).
+  ``max_connections`` (503 beyond); ``upstream_client`` (``lean``, the default: a ``POST`` to a
+  plain ``http://`` upstream goes through :mod:`router.server.hotpath.h1client`, the same
+  ``timeouts`` and error kinds; ``aiohttp``: every request through aiohttp's client, as before).
 - ``runlog``: ``dir``, ``log_prompts`` (false: no prompt text is ever written), ``durability``
   (``batched``: records fsynced at least every ``flush_s``, a SIGKILL loses at most the last
   ``flush_s`` seconds of records; ``ack``: a step's response completes only after its record is
@@ -260,6 +262,8 @@ class ServerSettings(_Strict):
     # incremental body parse (router.server.protocols.incremental): conversations kept, their bytes
     parse_cache_runs: int = Field(default=2048, ge=0)
     parse_cache_mb: float = Field(default=256.0, ge=0)
+    # the client of plain-http upstream POSTs: "lean" (router.server.hotpath.h1client) or "aiohttp"
+    upstream_client: Literal["lean", "aiohttp"] = "lean"
     # connection limits (router.server.limits; docs/server-limits.md)
     header_timeout_s: float = Field(default=10.0, gt=0)  # first byte of a request -> end of its headers
     idle_timeout_s: float = Field(default=15.0, gt=0)  # a connection with no request in progress
