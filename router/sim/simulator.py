@@ -55,7 +55,7 @@ from features.schema import Step
 from models.predictor import ConstantPredictor, Predictor
 from router.core.accounting import gpu_usd
 from router.core.admission import AdmissionGate
-from router.core.driver import PLANNED, StepTurn
+from router.core.driver import FINISHED, PLANNED, StepTurn
 from router.core.engine import StepEngine, StepPlan
 from router.core.prefix_index import PrefixIndex
 from router.core.record import StepRequest, StepResult
@@ -383,10 +383,23 @@ class Simulator:
             )
         state = run.state
         pin = state.replica
-        turn = run.turn = eng.begin(state, run.track, run.turn)  # the run's finished turn, reset
-        backends = self._backends(
-            run, t, self._pin_only(run, s.prompt) if req.requested_model is None else None
-        )
+        turn = run.turn
+        if turn is not None and turn.stage is FINISHED:  # the run's finished turn, reset
+            turn.restart()  # (eng.begin(state, run.track, turn), without its checks: same run)
+        else:
+            turn = run.turn = eng.begin(state, run.track)
+        # self._pin_only(run, s.prompt), inline (one frame fewer per step)
+        pin_i = None
+        if (
+            self._keeps_pin
+            and req.requested_model is None
+            and pin is not None
+            and state.tier == "local"
+            and s.prompt <= self.local_max_context
+            and (state.admitted is not None or eng.admission is None)
+        ):
+            pin_i = self._local_pos.get(pin)
+        backends = self._backends(run, t, pin_i)
         plan = run.plan = turn.plan(
             req,
             backends,
@@ -571,12 +584,15 @@ class Simulator:
         sidx = np.empty(ns, dtype=np.int64)
         rofs = np.empty(ns, dtype=np.int64)
         comp = np.empty(ns, dtype=np.int64)
-        g = 0
-        for i, spec in enumerate(w.runs):
-            for k, s in enumerate(spec.steps):
-                prompt[g], upper[g], short[g], sidx[g], rofs[g] = s.prompt, s.upper, s.short, k, i
-                comp[g] = s.completion
-                g += 1
+        # the workload's per-step columns: built as lists and converted once (a numpy element
+        # assignment per field and step cost ~2.8k instructions per step, 1.3% of a simulation)
+        steps = [s for spec in w.runs for s in spec.steps]
+        prompt[:] = [s.prompt for s in steps]
+        upper[:] = [s.upper for s in steps]
+        short[:] = [s.short for s in steps]
+        sidx[:] = [k for spec in w.runs for k in range(len(spec.steps))]
+        rofs[:] = [i for i, spec in enumerate(w.runs) for _ in spec.steps]
+        comp[:] = [s.completion for s in steps]
         return SimResult(
             policy=str(getattr(self.policy, "name", type(self.policy).__name__)),
             config=self.cfg,
