@@ -112,8 +112,9 @@ def _sim_arrays(res) -> tuple:
 )
 def test_pin_only_steps_simulate_what_every_replica_would(policy, n, admission, stz) -> None:
     """A step of a run pinned under a pin-keeping policy reads only its replica's state and the
-    frontier's (Simulator._pin_only, inline in _arrive; the index matched for that replica only): the same simulated
-    results as the same simulation given every replica at every step, and the shortcut is taken."""
+    frontier's (the pinned path of Simulator._arrive; the index matched for that replica only): the
+    same simulated results as the same simulation given every replica at every step, and the
+    shortcut is taken."""
     from dataclasses import replace
 
     from features.generate import generate
