@@ -281,7 +281,9 @@ def test_the_simulators_step_requests_and_step_columns_equal_their_definitions()
     cfg = SimConfig(profile=load_profile(None, "a100"), replicas=2, kv_cache_gb=16.0)
     res = Simulator(w, build_policy("session-sticky"), cfg, st).run()
     n = 0
-    cols: dict[str, list] = {k: [] for k in ("prompt", "upper", "short", "step_index", "run_of_step", "completion")}
+    cols: dict[str, list] = {
+        k: [] for k in ("prompt", "upper", "short", "step_index", "run_of_step", "completion")
+    }
     for i, spec in enumerate(w.runs):
         for k, s in enumerate(spec.steps):
             kw = StepRequest(

@@ -155,7 +155,9 @@ def test_commit_gives_the_chosen_state_while_some_backend_is_up_even_a_down_one(
         ((True, True), "local-9", None),
     ):
         turn = _turn()
-        states = [BackendState(name=f"local-{i}", tier="local", model="m", healthy=h) for i, h in enumerate(healthy)]
+        states = [
+            BackendState(name=f"local-{i}", tier="local", model="m", healthy=h) for i, h in enumerate(healthy)
+        ]
         turn.plan(StepRequest(prompt_tokens=100), states, now=0.0, policy=POLICY, predictor=PRED)
         turn.force(Decision(tier="local", backend=pick, model="m", reason="forced"))
         chosen = turn.commit()
