@@ -415,7 +415,7 @@ class Replica:
             k = self._fin[0][0] - tick if self.fast_forward else 1
             a_term = p.a + p.e * n_dec + p.d * (self._dec_s + n_dec * tick)
             dn = p.d * n_dec
-            self._ep = (t, k, a_term, dn)  # self._open_epoch(t, k, a_term, dn), inline
+            self._ep = (t, k, a_term, dn)  # an epoch of k iterations from now, its end event
             loop = self.loop
             loop._seq += 1
             te = t + k * a_term + dn * k * (k - 1) / 2
@@ -529,7 +529,7 @@ class Replica:
             dn = p.d * grow
         else:
             dn = p.d * n_dec
-        self._ep = (t, k, a_term, dn)  # self._open_epoch(t, k, a_term, dn), inline
+        self._ep = (t, k, a_term, dn)  # an epoch of k iterations from now, its end event
         loop = self.loop
         loop._seq += 1
         te = t + k * a_term + dn * k * (k - 1) / 2
