@@ -213,7 +213,7 @@ def test_target_key_round_trips() -> None:
 
 
 @pytest.mark.parametrize("policy", ["always-local", "session-sticky"])
-def test_cached_backend_states_equal_a_full_rebuild_at_every_step(monkeypatch, policy) -> None:
+def test_cached_backend_states_equal_a_full_rebuild_at_every_step(policy) -> None:
     """The change list (router.sim.node) must never leave a stale replica state for the policy,
     also when pin-only steps (session-sticky) read one replica and leave the others on the list."""
     from router.sim.simulator import Simulator
@@ -222,18 +222,18 @@ def test_cached_backend_states_equal_a_full_rebuild_at_every_step(monkeypatch, p
     w = Workload.from_frames(steps, runs)
     st = run_starts("trace", len(w.runs), logged_starts=w.logged_starts())
     cfg = SimConfig(profile=PROF, frontier=FRONT, replicas=6, kv_cache_gb=1.0)
-    orig = Simulator._backends
+    sim = Simulator(w, build_policy(policy), cfg, st)
+    orig = sim.engine._plan
     checked = []
 
-    def both(self, run, t, pin=None):
-        got = orig(self, run, t, pin)
-        reps = self.replicas if pin is None else [self.replicas[pin]]
-        assert got[:-1] == [self._local_state(r, t) for r in reps]
-        checked.append(pin is None)
-        return got
+    def plan(run, track, req, backends, now, *args):  # the states each step is planned on
+        reps = [sim.by_name[b.name] for b in backends[:-1]]
+        assert backends[:-1] == [sim._local_state(r, now) for r in reps]
+        checked.append(len(reps) == len(sim.replicas))  # every replica's (else the pinned one's)
+        return orig(run, track, req, backends, now, *args)
 
-    monkeypatch.setattr(Simulator, "_backends", both)
-    res = Simulator(w, build_policy(policy), cfg, st).run()
+    sim.engine._plan = plan  # type: ignore[method-assign]
+    res = sim.run()
     assert len(checked) == len(res.outcome) == 60
     if policy == "session-sticky":  # both kinds of step were checked
         assert 0 < sum(checked) < len(checked)

@@ -112,8 +112,9 @@ def _sim_arrays(res) -> tuple:
 )
 def test_pin_only_steps_simulate_what_every_replica_would(policy, n, admission, stz) -> None:
     """A step of a run pinned under a pin-keeping policy reads only its replica's state and the
-    frontier's (Simulator._pin_only; the index matched for that replica only): the same simulated
-    results as the same simulation given every replica at every step, and the shortcut is taken."""
+    frontier's (the pinned path of Simulator._arrive; the index matched for that replica only): the
+    same simulated results as the same simulation given every replica at every step, and the
+    shortcut is taken."""
     from dataclasses import replace
 
     from features.generate import generate
@@ -131,15 +132,14 @@ def test_pin_only_steps_simulate_what_every_replica_would(policy, n, admission, 
         cfg = replace(cfg, scale_to_zero=True)
     adm = AdmissionConfig() if admission else None
     fast = Simulator(w, build_policy(policy), cfg, st, admission=adm)
-    seen: list[int] = []
-    orig = fast._backends
+    seen: list[int] = []  # the backend states each step was planned on
+    orig = fast.engine._plan
 
-    def backends(run, t, pin=None):
-        out = orig(run, t, pin)
-        seen.append(len(out))
-        return out
+    def plan(run, track, req, backends, *args):
+        seen.append(len(backends))
+        return orig(run, track, req, backends, *args)
 
-    fast._backends = backends  # type: ignore[method-assign]
+    fast.engine._plan = plan  # type: ignore[method-assign]
     slow = Simulator(w, build_policy(policy), cfg, st, admission=adm)
     slow._keeps_pin = False
     a, b = fast.run(), slow.run()
@@ -263,3 +263,48 @@ def test_schedule_many_runs_events_in_the_order_schedule_would() -> None:
         return seen
 
     assert drive(True) == drive(False)
+
+
+def test_the_simulators_step_requests_and_step_columns_equal_their_definitions() -> None:
+    """The simulator builds each step's StepRequest positionally and the result's per-step columns
+    from lists: each equals the keyword construction and the loop over the workload's steps."""
+    from features.generate import generate
+    from features.runlog import RunLog
+    from router.core.record import StepRequest
+    from router.policy.config import build_policy
+    from router.sim.arrivals import run_starts
+    from router.sim.profiles import load_profile
+    from router.sim.whatif import SimConfig, Simulator, Workload
+
+    w = Workload.from_runlog(RunLog.from_frame(generate(40, seed=4)))
+    st = run_starts("trace", len(w.runs), logged_starts=w.logged_starts())
+    cfg = SimConfig(profile=load_profile(None, "a100"), replicas=2, kv_cache_gb=16.0)
+    res = Simulator(w, build_policy("session-sticky"), cfg, st).run()
+    n = 0
+    cols: dict[str, list] = {
+        k: [] for k in ("prompt", "upper", "short", "step_index", "run_of_step", "completion")
+    }
+    for i, spec in enumerate(w.runs):
+        for k, s in enumerate(spec.steps):
+            kw = StepRequest(
+                prompt_tokens=s.prompt,
+                tool_results_n=s.tool_results_n,
+                tool_result_errors=s.errors,
+                tool_result_tokens=s.result_tokens,
+                n_tools_offered=s.n_tools,
+                wants_json=s.wants_json,
+                label_needs_frontier=spec.needs_frontier,
+                signals=s.signals,
+                chain=s.chain,
+                chain_lookup=s.n_lookup,
+            )
+            if s.request is not None:  # built when the step arrived (every step of a run not rejected)
+                n += 1
+                for f in fields(StepRequest):
+                    a, b = getattr(s.request, f.name), getattr(kw, f.name)
+                    assert a is b or a == b, f.name
+            for key, v in zip(cols, (s.prompt, s.upper, s.short, k, i, s.completion), strict=True):
+                cols[key].append(v)
+    assert n > 100
+    for key, v in cols.items():
+        assert getattr(res, key).tolist() == v, key

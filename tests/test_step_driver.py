@@ -144,6 +144,27 @@ def test_commit_answers_none_when_every_backend_is_down():
     assert turn.commit() is None
 
 
+def test_commit_gives_the_chosen_state_while_some_backend_is_up_even_a_down_one():
+    """commit's chosen backend: the one the decision names whenever any backend is healthy (even
+    when the named one is down), None when every one is down or none has the name."""
+    for healthy, pick, expect in (
+        ((True, False), "local-1", "local-1"),
+        ((True, False), "local-0", "local-0"),
+        ((False, True), "local-1", "local-1"),
+        ((False, False), "local-0", None),
+        ((True, True), "local-9", None),
+    ):
+        turn = _turn()
+        states = [
+            BackendState(name=f"local-{i}", tier="local", model="m", healthy=h) for i, h in enumerate(healthy)
+        ]
+        turn.plan(StepRequest(prompt_tokens=100), states, now=0.0, policy=POLICY, predictor=PRED)
+        turn.force(Decision(tier="local", backend=pick, model="m", reason="forced"))
+        chosen = turn.commit()
+        assert (chosen.name if chosen is not None else None) == expect, (healthy, pick)
+        assert chosen is None or chosen is states[int(pick[-1])]
+
+
 def test_fallback_happens_once_per_step():
     turn = _turn()
     _plan(turn)

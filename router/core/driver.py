@@ -198,13 +198,16 @@ class StepTurn:
         backends = p.snapshot.backends
         name = p.decision.backend
         chosen = None
-        for b in backends:
-            if b.healthy:  # some backend is up (every one marked down: nothing serves the step)
-                for c in backends:
-                    if c.name == name:
-                        chosen = c
-                        break
+        for c in backends:
+            if c.name == name:
+                chosen = c
                 break
+        if chosen is not None and not chosen.healthy:  # is some backend up? (none: nothing serves)
+            for b in backends:
+                if b.healthy:
+                    break
+            else:
+                chosen = None
         self.engine._commit(p, self.run, self.track, chosen)
         self.stage = COMMITTED
         self._slot = False

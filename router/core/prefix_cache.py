@@ -429,13 +429,11 @@ class ForestPrefixCache(PrefixCache):
     def release(self, chain: Chain, n_hashed: int, n_private: int) -> None:
         ref = self.ref
         lru = self.lru
-        k = n_hashed - 1
-        while k >= 0:
-            b = chain[k]
-            rc = ref[b] - 1
-            ref[b] = rc
-            if rc:
-                break
-            lru[b] = None
-            k -= 1
+        if n_hashed:  # from the tip up (a reversed slice: no index arithmetic per block)
+            for b in chain[n_hashed - 1 :: -1]:
+                rc = ref[b] - 1
+                ref[b] = rc
+                if rc:
+                    break
+                lru[b] = None
         self.occupied -= n_private

@@ -88,7 +88,7 @@ from router.sim.profiles import NodeProfile
 __all__ = ["Request", "Replica"]
 
 
-_SEQ = attrgetter("seq")  # a request's admission order (the sort key of Replica._due)
+_SEQ = attrgetter("seq")  # a request's admission order (the sort key of the requests due at a tick)
 
 
 class Request:
@@ -238,6 +238,8 @@ class Replica:
         self.watch: list[Replica] | None = None  # the simulator's change list (module docstring)
         self.marked = False  # already on ``watch`` since the simulator last read it
         self._end_chunk_h = self._end_chunk  # bound once: scheduled at every iteration
+        # admissions take _try_admit's path without lower tiers or KV transfer inline (_start)
+        self._plain_admit = tiers is None and role != "decode"
         self._end_epoch_h = self._end_epoch
 
     def _touch(self) -> None:
@@ -412,7 +414,12 @@ class Replica:
             self.gen += 1
             k = self._fin[0][0] - tick if self.fast_forward else 1
             a_term = p.a + p.e * n_dec + p.d * (self._dec_s + n_dec * tick)
-            self._open_epoch(t, k, a_term, p.d * n_dec)
+            dn = p.d * n_dec
+            self._ep = (t, k, a_term, dn)  # an epoch of k iterations from now, its end event
+            loop = self.loop
+            loop._seq += 1
+            te = t + k * a_term + dn * k * (k - 1) / 2
+            heapq.heappush(loop._heap, (te if te >= t else t, loop._seq, self._end_epoch_h, self.gen))
             return
         budget = p.token_budget
         running = self.running
@@ -446,10 +453,30 @@ class Replica:
             quad += ln * (r.prefilled + ln)
             budget -= ln
         waiting = self.waiting
+        plain = self._plain_admit
         while waiting and budget > 0 and len(running) < p.max_num_seqs:
             r = waiting[0]
-            if not self._try_admit(r):
-                break
+            if not plain:
+                if not self._try_admit(r):
+                    break
+            else:  # self._try_admit(r), inline: its path without lower tiers on a "both"/"prefill" replica
+                if r.n_private == -self._releases - 1:  # refused since the last release: again
+                    break
+                kv = self.kv
+                room = kv.capacity - kv.occupied + len(kv.lru)
+                if room < r.room_needed:
+                    break
+                n_blocks = r.n_blocks if r.n_blocks < self.capacity else self.capacity
+                chain = r.chain
+                hit = kv.admit(chain, r.n_lookup, r.prompt, n_blocks)
+                if hit < 0:
+                    r.n_private = -self._releases - 1
+                    r.room_needed = room + kv.shortfall
+                    break
+                n_hashed = len(chain) if len(chain) < n_blocks else n_blocks
+                r.n_private = n_blocks - n_hashed
+                r.n_hashed = n_hashed
+                r.cached = r.prefilled = hit * self.block_tokens
             waiting.popleft()
             running[r] = None
             self._adm += 1
@@ -502,12 +529,7 @@ class Replica:
             dn = p.d * grow
         else:
             dn = p.d * n_dec
-        self._open_epoch(t, k, a_term, dn)
-
-    def _open_epoch(self, t: float, k: int, a_term: float, dn: float) -> None:
-        """An epoch of ``k`` iterations starts at ``t`` (now): its end event on the loop
-        (``loop.schedule`` inline)."""
-        self._ep = (t, k, a_term, dn)
+        self._ep = (t, k, a_term, dn)  # an epoch of k iterations from now, its end event
         loop = self.loop
         loop._seq += 1
         te = t + k * a_term + dn * k * (k - 1) / 2
@@ -519,21 +541,6 @@ class Replica:
         self._n_dec += 1
         self._dec_s += r.prompt - base
         heapq.heappush(self._fin, (base + r.it_target, r.seq, r))
-
-    def _due(self) -> list[Request]:
-        """The decoding requests whose ``decoded`` reached ``it_target`` at this tick, in running
-        (admission) order, taken off the decode bookkeeping."""
-        fin, tick = self._fin, self.tick
-        done: list[Request] = []
-        while fin and fin[0][0] <= tick:
-            r = heapq.heappop(fin)[2]
-            r.decoded = tick - r.base
-            self._n_dec -= 1
-            self._dec_s -= r.prompt - r.base
-            done.append(r)
-        if len(done) > 1:
-            done.sort(key=_SEQ)
-        return done
 
     def _end_chunk(self, gen: int) -> None:
         if gen != self.gen:  # pragma: no cover - chunk iterations are never shortened
@@ -560,9 +567,22 @@ class Replica:
             still.append(r)
         self.owed = owed
         self.prefilling = still
-        fin = self._fin  # self._due(), inline
+        fin = self._fin
         if fin and fin[0][0] <= tick:
-            self._finish(self._due(), t)
+            # the decoding requests whose ``decoded`` reached ``it_target`` at this tick, in running
+            # (admission) order, taken off the decode bookkeeping
+            done: list[Request] = []
+            n_dec, dec_s = self._n_dec, self._dec_s
+            while fin and fin[0][0] <= tick:
+                r = heapq.heappop(fin)[2]
+                r.decoded = tick - r.base
+                n_dec -= 1
+                dec_s -= r.prompt - r.base
+                done.append(r)
+            self._n_dec, self._dec_s = n_dec, dec_s
+            if len(done) > 1:
+                done.sort(key=_SEQ)
+            self._finish(done, t)
         else:
             self._start(t)
 
@@ -576,7 +596,20 @@ class Replica:
         self._ep = None
         fin = self._fin
         if fin and fin[0][0] <= tick:
-            self._finish(self._due(), t)
+            # the decoding requests whose ``decoded`` reached ``it_target`` at this tick, in running
+            # (admission) order, taken off the decode bookkeeping
+            done: list[Request] = []
+            n_dec, dec_s = self._n_dec, self._dec_s
+            while fin and fin[0][0] <= tick:
+                r = heapq.heappop(fin)[2]
+                r.decoded = tick - r.base
+                n_dec -= 1
+                dec_s -= r.prompt - r.base
+                done.append(r)
+            self._n_dec, self._dec_s = n_dec, dec_s
+            if len(done) > 1:
+                done.sort(key=_SEQ)
+            self._finish(done, t)
         else:  # a shortened epoch (an arrival came): it ends before any request finishes
             self._start(t)
 
