@@ -496,7 +496,7 @@ def test_a_first_step_whose_predictions_cannot_read_the_vector_does_not_wait(tmp
             emb = app.state.proxy.context.embedder
             assert (hist.task_embedding is not None) is waits
             assert emb.not_waited == (0 if waits else 1)
-            _settle(lambda: emb.pending == 0)
+            _settle(lambda e=emb: e.pending == 0)
             step_request(c, "r-w", 1)
             assert hist.task_embedding is not None and float(hist.task_embedding[0]) == 1.0
             c.post("/v1/runs/r-w/end", json={})
@@ -511,16 +511,18 @@ def test_embedding_informs_exactly_where_the_vector_changes_the_predictions(smal
     domain whose benefit model reads the embedding, where some vector changes them."""
     from dataclasses import replace
 
+    from test_benefit import _concat, _rows
+
     from features.extract import N_FEATURES
     from features.prefix import RunPrefix
     from models.bundle import ModelBundle
     from models.predictor import ConstantPredictor
     from router.server.runs.context import embedding_informs
-    from test_benefit import _concat, _rows
-
     from training.benefit import BenefitConfig, fit_benefit
 
-    rows = _concat(_concat(_rows(40, True, "airline", 0), _rows(40, False, "retail", 1)), _rows(5, True, "telecom", 2))
+    rows = _concat(
+        _concat(_rows(40, True, "airline", 0), _rows(40, False, "retail", 1)), _rows(5, True, "telecom", 2)
+    )
     model, _ = fit_benefit(rows, BenefitConfig(min_runs=30, n_boot=50))
     assert model.domains["airline"].mode == "model"  # on the embedding; retail, telecom: prior
     base = ModelBundle.load(small_bundle)

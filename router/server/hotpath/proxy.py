@@ -342,7 +342,15 @@ class Proxy(StepIO):
             fresh = hist.base.steps and hist.next_step >= run.steps_seen
             sreq = proto.step_request(req, hist.last_tokens if fresh else None, priority=prio, tenant=tenant)
             sreq.signals = await self.context.step(
-                hist, request.headers, proto, req, tenant, self.store, run, serving.predictor, engine.keep_features
+                hist,
+                request.headers,
+                proto,
+                req,
+                tenant,
+                self.store,
+                run,
+                serving.predictor,
+                engine.keep_features,
             )
             adm = self.admission
             active = await adm.active() if adm is not None and run.admitted is None else 0
