@@ -37,7 +37,10 @@ vectors, least recently used first out; 384 float32 each, 1.5 KB): runs of one a
 with the same task text (a retried task, a benchmark's repeated tasks), and a text already queued is
 not queued twice (the runs share its future). A cached vector is ready at the run's first step. The first step waits at most ``context.embed_wait_ms`` (default 15 ms: its added
 latency stays under issue 14's 20 ms per-run budget, measured +17 ms p50; the vector is ready in
-time for some first steps on this shared machine, for most with 40 ms) for the vector, so a fast embedding already informs the first decision; otherwise it goes on without,
+time for some first steps on this shared machine, for most with 40 ms) for the vector, so a fast embedding already informs the first decision, and only
+where the vector can change the step's predictions (:func:`embedding_informs`: not for a predictor
+that does not read the run context, nor for a run whose domain the bundle's benefit model does not
+serve on the embedding; issue 26); otherwise it goes on without,
 and a later step of the run takes the vector once the thread has it (one ``done()`` check per
 step, nothing else). The text is never stored or logged; the vector goes to
 ``RunPrefix.task_embedding`` and to the run log's ``Run.task_embedding`` when the run ends. At most
