@@ -111,10 +111,16 @@ class ChatBodies:
             raise SystemExit("realistic_load: need steps >= 2 and 1024 <= min_body <= max_body")
         self.model, self.stream, self.id_via, self.steps = model, stream, id_via, steps
         tools = orjson.dumps(_TOOLS)
-        self._tail = b'],"tools":' + tools + b',"max_tokens":64,"temperature":0,"stream":'
-        self._tail += b"true" if stream else b"false"
+        self._tail = b'],"tools":' + tools + b',"max_tokens":64,"temperature":0,"stream":false'
         rng = random.Random(7)
+        # the history is sized with the non-streaming tail in both modes, so a run's streamed bodies
+        # carry the same conversation (the same bytes up to the tail) as its plain ones: a client
+        # that switches to streaming does not edit its history (before, "true" being one byte
+        # shorter made every tool result of a streamed body different, so a run's first streamed
+        # step after priming missed the sidecar's parse cache)
         fixed = len(self.head(0, 0)) + len(self.tail("rr-0000-g0"))
+        if stream:
+            self._tail = self._tail[: -len(b"false")] + b"true"
         pairs: list[bytes] = []
         size = fixed
         for k in range(steps):

@@ -85,7 +85,7 @@ def test_first_step_does_not_wait_past_the_budget(tmp_path, fakes):
         return np.ones((len(texts), 384), dtype=np.float32)
 
     s = make_settings(tmp_path, fakes, context={"embed": "on", "embed_wait_ms": 10})
-    app = create_app(s, bundle=SignalPredictor(), embed_fn=slow)
+    app = create_app(s, bundle=ContextSignalPredictor(), embed_fn=slow)  # one that waits
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
         t0 = time.perf_counter()
         step_request(c, "r-slow", 0)
@@ -222,6 +222,9 @@ def test_real_task_embedding_is_the_first_user_messages_vector(tmp_path, fakes, 
         _settle(lambda: emb.ready, 120)  # the worker's start-up (spawn, imports, weights)
         for k in range(2):
             step_request(c, "r-real", k)
+        # SignalPredictor does not read the run context, so the first step did not wait for the
+        # vector (embedding_informs): the run record takes it once it is done
+        _settle(lambda: emb.pending == 0, 60)
         c.post("/v1/runs/r-real/end", json={})
     want = embed.embed_texts(["Change my flight to Las Vegas."])[0]
     got = np.asarray(
@@ -462,3 +465,87 @@ def test_the_embedding_worker_process_exits_with_a_killed_sidecar(tmp_path):
 
     _settle(gone, 30)
     assert gone()
+
+
+class ContextSignalPredictor(SignalPredictor):
+    """SignalPredictor that declares it reads the run context (so a first step waits for the vector)."""
+
+    reads_run_context = True
+
+    def predict_context(self, x: np.ndarray, prefix) -> Predictions:
+        return self.predict_features(x)
+
+
+def test_a_first_step_whose_predictions_cannot_read_the_vector_does_not_wait(tmp_path, fakes):
+    """Issue 26: the same slow embedding (0.3 s, a 1 s budget): a predictor that reads the run
+    context gets the vector at the first step (it waited); one that reads the feature vector only
+    does not wait (the step has no vector, ``not_waited`` counts it), and its next step and the
+    run log still get the vector."""
+
+    def slow(texts):
+        time.sleep(0.3)
+        return np.ones((len(texts), 384), dtype=np.float32)
+
+    for pred, waits in ((ContextSignalPredictor(), True), (SignalPredictor(), False)):
+        out = tmp_path / type(pred).__name__
+        s = make_settings(out, fakes, context={"embed": "on", "embed_wait_ms": 1000})
+        app = create_app(s, bundle=pred, embed_fn=slow)
+        with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+            step_request(c, "r-w", 0)
+            hist = app.state.proxy.runs["r-w"]
+            emb = app.state.proxy.context.embedder
+            assert (hist.task_embedding is not None) is waits
+            assert emb.not_waited == (0 if waits else 1)
+            _settle(lambda e=emb: e.pending == 0)
+            step_request(c, "r-w", 1)
+            assert hist.task_embedding is not None and float(hist.task_embedding[0]) == 1.0
+            c.post("/v1/runs/r-w/end", json={})
+        emb_logged = np.asarray(read_log(out).runs.set_index("run_id").loc["r-w", "task_embedding"])
+        assert emb_logged.shape == (384,) and emb_logged[0] == 1.0
+
+
+def test_embedding_informs_exactly_where_the_vector_changes_the_predictions(small_bundle):
+    """``embedding_informs`` says False only where the bundle's predictions for a prefix are the
+    same with and without its task embedding (so skipping the first step's wait leaves the step's
+    predictions, hence its decision and record, as the waiting form's); it says True for the
+    domain whose benefit model reads the embedding, where some vector changes them."""
+    from dataclasses import replace
+
+    from test_benefit import _concat, _rows
+
+    from features.extract import N_FEATURES
+    from features.prefix import RunPrefix
+    from models.bundle import ModelBundle
+    from models.predictor import ConstantPredictor
+    from router.server.runs.context import embedding_informs
+    from training.benefit import BenefitConfig, fit_benefit
+
+    rows = _concat(
+        _concat(_rows(40, True, "airline", 0), _rows(40, False, "retail", 1)), _rows(5, True, "telecom", 2)
+    )
+    model, _ = fit_benefit(rows, BenefitConfig(min_runs=30, n_boot=50))
+    assert model.domains["airline"].mode == "model"  # on the embedding; retail, telecom: prior
+    base = ModelBundle.load(small_bundle)
+    with_benefit = replace(base, benefit=model)
+    rng = np.random.default_rng(3)
+    changed = set()
+    for bundle in (base, with_benefit):
+        for domain in ("airline", "retail", "telecom", "banking", None):
+            informs = embedding_informs(bundle, domain)
+            for _ in range(20):
+                x = rng.normal(size=N_FEATURES)
+                e = rng.normal(size=384).astype(np.float32)
+                e /= np.linalg.norm(e)
+                p = RunPrefix(run_id="r", steps=[], domain=domain, task_embedding=e)
+                a = bundle.predict_context(x, p)
+                b = bundle.predict_context(x, replace(p, task_embedding=None))
+                if a != b:
+                    changed.add((bundle is with_benefit, domain))
+                    assert informs, (domain, a, b)
+    assert changed == {(True, "airline")}  # the test can see a difference where there is one
+    assert embedding_informs(with_benefit, "airline")
+    assert not embedding_informs(SignalPredictor(), "airline")  # the feature vector only
+    assert embedding_informs(ContextSignalPredictor(), None)  # an unknown reader: it may read it
+    # reads no features: the engine gives it the whole prefix unless it extracts the vector anyway
+    assert embedding_informs(ConstantPredictor(), "airline")
+    assert not embedding_informs(ConstantPredictor(), "airline", keep_features=True)

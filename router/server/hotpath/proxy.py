@@ -341,7 +341,17 @@ class Proxy(StepIO):
             # the estimate builds on the previous step's counts only when this router saw it
             fresh = hist.base.steps and hist.next_step >= run.steps_seen
             sreq = proto.step_request(req, hist.last_tokens if fresh else None, priority=prio, tenant=tenant)
-            sreq.signals = await self.context.step(hist, request.headers, proto, req, tenant, self.store, run)
+            sreq.signals = await self.context.step(
+                hist,
+                request.headers,
+                proto,
+                req,
+                tenant,
+                self.store,
+                run,
+                serving.predictor,
+                engine.keep_features,
+            )
             adm = self.admission
             active = await adm.active() if adm is not None and run.admitted is None else 0
             candidates = self.pool.for_request(req.requested, req.model_alias, run.replica)

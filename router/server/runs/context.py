@@ -37,7 +37,10 @@ vectors, least recently used first out; 384 float32 each, 1.5 KB): runs of one a
 with the same task text (a retried task, a benchmark's repeated tasks), and a text already queued is
 not queued twice (the runs share its future). A cached vector is ready at the run's first step. The first step waits at most ``context.embed_wait_ms`` (default 15 ms: its added
 latency stays under issue 14's 20 ms per-run budget, measured +17 ms p50; the vector is ready in
-time for some first steps on this shared machine, for most with 40 ms) for the vector, so a fast embedding already informs the first decision; otherwise it goes on without,
+time for some first steps on this shared machine, for most with 40 ms) for the vector, so a fast embedding already informs the first decision, and only
+where the vector can change the step's predictions (:func:`embedding_informs`: not for a predictor
+that does not read the run context, nor for a run whose domain the bundle's benefit model does not
+serve on the embedding; issue 26); otherwise it goes on without,
 and a later step of the run takes the vector once the thread has it (one ``done()`` check per
 step, nothing else). The text is never stored or logged; the vector goes to
 ``RunPrefix.task_embedding`` and to the run log's ``Run.task_embedding`` when the run ends. At most
@@ -86,6 +89,7 @@ __all__ = [
     "lower_priority",
     "idle_priority",
     "TaskEmbedder",
+    "embedding_informs",
     "RunContext",
 ]
 
@@ -294,6 +298,7 @@ class TaskEmbedder:
         self.dropped = 0
         self.done = 0
         self.failed = 0
+        self.not_waited = 0  # first steps that went on without a wait the vector could not inform
 
     @staticmethod
     def enabled(cfg: RunContextSettings) -> bool:
@@ -468,6 +473,42 @@ class TaskEmbedder:
         self._pool = None
 
 
+def embedding_informs(predictor: object, domain: str | None, keep_features: bool = False) -> bool:
+    """Whether the task embedding can change ``predictor``'s predictions for a step of a run of
+    ``domain`` in the step engine (:meth:`router.core.engine.StepEngine._plan`); True unless it
+    provably cannot, i.e. the first step's wait for it can change nothing but the step's latency:
+
+    - a predictor that does not declare ``reads_run_context`` gets the feature vector only
+      (``predict_features``; the vector carries no embedding, :mod:`features.extract`) when it
+      ``needs_features`` (default True) or the engine extracts the vector anyway
+      (``keep_features``: the engine's knob, True in the sidecar); otherwise it gets the whole
+      prefix (``predict``): True;
+    - a :class:`models.bundle.ModelBundle` (that exact class) reads the embedding only through its
+      benefit model (``_benefit_fields``), and that only for a domain the benefit model serves in
+      ``model`` mode (``BenefitModel.predict``: an unknown domain, no domain or a ``prior``
+      domain answers base rates) with a head that has embedding inputs (``LogitHead.components``);
+    - any other predictor that reads the run context: True.
+
+    Nothing else in a step reads the vector: the policies and the snapshot read the predictions and
+    the feature vector, the step record logs those (the run record's ``task_embedding`` is read at
+    the run's end, from the embedding itself). So where this is False, the step's predictions,
+    decision and record are the same with and without the vector
+    (``tests/test_run_context.py``)."""
+    if not getattr(predictor, "reads_run_context", False):
+        return not (keep_features or getattr(predictor, "needs_features", True))
+    from models.bundle import ModelBundle
+
+    if type(predictor) is not ModelBundle:
+        return True
+    benefit = predictor.benefit
+    if benefit is None or domain is None:
+        return False
+    d = benefit.domains.get(domain)
+    if d is None or d.mode != "model" or d.local is None or d.frontier is None:
+        return False
+    return any(h.components is not None and h.e_mean is not None for h in (d.local, d.frontier))
+
+
 class RunContext:
     """The proxy's per-step hook for the run context: at a run's first step on this router its
     domain and task embedding (module docstring); at every step the signals posted since the
@@ -496,12 +537,20 @@ class RunContext:
         tenant: str | None,
         store: RunStateStore,
         run: RunState,
+        predictor: object | None = None,
+        keep_features: bool = False,
     ) -> tuple[str, ...]:
         """Set the run's context on ``hist`` (the proxy's :class:`router.server.hotpath.proxy.RunHistory`) and return the
         signals new since its previous step. ``run`` (the pin, :class:`router.policy.types.RunState`)
         says how many signals the run's previous step saw, on whichever router served it; a track
         that missed those steps takes the older signals from the store, so "so far" and "new" are the
-        same on every router."""
+        same on every router.
+
+        ``predictor``: the serving predictor this step's decision will read (None: not said, the
+        first step waits as before) and ``keep_features`` the engine's knob; where the run's task
+        embedding cannot change its predictions (:func:`embedding_informs`), the first step does not wait for the vector (it is taken when
+        it is already there; otherwise a later step takes it and the run log gets it, as after a
+        wait that timed out)."""
         sig = await store.signals(hist.run_id)  # first: right after begin_step, which read them
         seen = min(run.signals_seen, len(sig))
         if len(hist.signals) != seen:  # another router served the run's previous steps
@@ -513,8 +562,13 @@ class RunContext:
             system, first, _ = proto.opening(req)
             hist.domain, hist.domain_source = resolve_domain(self.cfg, headers, req.body, tenant, system)
             if emb is not None:
-                hist.embed_future = emb.start(first)
-                hist.task_embedding = await emb.first(hist.embed_future)
+                hist.embed_future = fut = emb.start(first)
+                if predictor is None or embedding_informs(predictor, hist.domain, keep_features):
+                    hist.task_embedding = await emb.first(fut)
+                else:  # the vector cannot change this step's predictions: no wait (embedding_informs)
+                    hist.task_embedding = TaskEmbedder.result(fut)
+                    if fut is not None and hist.task_embedding is None:
+                        emb.not_waited += 1
         elif hist.task_embedding is None and hist.embed_future is not None and hist.embed_future.done():
             hist.task_embedding = TaskEmbedder.result(hist.embed_future)
             hist.embed_future = None
