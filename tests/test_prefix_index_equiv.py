@@ -137,12 +137,14 @@ def test_replica_records_equal_the_reference_under_eviction(
     cap: int, recs: list[tuple[int, int, int]]
 ) -> None:
     """One replica, small capacities (evictions at most records, chains peeled from the tip,
-    parents handed their leaf's stamp), runs that grow step by step with the previous match as hint."""
+    parents handed their leaf's stamp, shared blocks with several children), runs that grow step by
+    step with the previous match (or any value) as hint."""
     new, old = ReplicaIndex(cap), OldReplica(cap)
     grown: dict[int, int] = {}
     for stamp, (run, add, hint) in enumerate(recs, 1):
         n = grown[run] = grown.get(run, 0) + add
-        chain = [run * 100 + i for i in range(n)]
+        # runs 0-2, 3-5 share their first 3 blocks (a system prompt): parents of several leaves
+        chain = [(run // 3) * 10000 + i if i < 3 else run * 100 + i for i in range(n)]
         h = hint if hint >= 0 else old.match(chain, n)
         new.record(chain, n, stamp, h)
         old.record(chain, n, stamp, h)
