@@ -566,7 +566,8 @@ class PrefixIndex:
         r = self.replicas.get(replica)
         if r is None:
             return
-        n = len(chain) if n is None else min(n, len(chain))
+        if n is None or n > len(chain):
+            n = len(chain)
         self._clock += 1
         r.record(chain, n, self._clock, hint)
         if self.listener is not None and n > 0:
