@@ -126,6 +126,11 @@ def test_new_index_equals_the_reference_on_any_sequence(
             assert new.match(name, chain, x, y) == old.match(name, chain, x, y)
         assert _state(new, ReplicaIndex) == _state(old, OldReplica)
         assert new._cold == old._cold
+        # every replica's partial lookup of this op's chain, whatever the hint (inside (0, n) or not)
+        for m in (x, len(chain)):
+            for h in (-1, 0, 1, m // 2, m - 1, m, m + 1):
+                hn, ho = dict.fromkeys(names, h), dict.fromkeys(names, h)
+                assert new.lookup_some(chain, m, hn, names) == old.lookup_some(chain, m, ho, names)
 
 
 @settings(max_examples=150, deadline=None)

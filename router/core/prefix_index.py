@@ -78,6 +78,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from typing import Protocol
 
 from xxhash import xxh64_intdigest as _xxh64
@@ -207,34 +208,41 @@ class ReplicaIndex:
             k = self.match(chain, n, hint)
         tip = chain[n - 1]
         children = self.children
+        heap = self._heap
         if k < n:
-            parent = self.parent
+            # chain[k] is not held (match's answer stops before a block it lacks): no check
+            b = chain[k]
+            held[b] = stamp
             if k:
                 prev = chain[k - 1]
-                new = chain[k:n]
-            else:  # the leading block: no parent
-                prev = chain[0]
-                held[prev] = stamp
-                new = chain[1:n]
-            for b in new:
-                if b in held:  # an id seen under another parent (not a hash chain): keep the first
-                    prev = b
-                    continue
-                held[b] = stamp
-                parent[b] = prev
+                self.parent[b] = prev
                 children[prev] = children.get(prev, 0) + 1
+            if k + 1 < n:
+                parent = self.parent
                 prev = b
+                for b in chain[k + 1 : n]:
+                    if b in held:  # an id seen under another parent (not a hash chain): keep the first
+                        prev = b
+                        continue
+                    held[b] = stamp
+                    parent[b] = prev
+                    children[prev] = children.get(prev, 0) + 1
+                    prev = b
+                held[tip] = stamp  # the tip may have been held before (not a hash chain)
+                if tip not in children:
+                    heappush(heap, (stamp, tip))
+            else:  # one new block, the tip: a new leaf
+                heappush(heap, (stamp, tip))
             owners = self.owners
             if owners is not None:  # a block held before keeps its bit: or-ing it again is a no-op
                 bit = self.bit
                 get = owners.get
-                for i in range(k, n):
-                    b = chain[i]
+                for b in chain[k:n]:
                     owners[b] = get(b, 0) | bit
-        held[tip] = stamp
-        heap = self._heap
-        if tip not in children:
-            heapq.heappush(heap, (stamp, tip))
+        else:  # all held: touch the tip
+            held[tip] = stamp
+            if tip not in children:
+                heappush(heap, (stamp, tip))
         count = len(held) - cap
         if count <= 0:
             if len(heap) > 4 * cap + 64:
@@ -244,10 +252,9 @@ class ReplicaIndex:
         parent = self.parent
         owners = self.owners
         keep = ~self.bit
-        pop, push = heapq.heappop, heapq.heappush
         self.evictions += count  # all of them (or the error below)
         while count > 0 and heap:
-            t, b = pop(heap)
+            t, b = heappop(heap)
             if held.get(b) != t or b in children:
                 continue  # stale: evicted, no longer a leaf, or touched since
             while True:  # evict b, then its parent while that is the next leaf the heap would give
@@ -273,7 +280,7 @@ class ReplicaIndex:
                 if count > 0 and (not heap or (pt, p) < heap[0]):
                     t, b = pt, p  # what push then pop would give: skip both
                     continue
-                push(heap, (pt, p))
+                heappush(heap, (pt, p))
                 break
         if count > 0:  # pragma: no cover - the heap always holds every leaf
             raise RuntimeError("prefix index: no leaf left to evict")
@@ -480,9 +487,16 @@ class PrefixIndex:
                 hints[name] = 0
                 continue
             h = hints.get(name, 0)
-            if type(r) is ReplicaIndex and 0 < h < n:
-                held = r.stamp  # the hint right (match's first checks, inline): it is the answer
-                if chain[h - 1] in held and chain[h] not in held and chain[0] in held:
+            if type(r) is ReplicaIndex:  # match's first checks, inline
+                held = r.stamp
+                if chain[0] not in held:
+                    hints[name] = 0
+                    continue
+                if 0 < h < n:
+                    if chain[h - 1] in held and chain[h] not in held:
+                        continue  # the hint is right
+                elif chain[n - 1] in held:  # a hint outside (0, n) (e.g. the run's whole chain
+                    hints[name] = n  # before: past this step's lookup cap): all of it
                     continue
             hints[name] = r.match(chain, n, h)
         return hints
@@ -553,10 +567,15 @@ class PrefixIndex:
                 hints[name] = 0
                 continue
             h = get(name, 0)
-            if type(r) is ReplicaIndex and 0 < h < n and chain[h - 1] in held and chain[h] not in held:
-                if guess is not hints:
-                    hints[name] = h
-                continue  # the hint is right
+            if type(r) is ReplicaIndex:
+                if 0 < h < n:
+                    if chain[h - 1] in held and chain[h] not in held:
+                        if guess is not hints:
+                            hints[name] = h
+                        continue  # the hint is right
+                elif chain[n - 1] in held:  # a hint outside (0, n): the whole chain held, or search
+                    hints[name] = n
+                    continue
             hints[name] = r.match(chain, n, h)
         return hints
 
