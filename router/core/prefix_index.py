@@ -231,14 +231,17 @@ class ReplicaIndex:
                 held[tip] = stamp  # the tip may have been held before (not a hash chain)
                 if tip not in children:
                     heappush(heap, (stamp, tip))
+                owners = self.owners
+                if owners is not None:  # a block held before keeps its bit: or-ing it again is a no-op
+                    bit = self.bit
+                    get = owners.get
+                    for b in chain[k:n]:
+                        owners[b] = get(b, 0) | bit
             else:  # one new block, the tip: a new leaf
                 heappush(heap, (stamp, tip))
-            owners = self.owners
-            if owners is not None:  # a block held before keeps its bit: or-ing it again is a no-op
-                bit = self.bit
-                get = owners.get
-                for b in chain[k:n]:
-                    owners[b] = get(b, 0) | bit
+                owners = self.owners
+                if owners is not None:
+                    owners[tip] = owners.get(tip, 0) | self.bit
         else:  # all held: touch the tip
             held[tip] = stamp
             if tip not in children:
