@@ -26,13 +26,15 @@ Algorithm:
   on that replica at its previous step, or what it recorded there) is right;
   :meth:`PrefixIndex.lookup` gives every replica's match in one pass (the step engine's per-step
   lookup). Beside the per-replica trees, one map block -> bit mask of the replicas holding it
-  (``PrefixIndex.owners``, kept by each insert and eviction) answers for all replicas at once: along
+  (``PrefixIndex.owners``, kept by each insert and eviction beyond four replicas) answers for all replicas at once: along
   a chain the set of holders only shrinks, a replica's match is where it leaves the set, and those
   places are found by probing the run's previous matches (its hints) and binary search between
   probes whose masks differ: O(places x log n) lookups whatever the number of replicas (up to
   four replicas, one replica at a time is cheaper: one lookup each, two more when the hint is
-  right). A record inserts only the blocks the replica
-  lacks and touches the tip: O(new blocks + log n), flat in the body size for a run that grows.
+  right, or when the hint lies past the lookup and the chain's last block is held; the map is then
+  not kept at all). A record inserts only the blocks the replica
+  lacks and touches the tip: O(new blocks + log n), flat in the body size for a run that grows;
+  its leaf evictions run in the same frame.
 - **Several routers** (:mod:`router.server.state.prefix_share`, with Redis): every local record is
   also published (the ``listener``) and other routers' records are applied
   (:meth:`PrefixIndex.apply`), so each router's index holds what all routers sent where.
