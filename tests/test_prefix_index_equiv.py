@@ -28,7 +28,7 @@ def _chain(kind: int, a: int, b: int, k: int, ids: list[int]) -> list[int]:
     return [ids[(a + i * (b + 1)) % len(ids)] for i in range(k)]  # not a hash chain
 
 
-def _state(idx: Any, replica_cls: type) -> dict[str, Any]:
+def _state(idx: Any, replica_cls: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"modes": idx.modes(), "owners": idx.owners}
     for name, r in idx.replicas.items():
         if isinstance(r, replica_cls):
