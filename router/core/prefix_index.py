@@ -26,13 +26,15 @@ Algorithm:
   on that replica at its previous step, or what it recorded there) is right;
   :meth:`PrefixIndex.lookup` gives every replica's match in one pass (the step engine's per-step
   lookup). Beside the per-replica trees, one map block -> bit mask of the replicas holding it
-  (``PrefixIndex.owners``, kept by each insert and eviction) answers for all replicas at once: along
+  (``PrefixIndex.owners``, kept by each insert and eviction beyond four replicas) answers for all replicas at once: along
   a chain the set of holders only shrinks, a replica's match is where it leaves the set, and those
   places are found by probing the run's previous matches (its hints) and binary search between
   probes whose masks differ: O(places x log n) lookups whatever the number of replicas (up to
   four replicas, one replica at a time is cheaper: one lookup each, two more when the hint is
-  right). A record inserts only the blocks the replica
-  lacks and touches the tip: O(new blocks + log n), flat in the body size for a run that grows.
+  right, or when the hint lies past the lookup and the chain's last block is held; the map is then
+  not kept at all). A record inserts only the blocks the replica
+  lacks and touches the tip: O(new blocks + log n), flat in the body size for a run that grows;
+  its leaf evictions run in the same frame.
 - **Several routers** (:mod:`router.server.state.prefix_share`, with Redis): every local record is
   also published (the ``listener``) and other routers' records are applied
   (:meth:`PrefixIndex.apply`), so each router's index holds what all routers sent where.
@@ -78,6 +80,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from typing import Protocol
 
 from xxhash import xxh64_intdigest as _xxh64
@@ -122,9 +125,10 @@ class ReplicaIndex:
     a non-root block to the block before it, ``children`` a block to its number of held children
     (absent: 0); read them, do not write them. Plain int dictionaries (no per-block objects), so
     the garbage collector never walks the index. ``owners`` (shared by every approximate replica
-    of one :class:`PrefixIndex`, its own otherwise) maps a block to the bit mask of the replicas
-    holding it; this replica keeps its ``bit`` there in step with ``stamp`` (set on insert,
-    cleared on eviction and :meth:`clear`).
+    of one :class:`PrefixIndex` once it tracks more than ``_PER_REPLICA_MAX`` replicas, the only
+    case its :meth:`PrefixIndex.lookup` reads it; None otherwise: not kept) maps a block to the bit
+    mask of the replicas holding it; this replica keeps its ``bit`` there in step with ``stamp``
+    (set on insert, cleared on eviction and :meth:`clear`).
     """
 
     __slots__ = ("capacity", "stamp", "parent", "children", "_heap", "evictions", "owners", "bit")
@@ -140,7 +144,7 @@ class ReplicaIndex:
         self.children: dict[int, int] = {}
         self._heap: list[tuple[int, int]] = []  # (stamp, block) of leaves; stale entries skipped
         self.evictions = 0
-        self.owners: dict[int, int] = {} if owners is None else owners
+        self.owners = owners
         self.bit = bit
 
     def __len__(self) -> int:
@@ -148,6 +152,14 @@ class ReplicaIndex:
 
     def __contains__(self, block: int) -> bool:
         return block in self.stamp
+
+    def keep_owners(self, owners: dict[int, int]) -> None:
+        """Keep this replica's bit in ``owners`` from now on (set for every block it holds now)."""
+        bit = self.bit
+        get = owners.get
+        for b in self.stamp:
+            owners[b] = get(b, 0) | bit
+        self.owners = owners
 
     def match(self, chain: Sequence[int], n: int, hint: int = 0) -> int:
         """Leading blocks of ``chain[:n]`` held (binary search: presence is prefix-closed).
@@ -179,37 +191,104 @@ class ReplicaIndex:
 
     def record(self, chain: Sequence[int], n: int, stamp: int, hint: int = 0) -> None:
         """The replica now holds ``chain[:n]``: insert what it lacks, stamp the tip, evict LRU leaves
-        (``hint``: :meth:`match`'s, e.g. the match just read for this step)."""
-        if n > self.capacity:
-            n = self.capacity
+        (``hint``: :meth:`match`'s, e.g. the match just read for this step). One frame: the
+        insertion and the eviction are inline (a step records once; most records evict)."""
+        cap = self.capacity
+        if n > cap:
+            n = cap
         if n <= 0:
             return
-        held, parent, children = self.stamp, self.parent, self.children
-        owners, bit = self.owners, self.bit
-        if 0 < hint < n and chain[0] in held and chain[hint - 1] in held and chain[hint] not in held:
-            k = hint  # the hint is right (match's own first checks, inline)
+        held = self.stamp
+        # k = match(chain, n, hint), its first checks inline (the hint right, or the whole chain held)
+        if chain[0] not in held:
+            k = 0
+        elif 0 < hint < n:
+            k = hint if chain[hint - 1] in held and chain[hint] not in held else self.match(chain, n, hint)
+        elif chain[n - 1] in held:
+            k = n
         else:
             k = self.match(chain, n, hint)
-        prev = chain[k - 1] if k > 0 else None
-        for i in range(k, n):
-            b = chain[i]
-            if b in held:  # an id seen under another parent (not a hash chain): keep the first
-                prev = b
-                continue
-            held[b] = stamp
-            owners[b] = owners.get(b, 0) | bit
-            if prev is not None:
-                parent[b] = prev
-                children[prev] = children.get(prev, 0) + 1
-            prev = b
         tip = chain[n - 1]
-        held[tip] = stamp
-        if tip not in children:
-            heapq.heappush(self._heap, (stamp, tip))
-        if len(held) > self.capacity:
-            self._evict(len(held) - self.capacity)
-        elif len(self._heap) > 4 * self.capacity + 64:
-            self._compact()
+        children = self.children
+        heap = self._heap
+        if k < n:
+            # chain[k] is not held (match's answer stops before a block it lacks): no check
+            b = chain[k]
+            held[b] = stamp
+            if k:
+                prev = chain[k - 1]
+                self.parent[b] = prev
+                children[prev] = children.get(prev, 0) + 1
+            if k + 1 < n:
+                parent = self.parent
+                prev = b
+                for b in chain[k + 1 : n]:
+                    if b in held:  # an id seen under another parent (not a hash chain): keep the first
+                        prev = b
+                        continue
+                    held[b] = stamp
+                    parent[b] = prev
+                    children[prev] = children.get(prev, 0) + 1
+                    prev = b
+                held[tip] = stamp  # the tip may have been held before (not a hash chain)
+                if tip not in children:
+                    heappush(heap, (stamp, tip))
+                owners = self.owners
+                if owners is not None:  # a block held before keeps its bit: or-ing it again is a no-op
+                    bit = self.bit
+                    get = owners.get
+                    for b in chain[k:n]:
+                        owners[b] = get(b, 0) | bit
+            else:  # one new block, the tip: a new leaf
+                heappush(heap, (stamp, tip))
+                owners = self.owners
+                if owners is not None:
+                    owners[tip] = owners.get(tip, 0) | self.bit
+        else:  # all held: touch the tip
+            held[tip] = stamp
+            if tip not in children:
+                heappush(heap, (stamp, tip))
+        count = len(held) - cap
+        if count <= 0:
+            if len(heap) > 4 * cap + 64:
+                self._compact()
+            return
+        # evict `count` leaves, least recently stamped first
+        parent = self.parent
+        owners = self.owners
+        keep = ~self.bit
+        self.evictions += count  # all of them (or the error below)
+        while count > 0 and heap:
+            t, b = heappop(heap)
+            if held.get(b) != t or b in children:
+                continue  # stale: evicted, no longer a leaf, or touched since
+            while True:  # evict b, then its parent while that is the next leaf the heap would give
+                del held[b]
+                if owners is not None:
+                    m = owners[b] & keep
+                    if m:
+                        owners[b] = m
+                    else:
+                        del owners[b]
+                count -= 1
+                p = parent.pop(b, None)
+                if p is None:
+                    break
+                pt = held[p]
+                if t > pt:
+                    held[p] = pt = t
+                c = children[p]
+                if c > 1:
+                    children[p] = c - 1
+                    break
+                del children[p]
+                if count > 0 and (not heap or (pt, p) < heap[0]):
+                    t, b = pt, p  # what push then pop would give: skip both
+                    continue
+                heappush(heap, (pt, p))
+                break
+        if count > 0:  # pragma: no cover - the heap always holds every leaf
+            raise RuntimeError("prefix index: no leaf left to evict")
 
     def _compact(self) -> None:
         """Drop stale heap entries (touched or no longer leaves); keeps the heap O(capacity)."""
@@ -217,50 +296,16 @@ class ReplicaIndex:
         self._heap = [(t, b) for t, b in self._heap if held.get(b) == t and b not in children]
         heapq.heapify(self._heap)
 
-    def _evict(self, count: int) -> None:
-        held, parent, children = self.stamp, self.parent, self.children
-        heap, owners, keep = self._heap, self.owners, ~self.bit
-        pop, push = heapq.heappop, heapq.heappush
-        self.evictions += count  # all of them (or the error below)
-        while count > 0 and heap:
-            t, b = pop(heap)
-            if held.get(b) != t or b in children:
-                continue  # stale: evicted, no longer a leaf, or touched since
-            while True:  # evict b, then its parent while that is the next leaf the heap would give
-                del held[b]
+    def clear(self) -> None:
+        owners = self.owners
+        if owners is not None:
+            keep = ~self.bit
+            for b in self.stamp:
                 m = owners[b] & keep
                 if m:
                     owners[b] = m
                 else:
                     del owners[b]
-                count -= 1
-                p = parent.pop(b, None)
-                if p is None:
-                    break
-                c = children[p] - 1
-                pt = held[p]
-                if t > pt:
-                    held[p] = pt = t
-                if c:
-                    children[p] = c
-                    break
-                del children[p]
-                if count > 0 and (not heap or (pt, p) < heap[0]):
-                    t, b = pt, p  # what push then pop would give: skip both
-                    continue
-                push(heap, (pt, p))
-                break
-        if count > 0:  # pragma: no cover - the heap always holds every leaf
-            raise RuntimeError("prefix index: no leaf left to evict")
-
-    def clear(self) -> None:
-        owners, keep = self.owners, ~self.bit
-        for b in self.stamp:
-            m = owners[b] & keep
-            if m:
-                owners[b] = m
-            else:
-                del owners[b]
         self.stamp.clear()
         self.parent.clear()
         self.children.clear()
@@ -272,14 +317,17 @@ class PrefixIndex:
 
     Besides each replica's own index, one map ``owners`` (block -> bit mask of the approximate
     replicas holding it; each tracked replica's bit is fixed for the index's life) answers for
-    every approximate replica at once: :meth:`lookup` reads it instead of each replica's blocks."""
+    every approximate replica at once: :meth:`lookup` reads it instead of each replica's blocks
+    once more than ``_PER_REPLICA_MAX`` replicas are tracked. Only then is it kept (built from the
+    replicas' blocks when the first replica past that is added, then by each insert and eviction);
+    below, reading ``owners`` builds it afresh (O(blocks held))."""
 
     __slots__ = (
         "block_tokens",
         "replicas",
         "_clock",
         "listener",
-        "owners",
+        "_owners",
         "_bits",
         "_names",
         "_zeros",
@@ -297,7 +345,8 @@ class PrefixIndex:
         # told of every local record (replica, chain, n): how an adapter shares the index with
         # other routers (router.server.state.prefix_share); None = nobody
         self.listener: Callable[[str, Sequence[int], int], None] | None = None
-        self.owners: dict[int, int] = {}  # block -> bit mask of the approximate replicas holding it
+        # block -> bit mask of the approximate replicas holding it; None: not kept (few replicas)
+        self._owners: dict[int, int] | None = None
         self._bits: dict[str, int] = {}  # replica -> its bit (never reused)
         self._names: list[str] = []  # bit position -> replica
         self._zeros: dict[str, int] = {}  # every replica -> 0 (lookup's starting answer)
@@ -315,7 +364,26 @@ class PrefixIndex:
             bit = self._bits[name] = 1 << len(self._names)
             self._names.append(name)
             self._zeros[name] = 0
-        return ReplicaIndex(capacity_blocks, self.owners, bit)
+            if self._owners is None and len(self._names) > _PER_REPLICA_MAX:  # lookup reads it now
+                self._owners = {}
+                for r in self.replicas.values():
+                    if isinstance(r, ReplicaIndex):
+                        r.keep_owners(self._owners)
+        return ReplicaIndex(capacity_blocks, self._owners, bit)
+
+    @property
+    def owners(self) -> dict[int, int]:
+        """Block -> bit mask of the approximate replicas holding it (the kept map; a fresh one built
+        from the replicas' blocks while it is not kept: do not write it)."""
+        if self._owners is not None:
+            return self._owners
+        out: dict[int, int] = {}
+        for r in self.replicas.values():
+            if isinstance(r, ReplicaIndex):
+                bit = r.bit
+                for b in r.stamp:
+                    out[b] = out.get(b, 0) | bit
+        return out
 
     def _replace(self, name: str, r: ReplicaIndex | PreciseReplicaIndex) -> None:
         cur = self.replicas.get(name)
@@ -418,8 +486,24 @@ class PrefixIndex:
         reps = self.replicas
         for name in names:
             r = reps.get(name)
-            if r is not None:
-                hints[name] = r.match(chain, n, hints.get(name, 0)) if n > 0 else 0
+            if r is None:
+                continue
+            if n <= 0:
+                hints[name] = 0
+                continue
+            h = hints.get(name, 0)
+            if type(r) is ReplicaIndex:  # match's first checks, inline
+                held = r.stamp
+                if chain[0] not in held:
+                    hints[name] = 0
+                    continue
+                if 0 < h < n:
+                    if chain[h - 1] in held and chain[h] not in held:
+                        continue  # the hint is right
+                elif chain[n - 1] in held:  # a hint outside (0, n) (e.g. the run's whole chain
+                    hints[name] = n  # before: past this step's lookup cap): all of it
+                    continue
+            hints[name] = r.match(chain, n, h)
         return hints
 
     def _lookup_masks(
@@ -432,7 +516,9 @@ class PrefixIndex:
             hints[name] = pr.match(chain, n, 0) if n > 0 else 0
         if n <= 0:
             return hints
-        get = self.owners.get
+        owners = self._owners
+        assert owners is not None  # kept whenever this path runs (more than _PER_REPLICA_MAX replicas)
+        get = owners.get
         m0 = get(chain[0], 0)
         if not m0:
             return hints
@@ -486,10 +572,15 @@ class PrefixIndex:
                 hints[name] = 0
                 continue
             h = get(name, 0)
-            if type(r) is ReplicaIndex and 0 < h < n and chain[h - 1] in held and chain[h] not in held:
-                if guess is not hints:
-                    hints[name] = h
-                continue  # the hint is right
+            if type(r) is ReplicaIndex:
+                if 0 < h < n:
+                    if chain[h - 1] in held and chain[h] not in held:
+                        if guess is not hints:
+                            hints[name] = h
+                        continue  # the hint is right
+                elif chain[n - 1] in held:  # a hint outside (0, n): the whole chain held, or search
+                    hints[name] = n
+                    continue
             hints[name] = r.match(chain, n, h)
         return hints
 
@@ -499,7 +590,8 @@ class PrefixIndex:
         r = self.replicas.get(replica)
         if r is None:
             return
-        n = len(chain) if n is None else min(n, len(chain))
+        if n is None or n > len(chain):
+            n = len(chain)
         self._clock += 1
         r.record(chain, n, self._clock, hint)
         if self.listener is not None and n > 0:
