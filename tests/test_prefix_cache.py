@@ -10,6 +10,7 @@ and requires identical cached tokens step by step.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import httpx
 import numpy as np
@@ -239,7 +240,7 @@ def test_model_invariants_against_a_brute_force_reference(ops, capacity) -> None
 _FOREST_OPS = st.lists(
     st.tuples(
         st.integers(0, 5),  # 0-2: admit, 3-4: release a running request, 5: reset (or wipe when idle)
-        st.lists(st.integers(0, 2), min_size=0, max_size=7),  # chain as a path in a small trie
+        st.lists(st.integers(0, 2), min_size=0, max_size=12),  # chain as a path in a small trie
         st.integers(0, 8),  # blocks reserved beyond... see below (may cut the hashed chain short)
         st.integers(0, 40),  # prompt tokens
         st.integers(0, 10),  # which running request to release
@@ -258,23 +259,27 @@ def _state(c: PrefixCache) -> tuple[object, ...]:
         c.evictions,
         c.wipes,
         c.pinned,
+        c.cached_blocks,
+        c.kv_usage(),
         list(c.spill or ()),
     )
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops=_FOREST_OPS, capacity=st.integers(1, 14), spill=st.booleans())
+@given(ops=_FOREST_OPS, capacity=st.integers(1, 20), spill=st.booleans())
 def test_forest_cache_matches_the_per_block_cache_op_by_op(ops, capacity, spill) -> None:  # type: ignore[no-untyped-def]
     # the paths of one trie are forest chains; both classes get the same calls and must answer
     # alike and hold the same state after every call (a wrong walk, count or LRU push fails here)
     a, b = PrefixCache(capacity, 4), ForestPrefixCache(capacity, 4)
     if spill:
         a.spill, b.spill = [], []
-    running: list[tuple[list[int], int, int]] = []
+    running: list[tuple[Sequence[int], int, int]] = []
     refused = 0
     for kind, path, extra, prompt, pick in ops:
         if kind <= 2:
-            chain = [hash(("n", *path[: i + 1])) for i in range(len(path))]
+            chain: Sequence[int] = [hash(("n", *path[: i + 1])) for i in range(len(path))]
+            if pick % 2:  # any sequence: the forest cache walks it with reversed() and slices
+                chain = tuple(chain)
             n_blocks = max(1, len(chain) + extra - 4)  # sometimes fewer blocks than the chain
             assert a.fits(chain, n_blocks) == b.fits(chain, n_blocks)
             assert a.lookup(chain, len(chain)) == b.lookup(chain, len(chain))
