@@ -51,7 +51,7 @@ import numpy as np
 
 from features.extract import FEATURE_NAMES, FEATURE_SPEC_VERSION, N_FEATURES, extract
 from features.prefix import RunPrefix
-from models.forest import MergedPredictor, Unsupported
+from models.forest import MergedPredictor, Unsupported, fast_row_config
 from models.types import Predictions
 
 __all__ = [
@@ -91,19 +91,7 @@ class _RowPredictor:
         self._lib, self._check = _LIB, _safe_call
         self._booster = booster  # keeps the handle alive
         self._row = row
-        self._cfg = ctypes.c_void_p()
-        _safe_call(
-            _LIB.LGBM_BoosterPredictForMatSingleRowFastInit(
-                booster._handle,
-                ctypes.c_int(0),  # C_API_PREDICT_NORMAL
-                ctypes.c_int(0),  # start iteration
-                ctypes.c_int(-1),  # all iterations
-                ctypes.c_int(1),  # C_API_DTYPE_FLOAT64
-                ctypes.c_int32(row.shape[-1]),
-                ctypes.c_char_p(b"num_threads=1"),
-                ctypes.byref(self._cfg),
-            )
-        )
+        self._cfg = fast_row_config(booster, row, raw=False)
         self._out = ctypes.c_double(0.0)  # read back as a Python float (``.value``): no numpy scalar
         self._out_len = ctypes.c_int64(0)
         self._args = (

@@ -137,6 +137,30 @@ def merged_model_string(boosters: Sequence[Any]) -> tuple[str, list[float | None
     return "\n".join(out), transforms
 
 
+def fast_row_config(booster: Any, row: np.ndarray, raw: bool) -> ctypes.c_void_p:
+    """A prepared single-row prediction config of ``booster`` for ``row``'s width (float64, all
+    iterations, one thread): ``LGBM_BoosterPredictForMatSingleRowFastInit``; ``raw`` predicts raw
+    scores (C_API_PREDICT_RAW_SCORE), else the objective's transformed output
+    (C_API_PREDICT_NORMAL). Free it with ``LGBM_FastConfigFree``."""
+    from lightgbm.basic import _safe_call
+    from lightgbm.libpath import _LIB  # where lightgbm.basic takes it from (the same CDLL)
+
+    cfg = ctypes.c_void_p()
+    _safe_call(
+        _LIB.LGBM_BoosterPredictForMatSingleRowFastInit(
+            booster._handle,
+            ctypes.c_int(1 if raw else 0),  # C_API_PREDICT_RAW_SCORE / C_API_PREDICT_NORMAL
+            ctypes.c_int(0),  # start iteration
+            ctypes.c_int(-1),  # all iterations
+            ctypes.c_int(1),  # C_API_DTYPE_FLOAT64
+            ctypes.c_int32(row.shape[-1]),
+            ctypes.c_char_p(b"num_threads=1"),
+            ctypes.byref(cfg),
+        )
+    )
+    return cfg
+
+
 class MergedPredictor:
     """``boosters`` merged (:func:`merged_model_string`) and bound to one float64 row buffer
     through the C API's single-row fast path; a call returns each booster's prediction for the
@@ -161,19 +185,7 @@ class MergedPredictor:
         if self.booster.num_trees() != self.n_outputs * max(b.num_trees() for b in boosters):
             raise Unsupported(f"the merged booster holds {self.booster.num_trees()} trees")
         self._row = row
-        self._cfg = ctypes.c_void_p()
-        _safe_call(
-            _LIB.LGBM_BoosterPredictForMatSingleRowFastInit(
-                self.booster._handle,
-                ctypes.c_int(1),  # C_API_PREDICT_RAW_SCORE: the transforms are applied here
-                ctypes.c_int(0),  # start iteration
-                ctypes.c_int(-1),  # all iterations
-                ctypes.c_int(1),  # C_API_DTYPE_FLOAT64
-                ctypes.c_int32(row.shape[-1]),
-                ctypes.c_char_p(b"num_threads=1"),
-                ctypes.byref(self._cfg),
-            )
-        )
+        self._cfg = fast_row_config(self.booster, row, raw=True)  # transforms applied here
         self._out = (ctypes.c_double * self.n_outputs)()  # sliced into a list of Python floats
         self._out_len = ctypes.c_int64(0)
         self._args = (

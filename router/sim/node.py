@@ -569,22 +569,25 @@ class Replica:
         self.prefilling = still
         fin = self._fin
         if fin and fin[0][0] <= tick:
-            # the decoding requests whose ``decoded`` reached ``it_target`` at this tick, in running
-            # (admission) order, taken off the decode bookkeeping
-            done: list[Request] = []
-            n_dec, dec_s = self._n_dec, self._dec_s
-            while fin and fin[0][0] <= tick:
-                r = heapq.heappop(fin)[2]
-                r.decoded = tick - r.base
-                n_dec -= 1
-                dec_s -= r.prompt - r.base
-                done.append(r)
-            self._n_dec, self._dec_s = n_dec, dec_s
-            if len(done) > 1:
-                done.sort(key=_SEQ)
-            self._finish(done, t)
+            self._finish(self._pop_due(fin, tick), t)
         else:
             self._start(t)
+
+    def _pop_due(self, fin: list[tuple[int, int, Request]], tick: int) -> list[Request]:
+        """The decoding requests whose ``decoded`` reached ``it_target`` at ``tick``, in running
+        (admission) order, taken off the decode bookkeeping (``fin`` holds at least one)."""
+        done: list[Request] = []
+        n_dec, dec_s = self._n_dec, self._dec_s
+        while fin and fin[0][0] <= tick:
+            r = heapq.heappop(fin)[2]
+            r.decoded = tick - r.base
+            n_dec -= 1
+            dec_s -= r.prompt - r.base
+            done.append(r)
+        self._n_dec, self._dec_s = n_dec, dec_s
+        if len(done) > 1:
+            done.sort(key=_SEQ)
+        return done
 
     def _end_epoch(self, gen: int) -> None:
         if gen != self.gen:
@@ -596,20 +599,7 @@ class Replica:
         self._ep = None
         fin = self._fin
         if fin and fin[0][0] <= tick:
-            # the decoding requests whose ``decoded`` reached ``it_target`` at this tick, in running
-            # (admission) order, taken off the decode bookkeeping
-            done: list[Request] = []
-            n_dec, dec_s = self._n_dec, self._dec_s
-            while fin and fin[0][0] <= tick:
-                r = heapq.heappop(fin)[2]
-                r.decoded = tick - r.base
-                n_dec -= 1
-                dec_s -= r.prompt - r.base
-                done.append(r)
-            self._n_dec, self._dec_s = n_dec, dec_s
-            if len(done) > 1:
-                done.sort(key=_SEQ)
-            self._finish(done, t)
+            self._finish(self._pop_due(fin, tick), t)
         else:  # a shortened epoch (an arrival came): it ends before any request finishes
             self._start(t)
 
