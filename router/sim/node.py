@@ -414,12 +414,7 @@ class Replica:
             self.gen += 1
             k = self._fin[0][0] - tick if self.fast_forward else 1
             a_term = p.a + p.e * n_dec + p.d * (self._dec_s + n_dec * tick)
-            dn = p.d * n_dec
-            self._ep = (t, k, a_term, dn)  # an epoch of k iterations from now, its end event
-            loop = self.loop
-            loop._seq += 1
-            te = t + k * a_term + dn * k * (k - 1) / 2
-            heapq.heappush(loop._heap, (te if te >= t else t, loop._seq, self._end_epoch_h, self.gen))
+            self._open_epoch(t, k, a_term, p.d * n_dec)
             return
         budget = p.token_budget
         running = self.running
@@ -529,7 +524,12 @@ class Replica:
             dn = p.d * grow
         else:
             dn = p.d * n_dec
-        self._ep = (t, k, a_term, dn)  # an epoch of k iterations from now, its end event
+        self._open_epoch(t, k, a_term, dn)
+
+    def _open_epoch(self, t: float, k: int, a_term: float, dn: float) -> None:
+        """An epoch of ``k`` iterations from ``t`` (iteration i takes ``a_term + dn * i``), and its
+        end event on the loop's heap (pushed directly: one heap entry, no schedule frame)."""
+        self._ep = (t, k, a_term, dn)
         loop = self.loop
         loop._seq += 1
         te = t + k * a_term + dn * k * (k - 1) / 2
