@@ -48,15 +48,17 @@ def test_domain_and_task_embedding_reach_the_run_log(tmp_path, fakes):
         assert hashed["domain"].startswith("sys-") and hashed["domain_source"] == "system-prompt"
         for rid in ("r-dom", "r-hash"):
             c.post(f"/v1/runs/{rid}/end", json={})
-        for rid in ("r-dom", "r-hash"):
-            hist = app.state.proxy.runs[rid]
-            assert hist.task_embedding is not None and hist.task_embedding[0] == 1.0
+        # SignalPredictor cannot read the vector, so it waits for a batch (embed_defer_ms): the
+        # runs ended first, and their vectors reach the run log in a second run record (shutdown
+        # waits for them)
+        assert app.state.proxy.runs["r-dom"].task_embedding is None
     # the first user text only, once: the second run opens with the same text (the cache by text)
     assert calls == [["Change my flight to Las Vegas."]]
     runs = read_log(tmp_path).runs.set_index("run_id")
     assert runs.loc["r-dom", "domain"] == "airline"
-    emb = np.asarray(runs.loc["r-dom", "task_embedding"])
-    assert emb.shape == (384,) and emb[0] == 1.0
+    for rid in ("r-dom", "r-hash"):
+        emb = np.asarray(runs.loc[rid, "task_embedding"])
+        assert emb.shape == (384,) and emb[0] == 1.0
     logged = read_log(tmp_path)
     assert "Las Vegas" not in logged.runs.to_json() + logged.steps.to_json()  # never the text
 
@@ -394,6 +396,50 @@ def test_task_embeddings_are_cached_by_text_and_queued_once():
         f.result(timeout=5)
     assert calls[-2:] == ["task a", "task a"] and off.cached("task a") is None
     off.close()
+
+
+def test_log_only_embeddings_go_to_the_worker_in_batches():
+    """Issue 26: texts whose first step cannot read the vector (``defer``) wait for a batch: one
+    forward pass per ``embed_batch`` texts, sent when full or ``embed_defer_ms`` after the first;
+    each run gets its own row. A run that can use a queued text's vector sends its batch at once;
+    closing cancels what was not sent; outside an event loop a text goes at once."""
+    import asyncio as aio
+
+    from router.server.runs.context import RunContextSettings, TaskEmbedder
+
+    calls: list[list[str]] = []
+
+    def embed(texts):
+        calls.append(list(texts))
+        return np.array([[float(t[1:]), 0.0] for t in texts], dtype=np.float32)
+
+    cfg = RunContextSettings(embed_max_per_s=0, embed_batch=3, embed_defer_ms=100)
+
+    async def scenario() -> None:
+        emb = TaskEmbedder(cfg, embed_fn=embed)
+        full = [emb.start(f"t{i}", defer=True) for i in range(4)]  # a full batch goes at once
+        assert [f is not None for f in full] == [True] * 4 and emb.deferred == 1
+        for i, f in enumerate(full[:3]):
+            assert f is not None and float(f.result(timeout=5)[0]) == i
+        assert calls == [["t0", "t1", "t2"]] and emb.passes == 1
+        await aio.sleep(0.3)  # the fourth, alone, after embed_defer_ms
+        assert full[3] is not None and float(full[3].result(timeout=5)[0]) == 3
+        assert calls[-1] == ["t3"] and emb.passes == 2 and emb.deferred == 0
+
+        late = emb.start("t5", defer=True)
+        assert late is not None and not late.done()
+        now = emb.start("t5")  # a run whose first step can read it: its batch goes now
+        assert now is late and float(late.result(timeout=5)[0]) == 5 and calls[-1] == ["t5"]
+
+        gone = emb.start("t6", defer=True)
+        emb.close()
+        assert gone is not None and gone.cancelled() and calls[-1] == ["t5"]
+
+    aio.run(scenario())
+    emb = TaskEmbedder(cfg, embed_fn=embed)
+    f = emb.start("t7", defer=True)  # no event loop to wait on: sent at once
+    assert f is not None and float(f.result(timeout=5)[0]) == 7 and calls[-1] == ["t7"]
+    emb.close()
 
 
 def test_the_embedding_worker_process_runs_under_sched_idle():

@@ -302,6 +302,7 @@ def create_app(
             await scraper.stop()
             await holder.stop()
             await up.close()
+            await proxy.context.drain()
             proxy.context.close()
             await asyncio.to_thread(writer.close)
             await st.close()

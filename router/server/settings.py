@@ -12,7 +12,7 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
   ``tenant_domains``, ``agent_header``, ``agent_domains``; else ``metadata.domain``, else a hash of
   the system prompt) and its task embedding (``embed``: auto / on / off, ``embed_executor``,
   ``embed_sched``, ``embed_nice``, ``embed_cache``, ``embed_wait_ms``, ``embed_queue``,
-  ``embed_max_per_s``).
+  ``embed_max_per_s``, ``embed_batch``, ``embed_defer_ms``).
 - ``local``: the local tier: ``urls`` (one vLLM server root per replica, e.g. ``http://10.0.0.5:8000``;
   a trailing ``/v1`` is accepted), ``model`` (the served model name sent upstream), ``names`` (replica
   ids, default ``local-0..``), ``max_context``, ``kv_cache_tokens`` (one replica's KV cache size in

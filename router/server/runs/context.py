@@ -41,8 +41,16 @@ time for some first steps on this shared machine, for most with 40 ms) for the v
 where the vector can change the step's predictions (:func:`embedding_informs`: not for a predictor
 that does not read the run context, nor for a run whose domain the bundle's benefit model does not
 serve on the embedding; issue 26); otherwise it goes on without,
-and a later step of the run takes the vector once the thread has it (one ``done()`` check per
-step, nothing else). The text is never stored or logged; the vector goes to
+and a later step of the run takes the vector once the worker has it (one ``done()`` check per
+step, nothing else). Such a log-only text is not sent at once but waits for a batch
+(``context.embed_batch`` texts, default 8, in one forward pass; sent when the batch is full or
+``context.embed_defer_ms``, default 2 s, after its first text; :meth:`TaskEmbedder.start`): one
+MiniLM pass over a short task text costs ~14 ms of CPU alone and ~6 ms per text in a batch of 8
+(the matrix products run at a better rate on 8x the rows), plus ~2 ms of pipe and pickling per
+pass, so on a sidecar where no served domain reads the vector the embedding's CPU falls by more
+than half (``bench/overhead.py --realistic``; issue 26). A run that ends before its vector gets it
+in a second ``run`` record (:meth:`router.server.runs.lifecycle.RunLifecycle.end`; readers merge a
+run's records), and shutdown waits for the embeddings still running (:meth:`TaskEmbedder.drain`). The text is never stored or logged; the vector goes to
 ``RunPrefix.task_embedding`` and to the run log's ``Run.task_embedding`` when the run ends. At most
 ``context.embed_queue`` embeddings wait at once, and at most ``context.embed_max_per_s`` (10) start
 per second (a token bucket: ~20 ms of CPU each, so at most ~0.2 core however many runs start; a
@@ -55,7 +63,7 @@ event loop's thread keeps its priority): on a saturated core the kernel gives th
 CPU and the embedding waits; its queue and rate bounds above stay the backstop.
 
 Knobs (``context.*``): ``embed`` (``auto``: on when ``features.embed.available()``; ``on``; ``off``),
-``embed_executor`` (``process`` | ``thread``), ``embed_sched`` (``idle`` | ``nice``), ``embed_nice``, ``embed_cache``, ``embed_wait_ms``, ``embed_queue``, ``embed_max_per_s``, ``tenant_domains``, ``agent_domains``, ``domain_header``,
+``embed_executor`` (``process`` | ``thread``), ``embed_sched`` (``idle`` | ``nice``), ``embed_nice``, ``embed_cache``, ``embed_wait_ms``, ``embed_queue``, ``embed_max_per_s``, ``embed_batch``, ``embed_defer_ms``, ``tenant_domains``, ``agent_domains``, ``domain_header``,
 ``agent_header``.
 """
 
@@ -115,6 +123,8 @@ class RunContextSettings(BaseModel):
     embed_queue: int = Field(default=64, ge=1)
     embed_max_per_s: float = Field(default=10.0, ge=0)  # new-run embeddings per second (0 = no cap)
     embed_nice: int = Field(default=10, ge=0, le=19)  # niceness added to the embedding worker
+    embed_batch: int = Field(default=8, ge=1, le=64)  # log-only texts per forward pass (1 = none)
+    embed_defer_ms: float = Field(default=2000.0, ge=0, le=60_000)  # a log-only text's longest wait
     domain_header: str = "x-runroute-domain"
     agent_header: str = "x-runroute-agent"
     tenant_domains: dict[str, str] = Field(default_factory=dict)
@@ -260,11 +270,33 @@ def _worker_policy() -> str:
     return f"{name}:{os.getpriority(os.PRIO_PROCESS, 0)}"
 
 
-def _embed_text(text: str) -> np.ndarray:
-    """Worker-process task: the vector of one text."""
+def _embed_batch(texts: list[str]) -> np.ndarray:
+    """Worker-process task: the vectors of a batch of texts, ``(len(texts), d)``."""
     from features.embed import embed_texts
 
-    return embed_texts([text])[0]
+    return embed_texts(texts)
+
+
+def _fan_out(batch: Future[Any], futs: list[Future[np.ndarray]]) -> None:
+    """One pass's outcome to each text's future: its row, or the pass's failure (a cancelled pass,
+    the pool shut down, fails them: never a ``CancelledError`` into a step). A future cancelled
+    meanwhile is left as it is."""
+    err = RuntimeError("task embedding cancelled") if batch.cancelled() else batch.exception()
+    vecs = batch.result() if err is None else None
+    for i, f in enumerate(futs):
+        if not f.set_running_or_notify_cancel():
+            continue
+        if vecs is not None:
+            f.set_result(vecs[i])
+        elif err is not None:
+            f.set_exception(err)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _log_failure(fut: Future[_T]) -> None:
@@ -282,6 +314,12 @@ class TaskEmbedder:
         self.nice = cfg.embed_nice
         self.sched = cfg.embed_sched
         self.cache_max = cfg.embed_cache
+        self.batch = cfg.embed_batch
+        self.defer_s = cfg.embed_defer_ms / 1000.0
+        self._deferred: list[tuple[str, Future[np.ndarray]]] = []  # log-only texts for the next pass
+        self._flush_at: asyncio.TimerHandle | None = None
+        self.passes = 0  # forward passes sent to the worker (a deferred batch is one)
+        self._running: set[Future[np.ndarray]] = set()  # every text's embedding not yet settled
         self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()  # text hash -> vector
         self._inflight: dict[bytes, Future[np.ndarray]] = {}  # text hash -> its queued embedding
         self._cache_lock = threading.Lock()  # filled from the executor's thread
@@ -313,15 +351,17 @@ class TaskEmbedder:
             return False
         return bool(available())
 
-    def _embed(self, text: str) -> np.ndarray:  # thread mode
+    def _embed(self, texts: list[str]) -> np.ndarray:  # thread mode
         fn = self._fn
         if fn is None:
             from features.embed import embed_texts
 
             fn = self._fn = embed_texts
-        return fn([text])[0]
+        return fn(texts)
 
     def _settled(self, fut: Future[np.ndarray]) -> None:
+        with self._cache_lock:
+            self._running.discard(fut)
         self.finished += 1
         if fut.cancelled() or fut.exception() is not None:
             self.failed += 1
@@ -339,8 +379,13 @@ class TaskEmbedder:
 
     @property
     def pending(self) -> int:
-        """Embeddings queued or running."""
+        """Embeddings queued or running (the deferred ones included)."""
         return self.submitted - self.finished
+
+    @property
+    def deferred(self) -> int:
+        """Log-only texts waiting for their batch's pass."""
+        return len(self._deferred)
 
     def _executor(self) -> Executor:
         if self._pool is None:
@@ -418,9 +463,15 @@ class TaskEmbedder:
             while len(self._cache) > self.cache_max:
                 self._cache.popitem(last=False)
 
-    def start(self, text: str | None) -> Future[np.ndarray] | None:
+    def start(self, text: str | None, defer: bool = False) -> Future[np.ndarray] | None:
         """Queue one run's embedding; None when there is no text or the queue is full. A text
-        cached or already queued gets that vector or that embedding (no new work)."""
+        cached or already queued gets that vector or that embedding (no new work).
+
+        ``defer``: nothing waits for this vector but the run log (the first step's predictions
+        cannot read it, :func:`embedding_informs`), so it waits for a batch: up to
+        ``context.embed_batch`` such texts go to the worker as one forward pass, sent when the batch
+        is full or ``context.embed_defer_ms`` after its first text (module docstring). Otherwise,
+        or with batch 1 or no wait, or outside an event loop, the text is sent at once."""
         if not text:
             return None
         key = self.key(text)
@@ -436,27 +487,60 @@ class TaskEmbedder:
             return done
         if queued is not None:
             self.hits += 1
+            if not defer and any(f is queued for _, f in self._deferred):
+                self._flush()  # a run that can use it now: its batch goes at once
             return queued
         if self.pending >= self.queue_max or not self._take():
             self.dropped += 1
             return None
-        fut = self._submit(_embed_text, text) if self.process else self._submit(self._embed, text)
-        if fut is None:
-            self.failed += 1
-            return None
+        fut: Future[np.ndarray] = Future()
         self.submitted += 1
+        with self._cache_lock:
+            self._running.add(fut)
         if self.cache_max > 0:
             with self._cache_lock:
                 self._inflight[key] = fut
             fut.add_done_callback(lambda f: self._remember(key, f))
         fut.add_done_callback(self._settled)
+        loop = _running_loop() if defer and self.batch > 1 and self.defer_s > 0 else None
+        if loop is None:
+            self._send([(text, fut)])
+            return fut
+        self._deferred.append((text, fut))
+        if len(self._deferred) >= self.batch:
+            self._flush()
+        elif self._flush_at is None:
+            self._flush_at = loop.call_later(self.defer_s, self._flush)
         return fut
+
+    def _flush(self) -> None:
+        """Send the deferred texts as one pass (event loop thread)."""
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        items, self._deferred = self._deferred, []
+        if items:
+            self._send(items)
+
+    def _send(self, items: list[tuple[str, Future[np.ndarray]]]) -> None:
+        """One forward pass over ``items``' texts in the worker; each future gets its row."""
+        texts = [t for t, _ in items]
+        batch = self._submit(_embed_batch, texts) if self.process else self._submit(self._embed, texts)
+        futs = [f for _, f in items]
+        if batch is None:
+            failed: Future[np.ndarray] = Future()
+            failed.set_exception(RuntimeError("task embedding: no worker"))
+            _fan_out(failed, futs)
+            return
+        self.passes += 1
+        batch.add_done_callback(lambda b: _fan_out(b, futs))
 
     async def first(self, fut: Future[np.ndarray] | None) -> np.ndarray | None:
         """The vector when it is ready within the first step's budget, else None (it stays queued)."""
         if fut is None:
             return None
-        if not fut.done() and self.wait_s > 0 and self.pending <= 1:  # queued behind others: no use
+        ahead = self.pending - len(self._deferred)  # in the worker: this one and any before it
+        if not fut.done() and self.wait_s > 0 and ahead <= 1:  # queued behind others: no use
             try:
                 await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), self.wait_s)
             except (TimeoutError, asyncio.TimeoutError):
@@ -465,9 +549,27 @@ class TaskEmbedder:
                 return None
         return self.result(fut)
 
+    async def drain(self, timeout_s: float) -> None:
+        """Shutdown: send the deferred texts and wait (at most ``timeout_s``) for every embedding
+        still running, so a run that ended before its vector still gets it logged
+        (:meth:`router.server.runs.lifecycle.RunLifecycle.end`) before the run log closes."""
+        self._flush()
+        with self._cache_lock:
+            running = [asyncio.wrap_future(f) for f in self._running]
+        if running:
+            await asyncio.wait(running, timeout=timeout_s)
+            await asyncio.sleep(0)  # the late run records' callbacks, scheduled before the waiters
+
     def close(self) -> None:
-        """Stop this embedder's thread; the process's shared worker (:func:`_worker_pool`) stays
-        for the process's other apps and exits with the process."""
+        """Stop this embedder's thread (deferred texts not sent are cancelled); the process's
+        shared worker (:func:`_worker_pool`) stays for the process's other apps and exits with
+        the process."""
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        for _, f in self._deferred:
+            f.cancel()
+        self._deferred = []
         if self._pool is not None and not self.process:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._pool = None
@@ -524,6 +626,11 @@ class RunContext:
         if self.embedder is not None:
             self.embedder.warm()
 
+    async def drain(self, timeout_s: float = 2.0) -> None:
+        """Shutdown: the embeddings still running finish (:meth:`TaskEmbedder.drain`)."""
+        if self.embedder is not None:
+            await self.embedder.drain(timeout_s)
+
     def close(self) -> None:
         if self.embedder is not None:
             self.embedder.close()
@@ -562,8 +669,9 @@ class RunContext:
             system, first, _ = proto.opening(req)
             hist.domain, hist.domain_source = resolve_domain(self.cfg, headers, req.body, tenant, system)
             if emb is not None:
-                hist.embed_future = fut = emb.start(first)
-                if predictor is None or embedding_informs(predictor, hist.domain, keep_features):
+                informs = predictor is None or embedding_informs(predictor, hist.domain, keep_features)
+                hist.embed_future = fut = emb.start(first, defer=not informs)
+                if informs:
                     hist.task_embedding = await emb.first(fut)
                 else:  # the vector cannot change this step's predictions: no wait (embedding_informs)
                     hist.task_embedding = TaskEmbedder.result(fut)

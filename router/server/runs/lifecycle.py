@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -178,16 +179,41 @@ class RunLifecycle(BackgroundTask):
         if h.domain is not None:
             out["domain"] = h.domain
         emb = h.task_embedding
-        if emb is None and h.embed_future is not None:
+        fut = h.embed_future
+        if emb is None and fut is not None:
             from router.server.runs.context import TaskEmbedder
 
-            emb = TaskEmbedder.result(h.embed_future)
+            emb = TaskEmbedder.result(fut)
+            if emb is None and not fut.done():
+                self._log_when_embedded(h.run_id, fut)
         if emb is not None:
             out["task_embedding"] = [float(v) for v in emb]
         sig = await self.store.signals(h.run_id)
         if sig:
             out["signals"] = list(sig)
         return out
+
+    def _log_when_embedded(self, run_id: str, fut: Any) -> None:
+        """A run that ended before its (deferred) task embedding: the vector goes to the run log
+        in a second ``run`` record once it is done (readers merge a run's records,
+        :mod:`features.runmerge`); a failed embedding logs nothing more."""
+        loop = asyncio.get_running_loop()
+
+        def log_it() -> None:
+            from router.server.runs.context import TaskEmbedder
+
+            emb = TaskEmbedder.result(fut)
+            if emb is not None and self.writer is not None:
+                rec = {"record": "run", "run_id": run_id, "source": "runroute"}
+                self.writer.submit({**rec, "task_embedding": [float(v) for v in emb]})
+
+        def done(_f: Any) -> None:  # the worker's thread
+            try:
+                loop.call_soon_threadsafe(log_it)
+            except RuntimeError:  # the sidecar stopped meanwhile (its loop is closed)
+                pass
+
+        fut.add_done_callback(done)
 
     async def signal(self, run_id: str, kind: str) -> dict[str, Any] | None:
         """Store one signal on a run (module docstring); None when the run is unknown, a dict with
