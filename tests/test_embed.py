@@ -58,16 +58,35 @@ def test_unit_norm_and_deterministic(ref: tuple[list[str], np.ndarray, np.ndarra
     assert np.array_equal(embed.embed_texts(texts[:3]), embed.embed_texts(texts[:3]))
 
 
-def test_padding_invariance() -> None:
+def test_padding_invariance(monkeypatch: pytest.MonkeyPatch) -> None:
     short = "Cancel my order, please."
     long = "I need to change the delivery address of my last three orders to my new apartment. " * 5
     alone = embed.embed_texts([short])
-    # batch_size 2 forces both into one padded forward pass
+    # batch_size 2 and no padding limit force both into one padded forward pass
+    monkeypatch.setattr(embed, "PAD_SLACK", 100.0)
     batched = embed.get_embedder().embed([long, short], batch_size=2)
     ids, mask = embed.get_embedder().tokenize([long, short])
     assert mask[1].sum() < mask.shape[1]  # the short text really was padded
     np.testing.assert_allclose(batched[1], alone[0], atol=1e-6, rtol=0)
     assert not np.allclose(batched[0], batched[1], atol=1e-3)
+
+
+def test_passes_group_texts_of_similar_length() -> None:
+    """A pass takes at most ``bs`` texts, shortest first, and stops before a text it would have to
+    pad the others to more than PAD_SLACK (+ 8 tokens) of its shortest; every text is in one pass,
+    and the vectors are those of each text alone."""
+    lengths = np.array([20, 200, 21, 24, 23, 30, 22, 210, 19, 20])
+    passes = embed.Embedder._batches(lengths, 4)
+    rows = np.concatenate([r for r, _ in passes])
+    assert sorted(rows.tolist()) == list(range(len(lengths)))
+    for r, n in passes:
+        assert len(r) <= 4 and n == lengths[r].max()
+        assert n <= lengths[r].min() * embed.PAD_SLACK + 8
+    assert [len(r) for r, _ in passes] == [4, 4, 2]  # 19-22, 23-30, then the two long ones
+    texts = ["Cancel my order.", "Where is my parcel?", "Refund " + "the broken kettle, " * 30, "Hi"]
+    together = embed.embed_texts(texts)
+    one_by_one = np.stack([embed.embed_texts([t])[0] for t in texts])
+    np.testing.assert_allclose(together, one_by_one, atol=1e-6, rtol=0)
 
 
 def test_truncation_long_text() -> None:
