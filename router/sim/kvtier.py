@@ -1,6 +1,33 @@
-"""KV tiers below a replica's GPU prefix cache: CPU DRAM and optionally SSD (LMCache / Mooncake style).
+"""A replica's KV tiers: its GPU prefix cache's LRU list kept as segments, and the tiers below
+it, CPU DRAM and optionally SSD (LMCache / Mooncake style).
 
-Algorithm (one :class:`TierStack` per replica, tiers ordered fastest first: CPU, then SSD):
+The GPU tier (:class:`SegmentForestCache`, the node's cache when the workload's chains form a
+forest): :class:`router.core.prefix_cache.ForestPrefixCache`'s model (same hits, refusals,
+``shortfall``, evictions and their order, ``spill``, counters), with the unreferenced blocks kept as
+*segments* instead of one ordered-dict entry per block:
+
+- **Segments.** A release makes the blocks from its chain's tip up to the first block still
+  referenced unreferenced, at once: one segment ``[chain, lo, hi]`` (blocks ``chain[lo:hi]``; in
+  LRU order tail first, ``chain[hi - 1]`` the oldest), appended to ``segs`` (oldest first) and
+  found by its top block in ``top``. The LRU list is the segments' blocks in that order, exactly
+  the per-block list's order.
+- **Readmission** takes a run ``chain[a:b]`` of unreferenced blocks below a referenced one (or from
+  the root) off the list. Over a forest ``chain[a]`` is a segment's top (its parent, were it in the
+  list, would sit right above it in its segment), and that segment shares a leading part with
+  ``chain[a:b]``; equal ids at equal depth below a common block mean equal paths, so that part's
+  length is found by one comparison (the whole segment or the whole run) or a bisection; it is
+  cut off the segment's top and the rest of the run, if any, starts another segment's top.
+- **Eviction** takes blocks from the oldest segment's bottom up (emptied segments are dropped there;
+  ``segs`` is compacted when more than half of it is empty).
+- **Counters.** ``pinned`` (blocks held by running requests: ``occupied`` - unreferenced cached) is
+  an attribute kept per admission and release, read by the node and the simulator per step; the
+  list's length is ``occupied - pinned``. ``lru`` is a read-only view (length, order; ``clear``).
+
+Per block, a release and a readmission still write its count in ``ref`` (read by ``lookup``) but no
+longer insert or delete an ordered-dict entry: on 32 replicas a step puts ~11 blocks on the list and
+takes ~10 off again.
+
+The lower tiers (one :class:`TierStack` per replica, tiers ordered fastest first: CPU, then SSD):
 
 - **Blocks.** Each tier holds whole KV blocks (the GPU cache's ``block_tokens``) by their block id
   in an LRU list with a capacity in blocks (``gb * 1e9 // bytes per block``; the bytes per token
@@ -36,10 +63,151 @@ GB/s), ``latency_s`` (per load), ``bytes_per_block``.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from bisect import bisect_left
+from collections import OrderedDict, deque
+from collections.abc import Iterator, Sequence
+from typing import Any
 
-__all__ = ["KVTier", "TierStack", "tier_blocks"]
+from router.core.prefix_cache import Chain, ForestPrefixCache
+
+__all__ = ["KVTier", "SegmentForestCache", "TierStack", "tier_blocks"]
+
+Segment = list[Any]  # [chain, lo, hi]: unreferenced blocks chain[lo:hi], chain[hi - 1] the oldest
+
+
+class _SegmentView:
+    """``SegmentForestCache.lru``: the LRU list's length, its blocks oldest first, ``clear``."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, cache: SegmentForestCache):
+        self._c = cache
+
+    def __len__(self) -> int:
+        return self._c.occupied - self._c.pinned
+
+    def __iter__(self) -> Iterator[int]:
+        for chain, lo, hi in list(self._c.segs):
+            yield from reversed(chain[lo:hi])
+
+    def clear(self) -> None:
+        self._c.segs.clear()
+        self._c.top.clear()
+
+
+class SegmentForestCache(ForestPrefixCache):
+    """:class:`~router.core.prefix_cache.ForestPrefixCache` with its LRU list as segments (module
+    docstring); same behaviour, read ``pinned`` rather than ``len(lru)``."""
+
+    __slots__ = ("pinned", "segs", "top")
+    pinned: int  # PrefixCache's property, kept here as a count
+
+    def __init__(self, capacity_blocks: int, block_size: int):
+        super().__init__(capacity_blocks, block_size)
+        self.pinned = 0  # blocks held by running requests: occupied - unreferenced cached
+        self.segs: deque[Segment] = deque()  # oldest first; emptied ones dropped lazily
+        self.top: dict[int, Segment] = {}  # a non-empty segment's top block -> the segment
+        self.lru = _SegmentView(self)  # type: ignore[assignment]
+
+    def kv_usage(self) -> float:
+        return self.pinned / self.capacity
+
+    def admit(self, chain: Chain, n_lookup: int, n_prompt: int, n_blocks: int) -> int:
+        ref = self.ref
+        n_hashed = len(chain) if len(chain) < n_blocks else n_blocks
+        hit = n_hashed
+        while hit > 0 and chain[hit - 1] not in ref:  # the absent tail: chain[hit:n_hashed]
+            hit -= 1
+        top = hit  # cached, unreferenced: chain[top:hit]; chain[top - 1] referenced (or top 0)
+        while top > 0 and ref[chain[top - 1]] == 0:
+            top -= 1
+        need = n_blocks - hit  # absent hashed + private blocks
+        room = self.capacity - self.pinned - (hit - top)  # free + the others' unreferenced blocks
+        if need > room:
+            self.shortfall = need - room
+            return -1
+        if top > 0:  # the deepest referenced block: one more request ends there or passes through
+            ref[chain[top - 1]] += 1
+        if top < hit:  # referenced now, one holder each: off the LRU list
+            for b in chain[top:hit]:
+                ref[b] = 1
+            self._unlink(chain, top, hit)
+        evict = need - (self.capacity - self.occupied)
+        if evict > 0:
+            self.evictions += evict
+            self.occupied -= evict
+            self._evict(evict)
+        if hit < n_hashed:
+            self.inserted += n_hashed - hit
+            for b in chain[hit:n_hashed]:
+                ref[b] = 1
+        self.occupied += need
+        self.pinned += need + hit - top
+        if hit > n_lookup:
+            hit = n_lookup
+        cap = (n_prompt - 1) // self.block_size if n_prompt > 0 else 0
+        return hit if hit < cap else cap
+
+    def _unlink(self, chain: Chain, a: int, b: int) -> None:
+        """Take the unreferenced blocks ``chain[a:b]`` off the LRU list (module docstring)."""
+        top = self.top
+        while a < b:
+            seg = top.pop(chain[a])
+            sc, lo, hi = seg
+            m = hi - lo if hi - lo < b - a else b - a
+            if sc[lo + m - 1] != chain[a + m - 1]:  # the paths part within: the shared length
+                m = bisect_left(range(1, m), True, key=lambda k: sc[lo + k] != chain[a + k])  # noqa: B023
+                m += 1
+            lo += m
+            a += m
+            seg[1] = lo
+            if lo < hi:
+                top[sc[lo]] = seg
+
+    def _evict(self, n: int) -> None:
+        """Evict ``n`` unreferenced blocks, least recently freed first (to ``spill`` when a list)."""
+        ref, segs, spill = self.ref, self.segs, self.spill
+        while n > 0:
+            seg = segs[0]
+            sc, lo, hi = seg
+            if hi - lo > n:  # the segment's oldest n blocks
+                lo = seg[2] = hi - n
+                n = 0
+            else:  # all of it (none when readmissions emptied it)
+                segs.popleft()
+                if lo == hi:
+                    continue
+                del self.top[sc[lo]]
+                n -= hi - lo
+            gone = sc[lo:hi]
+            for b in gone:
+                del ref[b]
+            if spill is not None:
+                spill.extend(reversed(gone))
+
+    def release(self, chain: Chain, n_hashed: int, n_private: int) -> None:
+        ref = self.ref
+        lo = n_hashed
+        if n_hashed:  # from the tip up while counts drop to zero: one segment
+            for b in chain[n_hashed - 1 :: -1]:
+                rc = ref[b] - 1
+                ref[b] = rc
+                if rc:
+                    break
+                lo -= 1
+            if lo < n_hashed:
+                seg = [chain, lo, n_hashed]
+                segs = self.segs
+                segs.append(seg)
+                self.top[chain[lo]] = seg
+                if len(segs) > 2 * len(self.top) + 64:  # mostly emptied by readmissions: compact
+                    self.segs = deque(s for s in segs if s[1] < s[2])
+        self.occupied -= n_private
+        self.pinned -= n_private + n_hashed - lo
+
+    def wipe(self) -> None:
+        super().wipe()
+        self.pinned = 0
 
 
 def tier_blocks(gb: float, bytes_per_block: float) -> int:
