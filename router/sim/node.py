@@ -133,6 +133,20 @@ class Request:
         block_tokens: int,
     ):
         self.key = key
+        self.renew(prompt, completion, chain, n_lookup, arrival, block_tokens)
+
+    def renew(
+        self,
+        prompt: int,
+        completion: int,
+        chain: tuple[int, ...] | list[int],
+        n_lookup: int,
+        arrival: float,
+        block_tokens: int,
+    ) -> None:
+        """Make this the request of a new step (same ``key``), every other field as constructed: the
+        simulator reuses one request per run (its steps run one at a time; a finished request is in
+        no replica's queues, and a method call costs less than a class call in CPython 3.11)."""
         self.prompt = prompt if prompt > 0 else 1
         self.gen_target = completion if completion > 0 else 1
         self.chain = chain  # hashed (cacheable) block ids, leading blocks first
