@@ -68,22 +68,21 @@ Knobs (constructor): ``profile`` (coefficients and limits), ``kv_capacity_blocks
 speculative-decoding rates), ``draft_s`` (draft cost per decode iteration, seconds),
 ``draft_s_per_token`` (a draft model's seconds per proposed token), ``role``, ``forest`` (every
 request's chain is a path of one forest, :func:`router.core.prefix_cache.chains_form_forest`: the
-cache is a :class:`~router.sim.kvtier.SegmentForestCache`: ``ForestPrefixCache``'s model by less
-work, its LRU list kept as segments).
+cache is a :class:`~router.core.prefix_cache.ForestPrefixCache`, the same model by less work).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
-from router.core.prefix_cache import Chain, PrefixCache
+from router.core.prefix_cache import Chain, ForestPrefixCache, PrefixCache
 from router.sim.engine import EventLoop
-from router.sim.kvtier import SegmentForestCache, TierStack
+from router.sim.kvtier import TierStack
 from router.sim.profiles import NodeProfile
 
 __all__ = ["Request", "Replica"]
@@ -228,15 +227,16 @@ class Replica:
         # incrementally: the router-visible prefill queue (simulator.prefill_owed is its definition)
         self.owed = 0
         # KV blocks and the prefix cache; over forest chains the same model by delta work
-        self.kv = (SegmentForestCache if forest else PrefixCache)(kv_capacity_blocks, block_tokens)
+        self.kv = (ForestPrefixCache if forest else PrefixCache)(kv_capacity_blocks, block_tokens)
         if tiers is not None:
             self.kv.spill = []  # GPU evictions, demoted to the tiers after each admission
-        # views of ``kv``, bound once (kv never rebinds them): lookup(chain, n_lookup) = leading
-        # blocks of chain[:n_lookup] cached (no side effects); cache = cached block id -> reference
-        # count (a forest cache's: holders, zero exactly when the count is). The blocks running
-        # requests hold are ``kv.pinned`` (an attribute of the forest cache, per step)
+        # views of ``kv`` that router.sim.whatif reads per step, bound once (kv never rebinds them):
+        # lookup(chain, n_lookup) = leading blocks of chain[:n_lookup] cached (no side effects);
+        # cache = cached block id -> reference count (a forest cache's: holders, zero exactly when the
+        # count is); lru = unreferenced blocks, least recently freed first
         self.lookup: Callable[[Chain, int], int] = self.kv.lookup
         self.cache: dict[int, int] = self.kv.ref
+        self.lru: OrderedDict[int, None] = self.kv.lru
         self.busy = False
         self.gen = 0
         # decode-only epoch in flight: start time, iterations, A, d*n
@@ -368,7 +368,7 @@ class Replica:
         if req.n_private == -self._releases - 1:
             return False
         kv = self.kv
-        room = kv.capacity - kv.pinned  # free + evictable blocks
+        room = kv.capacity - kv.occupied + len(kv.lru)
         if room < req.room_needed:  # only releases happened since it was refused: still short
             return False
         n_blocks = req.n_blocks if req.n_blocks < self.capacity else self.capacity
@@ -472,7 +472,7 @@ class Replica:
                 if r.n_private == -self._releases - 1:  # refused since the last release: again
                     break
                 kv = self.kv
-                room = kv.capacity - kv.pinned
+                room = kv.capacity - kv.occupied + len(kv.lru)
                 if room < r.room_needed:
                     break
                 n_blocks = r.n_blocks if r.n_blocks < self.capacity else self.capacity

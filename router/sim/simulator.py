@@ -273,7 +273,7 @@ class Simulator:
             max_context=self.local_max_context,
             running=len(rep.running) if scrape else len(rep.running) + len(rep.waiting),
             waiting=len(rep.waiting) if scrape else 0,
-            kv_usage=rep.kv.pinned / rep.capacity if scrape else 0.0,
+            kv_usage=(rep.kv.occupied - len(rep.lru)) / rep.capacity if scrape else 0.0,
             prefill_s_per_token=prof.b,
             ttft_base_s=prof.a if rep.state == "on" else prof.a + rep.wake_remaining(t),
             gpu_usd_per_hour=self._gpu_price,
@@ -287,7 +287,7 @@ class Simulator:
         if self._scrape:
             st.running = len(rep.running)
             st.waiting = len(rep.waiting)
-            st.kv_usage = rep.kv.pinned / rep.capacity
+            st.kv_usage = (rep.kv.occupied - len(rep.lru)) / rep.capacity
         else:
             st.running = len(rep.running) + len(rep.waiting)
         st.warm_prefix_tokens = 0
