@@ -107,6 +107,7 @@ class _Run:
         "out_sum",
         "out_n",
         "context_charged",
+        "req",
     )
 
     def __init__(self, idx: int, spec: RunSpec, g0: int):
@@ -125,6 +126,7 @@ class _Run:
         self.out_sum = 0  # output tokens of the run's steps served so far (the router saw them)
         self.out_n = 0
         self.context_charged = 0  # the context charged to its replica for the step in flight
+        self.req: Request | None = None  # its local request, renewed per step (Request.renew)
 
 
 class Simulator:
@@ -453,7 +455,11 @@ class Simulator:
             self._local_cache[warm_i].warm_prefix_tokens = 0
         if dec.tier == "local":
             rep = self.by_name[dec.backend]
-            req_ = Request(run, s.prompt, s.completion, s.chain, s.n_lookup, t, self._B)
+            req_ = run.req
+            if req_ is None:
+                req_ = run.req = Request(run, s.prompt, s.completion, s.chain, s.n_lookup, t, self._B)
+            else:  # the run's previous step is done: its request is in no replica's queues
+                req_.renew(s.prompt, s.completion, s.chain, s.n_lookup, t, self._B)
             if self.spec is not None:
                 self.spec.apply(req_, bool(s.tool_calls))
             # last: nothing after this submission touches a replica or schedules an event
