@@ -401,8 +401,9 @@ def test_task_embeddings_are_cached_by_text_and_queued_once():
 def test_log_only_embeddings_go_to_the_worker_in_batches():
     """Issue 26: texts whose first step cannot read the vector (``defer``) wait for a batch: one
     forward pass per ``embed_batch`` texts, sent when full or ``embed_defer_ms`` after the first;
-    each run gets its own row. A run that can use a queued text's vector sends its batch at once;
-    closing cancels what was not sent; outside an event loop a text goes at once."""
+    each run gets its own row. A run that can use a queued text's vector, or whose run ended
+    (``needed``), sends its batch at once; shutdown (``drain``, ``close``) cancels what was not
+    sent; outside an event loop a text goes at once."""
     import asyncio as aio
 
     from router.server.runs.context import RunContextSettings, TaskEmbedder
@@ -431,9 +432,17 @@ def test_log_only_embeddings_go_to_the_worker_in_batches():
         now = emb.start("t5")  # a run whose first step can read it: its batch goes now
         assert now is late and float(late.result(timeout=5)[0]) == 5 and calls[-1] == ["t5"]
 
-        gone = emb.start("t6", defer=True)
+        ended = emb.start("t8", defer=True)
+        assert ended is not None and not ended.done()
+        emb.needed(ended)  # its run ended: no later step will come, the batch goes now
+        assert float(ended.result(timeout=5)[0]) == 8 and calls[-1] == ["t8"]
+
+        live = emb.start("t6", defer=True)  # a live run's text at shutdown: dropped, not sent
+        await emb.drain(1.0)
+        assert live is not None and live.cancelled() and calls[-1] == ["t8"]
+        gone = emb.start("t9", defer=True)
         emb.close()
-        assert gone is not None and gone.cancelled() and calls[-1] == ["t5"]
+        assert gone is not None and gone.cancelled() and calls[-1] == ["t8"]
 
     aio.run(scenario())
     emb = TaskEmbedder(cfg, embed_fn=embed)

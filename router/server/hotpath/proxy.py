@@ -183,6 +183,7 @@ class Proxy(StepIO):
             identity=ident,
             clock=clock,
             wall=wall,
+            context=self.context,
         )
         self.adapters: dict[str, Any] = {
             "chat": ChatAdapter(),

@@ -47,10 +47,12 @@ step, nothing else). Such a log-only text is not sent at once but waits for a ba
 ``context.embed_defer_ms``, default 2 s, after its first text; :meth:`TaskEmbedder.start`): one
 MiniLM pass over a short task text costs ~14 ms of CPU alone and ~6 ms per text in a batch of 8
 (the matrix products run at a better rate on 8x the rows), plus ~2 ms of pipe and pickling per
-pass, so on a sidecar where no served domain reads the vector the embedding's CPU falls by more
-than half (``bench/overhead.py --realistic``; issue 26). A run that ends before its vector gets it
-in a second ``run`` record (:meth:`router.server.runs.lifecycle.RunLifecycle.end`; readers merge a
-run's records), and shutdown waits for the embeddings still running (:meth:`TaskEmbedder.drain`). The text is never stored or logged; the vector goes to
+pass, so on a sidecar where no served domain reads the vector the embedding's CPU per request
+falls by about half for short task texts (``bench/overhead.py --realistic``: 0.22-0.34 ->
+0.08-0.15 ms) and by about a fifth for tau2-bench's longer ones (``bench/embed_cost.py``; issue 26). A run that ends before its vector sends its batch at
+once and gets the vector in a second ``run`` record (:meth:`router.server.runs.lifecycle.RunLifecycle.end`;
+readers merge a run's records); shutdown drops the texts still waiting (live runs, which write no
+record at shutdown) and waits for the embeddings already sent (:meth:`TaskEmbedder.drain`). The text is never stored or logged; the vector goes to
 ``RunPrefix.task_embedding`` and to the run log's ``Run.task_embedding`` when the run ends. At most
 ``context.embed_queue`` embeddings wait at once, and at most ``context.embed_max_per_s`` (10) start
 per second (a token bucket: ~20 ms of CPU each, so at most ~0.2 core however many runs start; a
@@ -522,6 +524,14 @@ class TaskEmbedder:
         if items:
             self._send(items)
 
+    def _cancel_deferred(self) -> None:
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        items, self._deferred = self._deferred, []
+        for _, f in items:
+            f.cancel()
+
     def _send(self, items: list[tuple[str, Future[np.ndarray]]]) -> None:
         """One forward pass over ``items``' texts in the worker; each future gets its row."""
         texts = [t for t, _ in items]
@@ -549,11 +559,20 @@ class TaskEmbedder:
                 return None
         return self.result(fut)
 
+    def needed(self, fut: Future[np.ndarray]) -> None:
+        """The run of a deferred text ended (its vector goes to a second run record): send its
+        batch now rather than when the batch fills or its wait ends."""
+        if any(f is fut for _, f in self._deferred):
+            self._flush()
+
     async def drain(self, timeout_s: float) -> None:
-        """Shutdown: send the deferred texts and wait (at most ``timeout_s``) for every embedding
-        still running, so a run that ended before its vector still gets it logged
-        (:meth:`router.server.runs.lifecycle.RunLifecycle.end`) before the run log closes."""
-        self._flush()
+        """Shutdown: the deferred texts are dropped (their runs are live, and a live run writes no
+        run record at shutdown; an ended run's text was sent when it ended, :meth:`needed`), and
+        every embedding sent waits (at most ``timeout_s``), so a run that ended before its vector
+        still gets it logged (:meth:`router.server.runs.lifecycle.RunLifecycle.end`) before the run
+        log closes. Nothing new goes to the worker at shutdown: a worker process's exit waits for
+        its pool's queued work, and the worker runs at the lowest CPU priority."""
+        self._cancel_deferred()
         with self._cache_lock:
             running = [asyncio.wrap_future(f) for f in self._running]
         if running:
@@ -564,12 +583,7 @@ class TaskEmbedder:
         """Stop this embedder's thread (deferred texts not sent are cancelled); the process's
         shared worker (:func:`_worker_pool`) stays for the process's other apps and exits with
         the process."""
-        if self._flush_at is not None:
-            self._flush_at.cancel()
-            self._flush_at = None
-        for _, f in self._deferred:
-            f.cancel()
-        self._deferred = []
+        self._cancel_deferred()
         if self._pool is not None and not self.process:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._pool = None
@@ -625,6 +639,11 @@ class RunContext:
     def start(self) -> None:
         if self.embedder is not None:
             self.embedder.warm()
+
+    def needed(self, fut: Future[np.ndarray]) -> None:
+        """A run ended before its deferred embedding: send it now (:meth:`TaskEmbedder.needed`)."""
+        if self.embedder is not None:
+            self.embedder.needed(fut)
 
     async def drain(self, timeout_s: float = 2.0) -> None:
         """Shutdown: the embeddings still running finish (:meth:`TaskEmbedder.drain`)."""

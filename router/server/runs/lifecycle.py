@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from router.core.runs import RunTracker
     from router.server.hotpath.admission import LiveAdmission
     from router.server.hotpath.proxy import RunHistory
+    from router.server.runs.context import RunContext
     from router.server.runs.log_writer import RunLogWriter
     from router.server.settings_tiers import IdentitySettings
     from router.server.state.store import RunStateStore
@@ -64,6 +65,7 @@ class RunLifecycle(BackgroundTask):
         identity: IdentitySettings,
         clock: Callable[[], float],
         wall: Callable[[], float],
+        context: RunContext | None = None,
     ):
         self.tracker, self.store, self.engine, self.admission, self.writer = (
             tracker,
@@ -75,6 +77,7 @@ class RunLifecycle(BackgroundTask):
         self.idle_end_s = identity.idle_end_s
         self.sweep_s = identity.sweep_s
         self.clock, self.wall = clock, wall
+        self.context = context  # the task embedder's: a run that ends sends its deferred text now
         self.openings = OpeningRuns(identity.reopen_gap_s)
         self.ended_idle = 0
 
@@ -185,6 +188,8 @@ class RunLifecycle(BackgroundTask):
 
             emb = TaskEmbedder.result(fut)
             if emb is None and not fut.done():
+                if self.context is not None:
+                    self.context.needed(fut)  # still waiting for a batch: no later step will come
                 self._log_when_embedded(h.run_id, fut)
         if emb is not None:
             out["task_embedding"] = [float(v) for v in emb]
