@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 
-.PHONY: setup demo test lint typecheck test-vllm bench clean
+.PHONY: setup native demo test lint typecheck test-vllm bench clean
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,13 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 
 setup: $(STAMP)
 
-demo: $(STAMP)
+# The simulator's per-step modules compiled with mypyc (router/native.py lists them) into
+# .runroute/native; a no-op while the build matches the sources. Imports use the build only while it
+# does, so an edited module serves as pure Python until this runs again.
+native: $(STAMP)
+	$(PY) scripts/build_native.py
+
+demo: $(STAMP) native
 	$(VENV)/bin/runroute demo
 
 lint: $(STAMP)
@@ -32,7 +38,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy features models router training runroute
 
 # pytest exits 5 when it collects no tests; that is a failure for us too (a suite that tests nothing).
-test: lint typecheck
+test: lint typecheck native
 	$(PY) -m pytest -m "not vllm"
 
 test-vllm: $(STAMP)

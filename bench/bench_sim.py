@@ -19,7 +19,9 @@ workload on 2 and on ``--many`` (32) replicas, best of ``--repeat`` each, the tw
 (target: within 1.3x; ``bench/sim_instructions.py`` gives the same ratio in instructions); then
 the 10,000-run replay: workload build time,
 simulation time and total wall time (target < 60 s), and the same for always-local (``--big-runs 0``
-skips it). Targets:
+skips it). The simulator's per-step modules run compiled (mypyc, ``make native``; ``router/native.py``)
+when built from the current source; ``RUNROUTE_NATIVE=0`` runs them as pure Python (the line after
+the first figure says which). Targets:
 >= 30,000 steps/s (2 replicas, elements off), 32 vs 2 replicas within 1.3x CPU, 10,000 runs < 1 minute.
 """
 
@@ -78,6 +80,12 @@ def main() -> None:
         f"(events {d['events']:,}, node iterations {d['node_iterations']:,}; target >= 30,000)"
     )
     c = scorecard(res)
+    from router import native
+
+    compiled = native.loaded_compiled()
+    print(
+        f"  simulator modules: {native.status()[1]}; loaded compiled: {len(compiled)} of {len(native.MODULES)}"
+    )
     print(
         f"  p95 short-step {c['short_step_latency_s_p95']} s, cache hit {c['cache_hit_rate']}, "
         f"upper bound {c['cache_hit_upper_bound']}, cost ${c['cost_usd']}"

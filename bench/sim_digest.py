@@ -8,7 +8,9 @@ Usage::
 
 A speed change to the simulator must leave every hash equal: run it on the base tree (``--out``) and
 on the changed tree (``--compare``), or pass ``--compare-tree`` to run the base tree's simulator in a
-subprocess (its own ``sys.path``) and compare both in one call. Exit 1 on any difference.
+subprocess (its own ``sys.path``) and compare both in one call. Exit 1 on any difference. The
+modules ``make native`` compiles (``router/native.py``) must give the same hashes as their source:
+``RUNROUTE_NATIVE=0`` runs them as pure Python (``tests/test_native.py`` compares the two).
 """
 
 from __future__ import annotations
@@ -86,6 +88,11 @@ def main() -> None:
     ap.add_argument("--compare-tree", help="a checkout of the base tree: run its simulator too and compare")
     args = ap.parse_args()
     mine = digests(args.runs)
+    from router import native
+
+    print(
+        f"simulator modules: {native.status()[1]}; loaded compiled: {', '.join(native.loaded_compiled()) or 'none'}"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(mine, indent=1))
     ref = None

@@ -159,7 +159,7 @@ def _env_tree() -> dict[str, object]:
     """RUNROUTE_A__B=v as ``{"a": {"b": v}}`` (values parsed as YAML: numbers, booleans, lists)."""
     out: dict[str, object] = {}
     for k, v in os.environ.items():
-        if not k.upper().startswith("RUNROUTE_") or k.upper() == "RUNROUTE_DEBUG":
+        if not k.upper().startswith("RUNROUTE_") or k.upper() in ("RUNROUTE_DEBUG", "RUNROUTE_NATIVE"):
             continue
         path = k[len("RUNROUTE_") :].lower().split("__")
         try:

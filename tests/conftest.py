@@ -142,3 +142,37 @@ def sidecar(tmp_path, proto_fakes, small_bundle):
         return running_sidecar(sidecar_settings(tmp_path, proto_fakes, small_bundle, **over))
 
     return make
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A ``pure_python`` test patches methods of the simulator's modules to watch its internals; a
+    compiled (mypyc) class calls its own methods directly, past the patch. While the compiled
+    modules serve (``router/native.py``), such a test runs in a pytest subprocess on the pure-Python
+    source (``RUNROUTE_NATIVE=0``) and passes or fails with it; ``tests/test_native.py`` holds the
+    compiled modules to the same results as their source."""
+    if pyfuncitem.get_closest_marker("pure_python") is None:
+        return None
+    from router import native
+
+    if not native.active():
+        return None
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", pyfuncitem.nodeid],
+        cwd=root,
+        env={**os.environ, "RUNROUTE_NATIVE": "0"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if res.returncode != 0:
+        pytest.fail(
+            f"pure-Python run of {pyfuncitem.nodeid} failed:\n{res.stdout[-4000:]}{res.stderr[-2000:]}"
+        )
+    assert " passed" in res.stdout, res.stdout[-2000:]
+    return True

@@ -15,4 +15,8 @@ disaggregation sweep (:mod:`~router.sim.breakeven`) and the point loop (:mod:`~r
 The CLI is ``runroute whatif``. Nothing heavy is imported here.
 """
 
+from router.native import prefer
+
 __all__: list[str] = []
+
+prefer(__name__, __path__)  # compiled per-step modules, when built from this source

@@ -163,9 +163,9 @@ class Request:
         self.n_hashed = 0
         self.chunk = 0  # prefill tokens scheduled in the iteration in flight
         self.it_target = self.gen_target  # iterations to finish (speculative decoding: fewer)
-        self.grow: float = 1  # tokens emitted per decode iteration
-        self.c0: float = self.prompt  # context after ``decoded`` iterations = c0 + decoded * grow
-        self.vt: float = 0  # draft tokens verified per decode iteration
+        self.grow: float = 1.0  # tokens emitted per decode iteration
+        self.c0: float = float(self.prompt)  # context after ``decoded`` iterations = c0 + decoded * grow
+        self.vt: float = 0.0  # draft tokens verified per decode iteration
         self.tier_t: list[int] | None = None  # tokens loaded from each lower KV tier
         self.load_s = 0.0  # seconds of that load (added to the admitting iteration)
         self.room_needed = 0  # after a refusal: free + evictable blocks needed before a retry can fit
@@ -438,14 +438,14 @@ class Replica:
         running = self.running
         tick = self.tick
         n_dec = self._n_dec
-        grow: float = 0  # context growth per iteration of the decoding requests (spec only)
-        vt: float = 0  # draft tokens verified per iteration (spec only)
+        grow: float = 0.0  # context growth per iteration of the decoding requests (spec only)
+        vt: float = 0.0  # draft tokens verified per iteration (spec only)
         n_chunks = 0
         pt = 0
         quad = 0
         load = 0.0
         if spec:  # float sums: in running order, as they always were
-            ctx: float = 0
+            ctx: float = 0.0
             for r in running:
                 if r.prefilled >= r.prompt:
                     ctx += r.c0 + (tick - r.base) * r.grow
@@ -453,7 +453,7 @@ class Replica:
                     vt += r.vt
             budget -= int(vt)
         else:  # integers: prompt + decoded summed over the decoding requests
-            ctx = self._dec_s + n_dec * tick
+            ctx = float(self._dec_s + n_dec * tick)
         budget -= n_dec
         for r in self.prefilling:
             if budget <= 0:

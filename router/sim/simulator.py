@@ -296,7 +296,7 @@ class Simulator:
         st.prefill_queue_tokens = rep.owed
         st.inflight_context_tokens = self._inflight_ctx.get(rep.name, 0)
 
-    def _backends(self, run: _Run, t: float, pin: int | None = None) -> list[BackendState]:
+    def _backends(self, run: _Run | None, t: float, pin: int | None = None) -> list[BackendState]:
         """The replicas' states (rebuilt only for replicas on the change list; every one when a wake
         is in progress, since its remaining wake time moves with the clock) and the frontier's.
         ``pin`` (a pinned step, see :meth:`_arrive`): only that replica's state, then the frontier's; the other
