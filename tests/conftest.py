@@ -163,7 +163,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
     root = Path(__file__).resolve().parents[1]
     res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", pyfuncitem.nodeid],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", pyfuncitem.nodeid],
         cwd=root,
         env={**os.environ, "RUNROUTE_NATIVE": "0"},
         capture_output=True,
@@ -174,5 +174,5 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         pytest.fail(
             f"pure-Python run of {pyfuncitem.nodeid} failed:\n{res.stdout[-4000:]}{res.stderr[-2000:]}"
         )
-    assert " passed" in res.stdout, res.stdout[-2000:]
+    assert " passed" in res.stdout and " skipped" not in res.stdout, res.stdout[-2000:]
     return True

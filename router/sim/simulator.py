@@ -561,7 +561,7 @@ class Simulator:
         t_wall, t_cpu = time.perf_counter(), time.process_time()
         # thousands of starts known up front: fed to the heap one at a time, in the same order
         self.loop.schedule_many(
-            (float(st), self._start_run, run) for run, st in zip(self._runs, self.starts, strict=True)
+            [(float(st), self._start_run, run) for run, st in zip(self._runs, self.starts, strict=True)]
         )
         # the loop allocates a few short-lived objects per event; at CPython's default gen-0 threshold
         # (700) the collector runs every few steps and its older generations re-walk the workload and
