@@ -26,6 +26,7 @@ Algorithm:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# The per-step belief is read by a subclass of Simulator, which the compiled simulator modules
+# refuse (router/native.py): this bench runs them as pure Python (same results, tests/test_native.py).
+os.environ["RUNROUTE_NATIVE"] = "0"
 
 
 def main() -> None:
