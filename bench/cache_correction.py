@@ -37,9 +37,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-# The per-step belief is read by a subclass of Simulator, which the compiled simulator modules
-# refuse (router/native.py): this bench runs them as pure Python (same results, tests/test_native.py).
-os.environ["RUNROUTE_NATIVE"] = "0"
 
 
 def main() -> None:
@@ -117,4 +114,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # The per-step belief is read by a subclass of Simulator, which the compiled simulator modules
+    # refuse (router/native.py): run as a script, this bench uses them as pure Python (same results,
+    # tests/test_native.py). Set before anything imports router; not on import (a test importing this
+    # file would turn the build off for its whole process).
+    os.environ["RUNROUTE_NATIVE"] = "0"
     main()
