@@ -38,8 +38,10 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy features models router training runroute
 
 # pytest exits 5 when it collects no tests; that is a failure for us too (a suite that tests nothing).
+# -X faulthandler stays on after pytest's own handler is removed: a crash at interpreter exit prints
+# every thread's Python stack instead of a bare "Segmentation fault".
 test: lint typecheck native
-	$(PY) -m pytest -m "not vllm"
+	$(PY) -X faulthandler -m pytest -m "not vllm"
 
 test-vllm: $(STAMP)
 	bash scripts/test-vllm.sh

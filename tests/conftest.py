@@ -7,6 +7,25 @@ Module-scoped: each module that asks for one gets its own private redis-server /
 
 from __future__ import annotations
 
+import os
+
+# The suite's own process imports the simulator's modules from source, never the mypyc build
+# (router/native.py): it runs for 12 minutes with fake backends and servers in threads, tests patch
+# the simulator's methods to watch its bookkeeping (a compiled class calls its own methods past a
+# patch), and CI's first run with the build in this process segfaulted at interpreter exit after
+# every test had passed (not reproduced here: three full runs). The decision is taken once, at the
+# first import of ``router``; the variable is then restored, so the processes the tests start (the
+# CLI, bench scripts, tests/test_native.py's pure-vs-compiled comparison) use the build.
+_native_env = os.environ.get("RUNROUTE_NATIVE")
+os.environ["RUNROUTE_NATIVE"] = "0"
+import router.native
+
+assert not router.native.active(), router.native.status()
+if _native_env is None:
+    del os.environ["RUNROUTE_NATIVE"]
+else:
+    os.environ["RUNROUTE_NATIVE"] = _native_env
+
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -142,37 +161,3 @@ def sidecar(tmp_path, proto_fakes, small_bundle):
         return running_sidecar(sidecar_settings(tmp_path, proto_fakes, small_bundle, **over))
 
     return make
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    """A ``pure_python`` test patches methods of the simulator's modules to watch its internals; a
-    compiled (mypyc) class calls its own methods directly, past the patch. While the compiled
-    modules serve (``router/native.py``), such a test runs in a pytest subprocess on the pure-Python
-    source (``RUNROUTE_NATIVE=0``) and passes or fails with it; ``tests/test_native.py`` holds the
-    compiled modules to the same results as their source."""
-    if pyfuncitem.get_closest_marker("pure_python") is None:
-        return None
-    from router import native
-
-    if not native.active():
-        return None
-    import os
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", pyfuncitem.nodeid],
-        cwd=root,
-        env={**os.environ, "RUNROUTE_NATIVE": "0"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if res.returncode != 0:
-        pytest.fail(
-            f"pure-Python run of {pyfuncitem.nodeid} failed:\n{res.stdout[-4000:]}{res.stderr[-2000:]}"
-        )
-    assert " passed" in res.stdout and " skipped" not in res.stdout, res.stdout[-2000:]
-    return True

@@ -55,14 +55,20 @@ def test_prefer_puts_the_build_first_only_when_it_is_current(monkeypatch: pytest
     assert path == [str(ROOT / "router" / "sim"), "/src/router/sim"]
 
 
-def test_make_test_runs_the_compiled_simulator() -> None:
+def test_make_test_builds_the_compiled_simulator_and_processes_it_starts_use_it() -> None:
+    """``make test`` depends on ``make native``: the processes the suite starts (the CLI, bench
+    scripts) import the build; the suite's own process runs the source (tests/conftest.py)."""
     if os.environ.get("RUNROUTE_NATIVE", "1") == "0":
         pytest.skip("RUNROUTE_NATIVE=0: the compiled modules are turned off for this run")
-    import router.core.prefix_cache
-    import router.sim.simulator  # noqa: F401
-
-    assert native.status() == (True, f"compiled ({len(native.MODULES)} modules, mypyc)"), native.status()
-    assert native.loaded_compiled() == list(native.MODULES)
+    assert native.loaded_compiled() == []  # this process: the source
+    probe = (
+        "import router.core.prefix_cache, router.sim.simulator; from router import native; "
+        "print(native.status()[1]); print(','.join(native.loaded_compiled()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+    ).stdout.splitlines()
+    assert out == [f"compiled ({len(native.MODULES)} modules, mypyc)", ",".join(native.MODULES)], out
 
 
 def test_compiled_and_pure_simulations_are_bit_identical(tmp_path: Path) -> None:

@@ -199,7 +199,6 @@ def test_empty_runlog_is_a_clear_error():
         Workload.from_frames(steps.iloc[:0], runs)
 
 
-@pytest.mark.pure_python
 def test_incremental_prefill_queue_equals_its_definition_at_every_step(monkeypatch):
     """Replica.owed (kept incrementally, what the policy sees) equals prefill_owed (the O(queue) sum)
     every time a backend state is built, on an overloaded generated workload (long queues, chunks)."""

@@ -25,7 +25,6 @@ def _reference_decoding(rep) -> tuple[int, int, list]:
     return len(dec), sum(r.prompt + (rep.tick - r.base) for r in dec), dec
 
 
-@pytest.mark.pure_python
 @pytest.mark.parametrize("elements", [False, True])
 def test_decode_tick_bookkeeping_equals_its_definition_at_every_iteration(monkeypatch, elements) -> None:
     """Replica's incremental decode state (n decoding, summed context, the finish heap) equals the
@@ -165,7 +164,6 @@ def test_prefix_index_lookup_some_equals_lookup_for_the_replicas_named() -> None
                 assert "nope" not in got
 
 
-@pytest.mark.pure_python
 @pytest.mark.parametrize("n", [2, 32])
 def test_an_arrival_that_is_its_instants_last_event_starts_its_idle_replica_at_once(monkeypatch, n) -> None:
     """``Replica.submit(last=True)``: an idle replica starts at once, without a kick event, only
@@ -202,7 +200,6 @@ def test_an_arrival_that_is_its_instants_last_event_starts_its_idle_replica_at_o
     assert r1.first_token_t == r2.first_token_t and len(done) == 2
 
 
-@pytest.mark.pure_python
 @pytest.mark.parametrize("scrape", [True, False])
 def test_a_cached_state_refreshed_in_place_equals_a_fresh_one(monkeypatch, scrape) -> None:
     """Simulator._refresh (the replica's cached BackendState brought up to date in place) leaves it
