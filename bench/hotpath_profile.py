@@ -11,7 +11,8 @@ round robin over the runs, ``--concurrency`` at a time. Printed: CPU microsecond
 (``time.process_time`` of the measured phase: the loop's thread and the sidecar's own threads, plus
 the CPU of this process's child processes over the phase from ``/proc``: the task-embedding worker
 when ``--embed on`` runs it in a process; it includes building each body, the same for every tree),
-the chat parse cache's hits and misses when the tree has one, the process's peak RSS, wall microseconds and the garbage collector's
+the chat parse cache's hits and misses when the tree has one, the process's peak RSS, the cyclic
+garbage its freezes kept (objects one collection finds after ``gc.unfreeze()`` at the end), wall microseconds and the garbage collector's
 CPU time per request (``gc.callbacks``, with the count of collections per generation and the longest
 pause of each; also over the priming, while the heap grows to ``--runs`` runs); with ``--profile N`` the top ``N`` functions of a cProfile of the measured phase
 by own time and by cumulative time (cProfile slows Python code about 2x: read its shares, not its
@@ -80,6 +81,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tree", type=Path, default=HERE.parent)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--scrape-s", type=float, default=1.0, help="the replicas' /metrics scrape interval")
+    ap.add_argument(
+        "--gc-step-s",
+        type=float,
+        default=None,
+        help="runtime.gc_step_s: the periodic collection of what is not frozen (default: the sidecar's)",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="measured phases (the best and all are printed)")
     ap.add_argument("--read-only", action="store_true", help="time only the chat body read, cache off vs on")
     ap.add_argument(
@@ -244,6 +251,8 @@ async def _run(a: argparse.Namespace) -> int:
         "server": {"max_body_bytes": 1 << 22},
         "context": {"embed": a.embed},
     }
+    if a.gc_step_s is not None:
+        cfg["runtime"] = {"gc_step_s": a.gc_step_s}
     s = RouterSettings.load(None, **cfg)
     app = create_app(s, upstream=_Upstream(a.stream))
     task, inbox = await _lifespan(app)
@@ -306,6 +315,12 @@ async def _run(a: argparse.Namespace) -> int:
     import resource
 
     cache += f"; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+    import gc
+
+    # cyclic garbage the sidecar's freezes kept (a frozen cycle waits for runtime.gc_full_s): what
+    # one collection of everything finds unreachable now, with the live runs still held
+    gc.unfreeze()
+    cache += f"; unreachable after unfreezing everything: {gc.collect()} objects"
     await inbox.put({"type": "lifespan.shutdown"})
     await asyncio.wait_for(task, 600)  # the run log rolls into Parquet (slow under valgrind)
     mode = "stream" if a.stream else "plain"

@@ -138,6 +138,70 @@ def test_refreeze_freezes_full_collection_survivors_and_the_periodic_full_collec
     asyncio.run(main())
 
 
+def test_gc_steps_collect_what_is_not_frozen_on_their_period_and_freeze_the_survivors() -> None:
+    """``gc_step_s``: the periodic step collects the unfrozen heap (garbage found, survivors frozen,
+    so the next step does not walk them) and never unfreezes (a cycle frozen before it became
+    garbage waits for the periodic full collection); ``step_s`` = 0 and ``full_s`` = 0 start no task."""
+    import weakref
+
+    r = refreezer()
+
+    def tracked(obj: object) -> bool:  # in a collector generation (not frozen)
+        return any(o is obj for o in gc.get_objects())
+
+    async def steps(n: int) -> None:  # until n more steps ran (5 s at most)
+        target = r.steps + n
+        for _ in range(1000):
+            if r.steps >= target:
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"{r.steps} steps, {target} expected")
+
+    async def main() -> None:
+        r.start(0, 0)
+        try:
+            assert r._task is None and r._cb in gc.callbacks
+        finally:
+            r.stop()
+        gc.unfreeze()
+        garbage_a, garbage_b = _Node(), _Node()
+        garbage_a.other, garbage_b.other = garbage_b, garbage_a
+        w_garbage = weakref.ref(garbage_a)
+        del garbage_a, garbage_b  # an unreachable cycle, not frozen: the first step collects it
+        kept = _Node()
+        full_runs = r.full_runs
+        r.start(3600, 0.01)
+        try:
+            assert r._task is not None
+            await steps(1)
+            assert w_garbage() is None  # collected by the step
+            assert not tracked(kept)  # survived it: frozen, out of the next steps' walk
+            cyc_a, cyc_b = _Node(), _Node()
+            cyc_a.other, cyc_b.other = cyc_b, cyc_a
+            w_cycle = weakref.ref(cyc_a)
+            await steps(1)
+            assert not tracked(cyc_a)  # frozen while alive
+            del cyc_a, cyc_b
+            await steps(2)
+            assert w_cycle() is not None  # steps never unfreeze: it waits for the full collection
+            assert r.full_runs == full_runs
+            r.full()
+            assert w_cycle() is None
+        finally:
+            r.stop()
+            gc.unfreeze()
+        assert r._task is None
+
+    asyncio.run(main())
+
+
+def test_runtime_settings_step_default_and_bounds() -> None:
+    assert RuntimeSettings().gc_step_s == 0.5
+    assert RuntimeSettings(gc_step_s=0).gc_step_s == 0
+    with pytest.raises(ValueError):
+        RuntimeSettings(gc_step_s=-1)
+
+
 def test_refreeze_ends_with_a_loop_that_closed_without_a_stop() -> None:
     """An app whose loop ended without its shutdown leaves no refreezing behind: the next full
     collection removes the callback (nothing would run the periodic full collection any more)."""

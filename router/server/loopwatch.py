@@ -48,13 +48,24 @@ them that becomes garbage after its freeze waits for the periodic full collectio
 ``gc_full_s`` seconds (a background task) everything is unfrozen, collected once and frozen again,
 so such garbage lives at most that long (one long pause per period instead of one per 25% growth).
 
+Collection in steps (``gc_step_s``): Python starts a full collection only once the survivors since
+the last one outnumber a quarter of that one's survivors, so while the heap grows (runs getting
+longer, caches filling) each automatic full collection still walked seconds of growth at once: a
+40-70 ms pause with 1,000 live runs, the stall monitor's largest site. Every ``gc_step_s`` seconds
+(a background task, the same as the periodic full collection's) the sidecar instead collects what
+is not frozen (``gc.collect()`` without unfreezing) and the callback freezes its survivors: each
+step walks only what survived since the previous one, so the pause is bounded by the growth of
+``gc_step_s`` seconds, and Python's own full collections find nothing left to walk. Measured in
+docs/performance.md ("Collection in steps").
+
 Knobs (``runtime.*`` in the sidecar's settings): ``stall_monitor`` (bool, False), ``stall_threshold_ms``
 (20), ``stall_beat_ms`` (5), ``stall_check_ms`` (10), ``stall_top`` (20), ``stall_depth`` (12 frames),
 ``stall_path`` (JSON file, None; ``{pid}`` in it becomes the process id: one file per
 ``serve --workers`` process), ``stall_write_s`` (30; 0 = only at stop), ``gc_freeze`` (True),
 ``gc_threshold0`` (None = Python's default), ``gc_threshold1`` / ``gc_threshold2`` (None = default),
 ``gc_refreeze`` (True), ``gc_full_s`` (600; 0 = never: cyclic garbage among refrozen objects is
-then kept until the process ends).
+then kept until the process ends), ``gc_step_s`` (0.5; 0 = leave full collections to Python; needs
+``gc_refreeze``).
 """
 
 from __future__ import annotations
@@ -64,6 +75,7 @@ import gc
 import heapq
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -101,6 +113,7 @@ class RuntimeSettings(BaseModel):
     gc_threshold2: int | None = Field(default=None, ge=1)
     gc_refreeze: bool = True
     gc_full_s: float = Field(default=600.0, ge=0)
+    gc_step_s: float = Field(default=0.5, ge=0)
 
 
 class Refreezer:
@@ -112,6 +125,7 @@ class Refreezer:
         self.users = 0
         self.refreezes = 0  # full collections whose survivors were frozen
         self.full_runs = 0  # periodic full collections of everything
+        self.steps = 0  # periodic full collections of what is not frozen (``step_s``)
         self._task: asyncio.Task[None] | None = None
 
     def _cb(self, phase: str, info: dict[str, int]) -> None:
@@ -124,20 +138,21 @@ class Refreezer:
             gc.freeze()
             self.refreezes += 1
 
-    def start(self, full_s: float) -> None:
-        """Install the callback (and, with ``full_s`` > 0, the periodic full collection on the running loop)."""
+    def start(self, full_s: float, step_s: float = 0.0) -> None:
+        """Install the callback; with ``full_s`` > 0 (the periodic collection of everything) or
+        ``step_s`` > 0 (the periodic collection of what is not frozen) their task on the running loop."""
         self.users += 1
         if self._cb not in gc.callbacks:
             gc.callbacks.append(self._cb)
         t = self._task
         if t is not None and (t.done() or t.get_loop().is_closed()):
             t = self._task = None
-        if full_s > 0 and t is None:
+        if (full_s > 0 or step_s > 0) and t is None:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # no running loop (a script, a test): no periodic collection
                 return
-            self._task = loop.create_task(self._periodic(full_s))
+            self._task = loop.create_task(self._periodic(full_s, step_s))
 
     def stop(self) -> None:
         """One user fewer; the last removes the callback and the periodic task."""
@@ -156,10 +171,25 @@ class Refreezer:
         gc.collect()
         self.full_runs += 1
 
-    async def _periodic(self, full_s: float) -> None:
+    def step(self) -> None:
+        """Collect what is not frozen (the survivors since the last freeze and the young
+        generations); the callback freezes the survivors. A pause proportional to what survived
+        since the last one, not to the heap."""
+        gc.collect()
+        self.steps += 1
+
+    async def _periodic(self, full_s: float, step_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        next_full = loop.time() + full_s if full_s > 0 else math.inf
         while True:
-            await asyncio.sleep(full_s)
-            self.full()
+            now = loop.time()
+            next_step = now + step_s if step_s > 0 else math.inf
+            await asyncio.sleep(max(0.0, min(next_full, next_step) - now))
+            if loop.time() >= next_full:
+                self.full()
+                next_full = loop.time() + full_s
+            else:
+                self.step()
 
 
 _REFREEZER = Refreezer()
@@ -183,7 +213,7 @@ def tune_gc(cfg: RuntimeSettings) -> dict[str, Any]:
         gc.freeze()
         frozen = gc.get_freeze_count()
     if cfg.gc_refreeze:  # needs a running loop for the periodic full collection (the lifespan's)
-        _REFREEZER.start(cfg.gc_full_s)
+        _REFREEZER.start(cfg.gc_full_s, cfg.gc_step_s)
     return {"threshold": tuple(t), "frozen": frozen, "refreeze": cfg.gc_refreeze}
 
 

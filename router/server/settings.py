@@ -93,7 +93,7 @@ Knobs (see ``runroute.example.yaml`` for a documented file):
 - ``metrics``: ``deprecated_names`` (the 0.1 metric names as aliases for one release).
 - ``runtime`` (:mod:`router.server.loopwatch`): the event-loop stall monitor (``stall_monitor``,
   off by default; ``stall_threshold_ms``, ``stall_path``, ...) and the collector (``gc_freeze``,
-  ``gc_threshold0..2``, ``gc_refreeze``, ``gc_full_s``).
+  ``gc_threshold0..2``, ``gc_refreeze``, ``gc_full_s``, ``gc_step_s``).
 """
 
 from __future__ import annotations
