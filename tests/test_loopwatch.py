@@ -98,6 +98,34 @@ def test_tune_gc_sets_threshold_and_freezes() -> None:
         gc.set_threshold(*before)
 
 
+def test_tune_gc_starts_the_collection_steps_on_the_running_loop() -> None:
+    """``tune_gc`` inside the app's loop starts the periodic steps at ``gc_step_s``; ``untune_gc``
+    ends them."""
+    r = refreezer()
+    before = gc.get_threshold()
+    cfg = RuntimeSettings(gc_step_s=0.01, gc_full_s=0)
+
+    async def main() -> None:
+        tune_gc(cfg)
+        try:
+            assert r._task is not None
+            target = r.steps + 2
+            for _ in range(1000):
+                if r.steps >= target:
+                    break
+                await asyncio.sleep(0.005)
+            assert r.steps >= target
+        finally:
+            untune_gc(cfg)
+        assert r._task is None
+
+    try:
+        asyncio.run(main())
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
 class _Node:
     def __init__(self) -> None:
         self.other: object = None
