@@ -55,7 +55,7 @@ longer, caches filling) each automatic full collection still walked seconds of g
 (a background task, the same as the periodic full collection's) the sidecar instead collects what
 is not frozen (``gc.collect()`` without unfreezing) and the callback freezes its survivors: each
 step walks only what survived since the previous one, so the pause is bounded by the growth of
-``gc_step_s`` seconds, and Python's own full collections find nothing left to walk. Measured in
+``gc_step_s`` seconds, and Python's own full collections find little left to walk. Measured in
 docs/performance.md ("Collection in steps").
 
 Knobs (``runtime.*`` in the sidecar's settings): ``stall_monitor`` (bool, False), ``stall_threshold_ms``
@@ -118,7 +118,7 @@ class RuntimeSettings(BaseModel):
 
 class Refreezer:
     """Freeze the survivors of every full collection; a full collection of everything every
-    ``full_s`` (module docstring). One per process (:func:`refreezer`): apps of one process share it
+    ``full_s`` and of what is not frozen every ``step_s`` (module docstring). One per process (:func:`refreezer`): apps of one process share it
     (``start`` / ``stop`` count them); the callback is in ``gc.callbacks`` while any is started."""
 
     def __init__(self) -> None:
