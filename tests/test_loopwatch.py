@@ -98,6 +98,17 @@ def test_tune_gc_sets_threshold_and_freezes() -> None:
         gc.set_threshold(*before)
 
 
+async def _more_steps(n: int) -> None:
+    """Until the process's Refreezer has run ``n`` more collection steps (5 s at most)."""
+    r = refreezer()
+    target = r.steps + n
+    for _ in range(1000):
+        if r.steps >= target:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{r.steps} steps, {target} expected")
+
+
 def test_tune_gc_starts_the_collection_steps_on_the_running_loop() -> None:
     """``tune_gc`` inside the app's loop starts the periodic steps at ``gc_step_s``; ``untune_gc``
     ends them."""
@@ -109,12 +120,7 @@ def test_tune_gc_starts_the_collection_steps_on_the_running_loop() -> None:
         tune_gc(cfg)
         try:
             assert r._task is not None
-            target = r.steps + 2
-            for _ in range(1000):
-                if r.steps >= target:
-                    break
-                await asyncio.sleep(0.005)
-            assert r.steps >= target
+            await _more_steps(2)
         finally:
             untune_gc(cfg)
         assert r._task is None
@@ -177,14 +183,6 @@ def test_gc_steps_collect_what_is_not_frozen_on_their_period_and_freeze_the_surv
     def tracked(obj: object) -> bool:  # in a collector generation (not frozen)
         return any(o is obj for o in gc.get_objects())
 
-    async def steps(n: int) -> None:  # until n more steps ran (5 s at most)
-        target = r.steps + n
-        for _ in range(1000):
-            if r.steps >= target:
-                return
-            await asyncio.sleep(0.005)
-        raise AssertionError(f"{r.steps} steps, {target} expected")
-
     async def main() -> None:
         r.start(0, 0)
         try:
@@ -201,16 +199,16 @@ def test_gc_steps_collect_what_is_not_frozen_on_their_period_and_freeze_the_surv
         r.start(3600, 0.01)
         try:
             assert r._task is not None
-            await steps(1)
+            await _more_steps(1)
             assert w_garbage() is None  # collected by the step
             assert not tracked(kept)  # survived it: frozen, out of the next steps' walk
             cyc_a, cyc_b = _Node(), _Node()
             cyc_a.other, cyc_b.other = cyc_b, cyc_a
             w_cycle = weakref.ref(cyc_a)
-            await steps(1)
+            await _more_steps(1)
             assert not tracked(cyc_a)  # frozen while alive
             del cyc_a, cyc_b
-            await steps(2)
+            await _more_steps(2)
             assert w_cycle() is not None  # steps never unfreeze: it waits for the full collection
             assert r.full_runs == full_runs
             r.full()
